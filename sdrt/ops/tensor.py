@@ -161,17 +161,20 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """A zero-copy numpy view (writable where the storage is). Raw storage for BF16
         (uint16), F8 (uint8) and block types (uint8 rows of blocks). Use `to_f32` for values."""
-        owner = self.owner
-        if owner.storage is None:
+        if self.owner.storage is None:
             raise OpError(f"{self!r} has no data yet: run its graph first (sdrt.ops.evaluate)")
+        return self.numpy_from(self.owner.storage)
+
+    def numpy_from(self, storage: np.ndarray) -> np.ndarray:
+        """This tensor's layout over `storage` (its owner's bytes) as a numpy view."""
         if self.dtype.is_quantized:
             if self.nb[0] != self.dtype.type_size:
                 raise OpError(f"{self!r}: a block-type tensor must keep whole contiguous rows")
             rb = self.dtype.row_bytes(self.ne[0])
             shape = self.ne[1:][::-1] + (rb,)
             strides = self.nb[1:][::-1] + (1,)
-            return np.ndarray(shape, np.uint8, owner.storage, self.offset, strides)
-        return np.ndarray(self.shape, self.dtype.np_storage, owner.storage, self.offset, self.nb[::-1])
+            return np.ndarray(shape, np.uint8, storage, self.offset, strides)
+        return np.ndarray(self.shape, self.dtype.np_storage, storage, self.offset, self.nb[::-1])
 
     def to_f32(self) -> np.ndarray:
         """Values as a new float32 numpy array (dequantized / widened)."""

@@ -1,0 +1,164 @@
+"""CPU kernels for element-wise ops. One Numba kernel per arity; the op is a row-level switch.
+
+Inputs of any float dtype are widened to float32 first (Numba has no fp16/bf16 on CPU);
+activations are F32 in practice, where the kernels read and write the views directly.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import CPU
+from ._util import as4d, f32_input, f32_output, store
+
+BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3}
+UNARY_CODES = {"neg": 0, "abs": 1, "sqr": 2, "sqrt": 3, "exp": 4, "log": 5, "sin": 6, "cos": 7,
+               "step": 8, "relu": 9, "leaky_relu": 10, "silu": 11, "sigmoid": 12, "tanh": 13,
+               "gelu": 14, "gelu_tanh": 15, "gelu_quick": 16, "clamp": 17, "scale": 18}
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _binary4(a, b, out, op):
+    n3, n2, n1, n0 = out.shape
+    for r in prange(n3 * n2 * n1):
+        i3 = r // (n2 * n1)
+        i2 = (r // n1) % n2
+        i1 = r % n1
+        ra = a[i3, i2, i1]
+        rb = b[i3, i2, i1]
+        ro = out[i3, i2, i1]
+        if op == 0:
+            for i in range(n0):
+                ro[i] = ra[i] + rb[i]
+        elif op == 1:
+            for i in range(n0):
+                ro[i] = ra[i] - rb[i]
+        elif op == 2:
+            for i in range(n0):
+                ro[i] = ra[i] * rb[i]
+        else:
+            for i in range(n0):
+                ro[i] = ra[i] / rb[i]
+
+
+@njit(fastmath=True, inline="always")
+def _apply(v, op, p0, p1):
+    if op == 0:
+        return -v
+    if op == 1:
+        return abs(v)
+    if op == 2:
+        return v * v
+    if op == 3:
+        return math.sqrt(v)
+    if op == 4:
+        return math.exp(v)
+    if op == 5:
+        return math.log(v)
+    if op == 6:
+        return math.sin(v)
+    if op == 7:
+        return math.cos(v)
+    if op == 8:
+        return 1.0 if v > 0 else 0.0
+    if op == 9:
+        return v if v > 0 else 0.0
+    if op == 10:
+        return v if v > 0 else v * p0
+    if op == 11:
+        return v / (1.0 + math.exp(-v))
+    if op == 12:
+        return 1.0 / (1.0 + math.exp(-v))
+    if op == 13:
+        return math.tanh(v)
+    if op == 14:
+        return 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
+    if op == 15:
+        return 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+    if op == 16:
+        return v / (1.0 + math.exp(-1.702 * v))
+    if op == 17:
+        return min(max(v, p0), p1)
+    return v * p0 + p1
+
+
+@njit(parallel=True, fastmath=False, cache=True)
+def _unary4(x, out, op, p0, p1):
+    # fastmath off: it would let LLVM drop the NaN/inf semantics the references keep
+    n3, n2, n1, n0 = out.shape
+    for r in prange(n3 * n2 * n1):
+        i3 = r // (n2 * n1)
+        i2 = (r // n1) % n2
+        i1 = r % n1
+        rx = x[i3, i2, i1]
+        ro = out[i3, i2, i1]
+        for i in range(n0):
+            ro[i] = _apply(rx[i], op, p0, p1)
+
+
+@njit(parallel=True, cache=True)
+def _copy4(x, out):
+    n3, n2, n1, n0 = out.shape
+    for r in prange(n3 * n2 * n1):
+        i3 = r // (n2 * n1)
+        i2 = (r // n1) % n2
+        i1 = r % n1
+        rx = x[i3, i2, i1]
+        ro = out[i3, i2, i1]
+        for i in range(n0):
+            ro[i] = rx[i]
+
+
+def _float_node(node):
+    return node.dtype.name in ("F32", "F16", "BF16")
+
+
+def _binary(node, xs, out):
+    a, b = (as4d(f32_input(s, x)) for s, x in zip(node.src, xs))
+    o = f32_output(node, out)
+    o4 = as4d(o)
+    _binary4(np.broadcast_to(a, o4.shape), np.broadcast_to(b, o4.shape), o4, BINARY_CODES[node.op])
+    store(node, out, o)
+
+
+def _unary(node, xs, out):
+    x = as4d(f32_input(node.src[0], xs[0]))
+    o = f32_output(node, out)
+    p = node.params
+    if node.op == "clamp":
+        p0, p1 = p["min"], p["max"]
+    elif node.op == "scale":
+        p0, p1 = p["s"], p["b"]
+    else:
+        p0, p1 = p.get("slope", 0.0), 0.0
+    _unary4(x, as4d(o), UNARY_CODES[node.op], p0, p1)
+    store(node, out, o)
+
+
+for _op in BINARY_CODES:
+    CPU.register(_op, supports=_float_node)(_binary)
+for _op in UNARY_CODES:
+    CPU.register(_op, supports=_float_node)(_unary)
+
+
+@CPU.register("cont")
+def _cont(node, xs, out):
+    x = xs[0]
+    if x.dtype == out.dtype and x.dtype in (np.float32, np.int32, np.uint16, np.uint8) and not node.dtype.is_quantized:
+        _copy4(as4d(x), as4d(out))
+    else:
+        out[...] = x
+
+
+@CPU.register("cast")
+def _cast(node, xs, out):
+    src = node.src[0]
+    if src.dtype == node.dtype and not src.dtype.is_quantized:
+        return _cont(node, xs, out)
+    if src.dtype.is_quantized and src.dtype == node.dtype:
+        out[...] = xs[0]
+        return
+    x = f32_input(src, xs[0])
+    store(node, out, np.ascontiguousarray(x))

@@ -1,0 +1,149 @@
+"""Element-wise ops: binary with broadcasting, unary activations, scale/clamp, casts.
+
+Binary ops broadcast from the low dims (ggml's ne order): a missing high dim or a dim of 1
+repeats. The result takes the first operand's dtype.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import dtypes
+from .registry import defop, fail, make_node
+
+FLOATS = ("F32", "F16", "BF16")
+
+
+def _float_src(op, srcs):
+    for s in srcs:
+        if s.dtype.name not in FLOATS:
+            fail(op, srcs, f"needs F32/F16/BF16 inputs, got {s.dtype.name}")
+
+
+def broadcast_ne(op, srcs):
+    a, b = srcs
+    n = max(a.ndim, b.ndim)
+    ne = []
+    for i in range(n):
+        x = a.ne[i] if i < a.ndim else 1
+        y = b.ne[i] if i < b.ndim else 1
+        if x != y and 1 not in (x, y):
+            fail(op, srcs, f"cannot broadcast dim {i}: {x} vs {y}")
+        ne.append(max(x, y))
+    return tuple(ne)
+
+
+# ---- binary ---------------------------------------------------------------------------------
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+
+
+def _binary_infer(op):
+    def infer(srcs, params):
+        _float_src(op, srcs)
+        return broadcast_ne(op, srcs), srcs[0].dtype
+    return infer
+
+
+for _name, _f in BINARY.items():
+    defop(_name, _binary_infer(_name), (lambda f: lambda node, xs: f(xs[0], xs[1]))(_f),
+          f"element-wise {_name} with broadcasting")
+
+
+def add(a, b): return make_node("add", (a, b))
+def sub(a, b): return make_node("sub", (a, b))
+def mul(a, b): return make_node("mul", (a, b))
+def div(a, b): return make_node("div", (a, b))
+
+
+# ---- unary ----------------------------------------------------------------------------------
+def _erf(x):
+    from scipy.special import erf
+    return erf(x)
+
+
+# name -> numpy reference of x (params p0, p1 where an op has them)
+UNARY = {
+    "neg": lambda x, p: -x,
+    "abs": lambda x, p: np.abs(x),
+    "sqr": lambda x, p: x * x,
+    "sqrt": lambda x, p: np.sqrt(x),
+    "exp": lambda x, p: np.exp(x),
+    "log": lambda x, p: np.log(x),
+    "sin": lambda x, p: np.sin(x),
+    "cos": lambda x, p: np.cos(x),
+    "step": lambda x, p: (x > 0).astype(x.dtype),
+    "relu": lambda x, p: np.maximum(x, 0),
+    "leaky_relu": lambda x, p: np.where(x > 0, x, x * p["slope"]),
+    "silu": lambda x, p: x / (1 + np.exp(-x)),
+    "sigmoid": lambda x, p: 1 / (1 + np.exp(-x)),
+    "tanh": lambda x, p: np.tanh(x),
+    "gelu": lambda x, p: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
+    "gelu_tanh": lambda x, p: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    "gelu_quick": lambda x, p: x / (1 + np.exp(-1.702 * x)),
+    "clamp": lambda x, p: np.clip(x, p["min"], p["max"]),
+    "scale": lambda x, p: x * p["s"] + p["b"],
+}
+
+
+def _unary_infer(op):
+    def infer(srcs, params):
+        _float_src(op, srcs)
+        return srcs[0].ne, srcs[0].dtype
+    return infer
+
+
+for _name, _f in UNARY.items():
+    defop(_name, _unary_infer(_name),
+          (lambda f: lambda node, xs: f(xs[0].astype(np.float64), node.params))(_f),
+          f"element-wise {_name}")
+
+
+def neg(x): return make_node("neg", (x,))
+def abs(x): return make_node("abs", (x,))  # noqa: A001 (ggml's name)
+def sqr(x): return make_node("sqr", (x,))
+def sqrt(x): return make_node("sqrt", (x,))
+def exp(x): return make_node("exp", (x,))
+def log(x): return make_node("log", (x,))
+def sin(x): return make_node("sin", (x,))
+def cos(x): return make_node("cos", (x,))
+def step(x): return make_node("step", (x,))
+def relu(x): return make_node("relu", (x,))
+def silu(x): return make_node("silu", (x,))
+def sigmoid(x): return make_node("sigmoid", (x,))
+def tanh(x): return make_node("tanh", (x,))
+def gelu_quick(x): return make_node("gelu_quick", (x,))
+def leaky_relu(x, slope=0.01): return make_node("leaky_relu", (x,), slope=float(slope))
+def clamp(x, min=-math.inf, max=math.inf): return make_node("clamp", (x,), min=float(min), max=float(max))  # noqa: A002
+def scale(x, s, b=0.0): return make_node("scale", (x,), s=float(s), b=float(b))
+
+
+def gelu(x, approximate: str = "none"):
+    """GELU; approximate='tanh' gives the tanh form (ggml_gelu), 'none' the erf form (ggml_gelu_erf)."""
+    return make_node("gelu_tanh" if approximate == "tanh" else "gelu", (x,))
+
+
+# ---- casts and copies -----------------------------------------------------------------------
+def _cast_infer(srcs, params):
+    src, = srcs
+    dt = dtypes.get(params["dtype"])
+    if not (src.dtype.is_float or src.dtype.is_quantized):
+        fail("cast", srcs, f"source must be a float or block type, got {src.dtype.name}")
+    if not dt.is_float and not dt.is_quantized:
+        fail("cast", srcs, f"target must be a float or block type, got {dt.name}")
+    if dt.is_quantized and src.ne[0] % dt.block_size:
+        fail("cast", srcs, f"ne[0]={src.ne[0]} is not a multiple of {dt.name}'s block size {dt.block_size}")
+    return src.ne, dt
+
+
+defop("cast", _cast_infer, lambda node, xs: xs[0], "copy into a new contiguous tensor of another dtype (ggml_cpy)")
+defop("cont", lambda srcs, p: (srcs[0].ne, srcs[0].dtype), lambda node, xs: xs[0],
+      "contiguous copy of a view")
+
+
+def cast(x, dtype):
+    return make_node("cast", (x,), dtype=dtypes.get(dtype).name)
+
+
+def cont(x):
+    return make_node("cont", (x,))

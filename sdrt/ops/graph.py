@@ -1,0 +1,247 @@
+"""Graph, planner and runner.
+
+A forward builds Tensors whose `op`/`src` make a DAG (see api.py). `Graph(outputs)` orders the
+nodes, `plan()` gives each computed node a slot in one arena by liveness (a node's bytes are
+reused once its last consumer — or the last consumer of any view of it — has run), and
+`run(backend)` executes node by node and returns the named outputs as leaf Tensors.
+
+Named cut points (`mark_cut(t, "model.blocks.3")`) split the graph into segments, in the order
+the cut nodes are reached: segment k holds what cut k needs that earlier segments did not
+compute. Each segment is planned on its own; tensors crossing a boundary live outside the
+arenas. A runner can bring weights in segment by segment (see `on_segment`).
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import OpError, UnsupportedError
+from .tensor import Tensor
+
+log = logging.getLogger("sdrt.graph")
+ALIGN = 64
+
+
+def mark_cut(t: Tensor, name: str) -> Tensor:
+    """Mark `t` as a named cut point (a segment ends after it is computed)."""
+    if t.is_leaf:
+        raise OpError(f"mark_cut({name!r}): {t!r} is a leaf, only computed nodes can be cut points")
+    t.owner.cut = name
+    return t
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class _Arena:
+    """Best-fit offset allocator with coalescing (the plan only; no memory is touched)."""
+
+    def __init__(self):
+        self.free: list[tuple[int, int]] = []  # sorted (offset, size)
+        self.top = 0
+
+    def alloc(self, size: int) -> int:
+        best = None
+        for i, (off, sz) in enumerate(self.free):
+            if sz >= size and (best is None or sz < self.free[best][1]):
+                best = i
+        if best is None:
+            # grow, merging with a free block that ends at the top
+            if self.free and sum(self.free[-1]) == self.top:
+                off, _ = self.free.pop()
+            else:
+                off = self.top
+            self.top = off + size
+            return off
+        off, sz = self.free.pop(best)
+        if sz > size:
+            bisect.insort(self.free, (off + size, sz - size))
+        return off
+
+    def release(self, off: int, size: int):
+        i = bisect.bisect(self.free, (off, size))
+        self.free.insert(i, (off, size))
+        # coalesce with neighbours
+        if i + 1 < len(self.free) and off + size == self.free[i + 1][0]:
+            size += self.free.pop(i + 1)[1]
+            self.free[i] = (off, size)
+        if i > 0 and sum(self.free[i - 1]) == off:
+            poff, psz = self.free.pop(i - 1)
+            self.free[i - 1] = (poff, psz + size)
+
+
+@dataclass
+class Segment:
+    name: str | None
+    nodes: list[Tensor]
+    offsets: dict[int, int] = field(default_factory=dict)  # id(node) -> arena offset
+    arena_bytes: int = 0
+
+
+@dataclass
+class Plan:
+    segments: list[Segment]
+    pinned: list[Tensor]        # outputs and cut-crossing tensors: own buffers
+    arena_bytes: int            # the largest segment arena (one buffer is reused)
+    pinned_bytes: int
+    naive_bytes: int            # every computed node in its own buffer
+
+    @property
+    def peak_bytes(self) -> int:
+        """Planned peak of intermediate + output memory (weights and inputs not counted)."""
+        return self.arena_bytes + self.pinned_bytes
+
+
+class Graph:
+    def __init__(self, outputs):
+        if isinstance(outputs, Tensor):
+            outputs = {"out": outputs}
+        elif not isinstance(outputs, dict):
+            outputs = {f"out{i}": t for i, t in enumerate(outputs)}
+        self.outputs: dict[str, Tensor] = dict(outputs)
+        self._order_nodes()
+
+    # ---- ordering -----------------------------------------------------------------------
+    def _order_nodes(self):
+        seen: set[int] = set()
+        order: list[Tensor] = []
+        seg_of: dict[int, int] = {}
+
+        def visit(root: Tensor, seg: int):
+            stack = [(root.owner, False)]
+            while stack:
+                t, done = stack.pop()
+                if done:
+                    order.append(t)
+                    seg_of[id(t)] = seg
+                    continue
+                if id(t) in seen:
+                    continue
+                seen.add(id(t))
+                if t.op is None:
+                    if t.storage is None:
+                        raise OpError(f"graph input {t!r} has no data")
+                    continue
+                stack.append((t, True))
+                for s in reversed(t.src):
+                    if id(s.owner) not in seen:
+                        stack.append((s.owner, False))
+
+        # first pass: find the cut nodes in dependency order
+        for t in self.outputs.values():
+            visit(t, 0)
+        probe = [n for n in order if n.cut is not None]
+        seen.clear()
+        order.clear()
+        seg_of.clear()
+        for k, c in enumerate(probe):
+            visit(c, k)
+        for t in self.outputs.values():
+            visit(t, len(probe))
+        self.cut_nodes = probe
+        self.nodes = order
+        self.segment_index = seg_of
+
+    # ---- planning -----------------------------------------------------------------------
+    def plan(self) -> Plan:
+        nodes = self.nodes
+        pos = {id(n): i for i, n in enumerate(nodes)}
+        last_use = {id(n): pos[id(n)] for n in nodes}
+        crossing: set[int] = set()
+        for i, n in enumerate(nodes):
+            for s in n.src:
+                o = s.owner
+                if o.op is not None:
+                    last_use[id(o)] = max(last_use[id(o)], i)
+                    if self.segment_index[id(o)] != self.segment_index[id(n)]:
+                        crossing.add(id(o))
+        pinned_ids = {id(t.owner) for t in self.outputs.values() if t.owner.op is not None} | crossing
+        pinned = [n for n in nodes if id(n) in pinned_ids]
+
+        names = [c.cut for c in self.cut_nodes] + [None]
+        segments = [Segment(nm, []) for nm in names]
+        for n in nodes:
+            segments[self.segment_index[id(n)]].nodes.append(n)
+        for seg in segments:
+            arena = _Arena()
+            frees: dict[int, list[Tensor]] = {}
+            for n in seg.nodes:
+                if id(n) in pinned_ids:
+                    continue
+                frees.setdefault(last_use[id(n)], []).append(n)
+            for n in seg.nodes:
+                if id(n) not in pinned_ids:
+                    seg.offsets[id(n)] = arena.alloc(_align(n.nbytes))
+                for dead in frees.get(pos[id(n)], ()):
+                    arena.release(seg.offsets[id(dead)], _align(dead.nbytes))
+            seg.arena_bytes = arena.top
+        segments = [s for s in segments if s.nodes or s.name is None]
+        return Plan(segments, pinned,
+                    arena_bytes=max((s.arena_bytes for s in segments), default=0),
+                    pinned_bytes=sum(_align(n.nbytes) for n in pinned),
+                    naive_bytes=sum(_align(n.nbytes) for n in nodes))
+
+    # ---- running ------------------------------------------------------------------------
+    def run(self, backend="cpu", on_segment=None) -> dict[str, Tensor]:
+        """Execute; returns {name: leaf Tensor with data}. `on_segment(index, name, nodes)` is
+        called before each segment runs (residency managers bring weights in there)."""
+        from .backend import get_backend
+        be = get_backend(backend)
+        plan = self.plan()
+        debug = int(os.environ.get("SDRT_DEBUG", "0") or 0)
+        arena = np.empty(plan.arena_bytes, np.uint8) if plan.arena_bytes else np.empty(0, np.uint8)
+        storage: dict[int, np.ndarray] = {}
+        for n in plan.pinned:
+            storage[id(n)] = np.empty(_align(n.nbytes), np.uint8)
+        if debug:
+            log.info("plan: %d nodes, %d segments, arena %.1f MB, pinned %.1f MB (naive %.1f MB)",
+                     len(self.nodes), len(plan.segments), plan.arena_bytes / 2**20,
+                     plan.pinned_bytes / 2**20, plan.naive_bytes / 2**20)
+
+        def np_view(t: Tensor) -> np.ndarray:
+            o = t.owner
+            st = o.storage if o.op is None else storage[id(o)]
+            return t.numpy_from(st)
+
+        for k, seg in enumerate(plan.segments):
+            if on_segment is not None:
+                on_segment(k, seg.name, seg.nodes)
+            for n in seg.nodes:
+                if id(n) in seg.offsets:
+                    off = seg.offsets[id(n)]
+                    storage[id(n)] = arena[off:off + _align(n.nbytes)]
+                kern = be.find(n)
+                if kern is None:
+                    srcs = ", ".join(s.dtype.name for s in n.src)
+                    raise UnsupportedError(f"backend {be.name!r} has no kernel for {n.op}({srcs}) -> {n.dtype.name}")
+                xs = [np_view(s) for s in n.src]
+                out = np_view(n)
+                t0 = time.perf_counter() if debug >= 2 else 0.0
+                kern.fn(n, xs, out)
+                if debug >= 2:
+                    log.info("%-16s %-28s %s %8.3f ms", n.op, n.name or "", list(n.ne),
+                             (time.perf_counter() - t0) * 1e3)
+        result = {}
+        for name, t in self.outputs.items():
+            o = t.owner
+            st = o.storage if o.op is None else storage[id(o)]
+            result[name] = Tensor(t.dtype, t.ne, t.nb, storage=st, offset=t.offset, name=t.name or name)
+        return result
+
+
+def evaluate(*tensors: Tensor, backend="cpu"):
+    """Eager helper: run the graph of the given tensors; returns leaf Tensor(s) with data."""
+    out = Graph(list(tensors)).run(backend)
+    vals = list(out.values())
+    return vals[0] if len(vals) == 1 else vals
+
+
+def compute(t: Tensor, backend="cpu") -> np.ndarray:
+    """Eager helper for tests: evaluate and return float32 values in numpy order."""
+    return evaluate(t, backend=backend).to_f32()

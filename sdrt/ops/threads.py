@@ -1,0 +1,33 @@
+"""One knob for CPU parallelism: Numba's thread pool and the BLAS pool (-t/--threads)."""
+from __future__ import annotations
+
+import os
+
+_threads: int | None = None
+
+
+def default_threads() -> int:
+    """sd-cli's default: the number of physical cores; here the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def set_threads(n: int | None) -> int:
+    """Use `n` threads (<= 0 or None: the default) for Numba kernels and BLAS; returns n."""
+    global _threads
+    n = default_threads() if not n or n <= 0 else int(n)
+    import numba
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(n, user_api="blas")
+    except ImportError:
+        pass
+    _threads = n
+    return n
+
+
+def get_threads() -> int:
+    return _threads if _threads is not None else default_threads()

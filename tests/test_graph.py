@@ -85,3 +85,18 @@ def test_missing_kernel_is_unsupported():
 def test_reference_backend_matches_cpu(rng):
     x, h, ref = chain(rng, n=6, size=(5, 7))
     np.testing.assert_allclose(F.compute(h, "reference"), F.compute(h), rtol=1e-5, atol=1e-6)
+
+
+def test_check_graph_names_first_bad_node(rng):
+    from sdrt.ops.cpu import CPU
+    from sdrt.ops.graph import NodeMismatch, check_graph
+    x, h, _ = chain(rng, n=4, size=(5, 7))
+    assert check_graph(h) == 6
+    # sabotage the CPU silu kernel: the check must name silu, not a later node
+    saved = CPU._kernels["silu"]
+    CPU._kernels["silu"] = [type(saved[0])("silu", lambda n, xs, out: out.fill(0), None)]
+    try:
+        with pytest.raises(NodeMismatch, match="node silu"):
+            check_graph(h)
+    finally:
+        CPU._kernels["silu"] = saved

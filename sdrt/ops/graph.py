@@ -245,3 +245,39 @@ def evaluate(*tensors: Tensor, backend="cpu"):
 def compute(t: Tensor, backend="cpu") -> np.ndarray:
     """Eager helper for tests: evaluate and return float32 values in numpy order."""
     return evaluate(t, backend=backend).to_f32()
+
+
+class NodeMismatch(OpError):
+    """check_graph found a node whose backend result differs from the reference."""
+
+
+def check_graph(outputs, backend="cpu", rtol=1e-4, atol=1e-4) -> int:
+    """Run the graph on `backend`, rerunning every node on the reference backend with the same
+    inputs; raises NodeMismatch naming the first node that differs. Returns the node count."""
+    from .backend import ReferenceBackend, get_backend
+    from .convert import raw_to_f32
+    from .registry import Kernel
+    be, ref = get_backend(backend), ReferenceBackend()
+
+    class Checked:
+        name = f"check({be.name})"
+
+        def find(self, node):
+            k = be.find(node)
+            if k is None:
+                return None
+
+            def fn(n, xs, out):
+                k.fn(n, xs, out)
+                want = np.empty_like(out)
+                ref.find(n).fn(n, xs, want)
+                a, b = raw_to_f32(out, n.dtype), raw_to_f32(want, n.dtype)
+                if not np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+                    err = float(np.nanmax(np.abs(a - b)))
+                    raise NodeMismatch(f"node {n.op} {n.name or ''} ne={list(n.ne)}: {be.name} differs from "
+                                       f"the reference by up to {err:.3g}")
+            return Kernel(node.op, fn, None)
+
+    g = Graph(outputs)
+    g.run(Checked())
+    return len(g.nodes)

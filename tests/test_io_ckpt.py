@@ -51,7 +51,7 @@ def test_dtypes_views_and_skips(fname):
                                          "first_stage_model.decoder.conv_in.weight", "dtype.f64", "dtype.i64",
                                          "dtype.i32", "dtype.i8", "dtype.f8_e4m3", "dtype.f8_e5m2"]} == {
         "model.diffusion_model.input_blocks.0.0.weight": "F32", "model.diffusion_model.input_blocks.0.0.bias": "F16",
-        "first_stage_model.decoder.conv_in.weight": "BF16", "dtype.f64": "F64", "dtype.i64": "I64",
+        "first_stage_model.decoder.conv_in.weight": "BF16", "dtype.f64": "F32", "dtype.i64": "I32",
         "dtype.i32": "I32", "dtype.i8": "I8", "dtype.f8_e4m3": "F8_E4M3", "dtype.f8_e5m2": "F8_E5M2"}
     # views keep torch's strides (ne order, bytes) and share one storage, zero copy
     assert t["view.transposed"].ne == (4, 6) and t["view.transposed"].nb == (24, 4)
@@ -60,7 +60,10 @@ def test_dtypes_views_and_skips(fname):
     assert t["view.transposed"].storage is not None and t["view.shared_base"].storage.base is not None
     assert t["scalar.rank0"].ne == (1,)
     assert t["five_d"].ne == (2, 2, 1, 6)                 # torch (3,2,1,2,2): top dims folded
-    assert set(m.metadata["skipped"]) == {"dtype.u8", "dtype.bool", "empty"}
+    assert t["dtype.bool"].dtype.name == "I8"
+    assert set(m.raw) == {"dtype.u8", "empty"} and m.raw["empty"].shape == (0, 3)
+    np.testing.assert_array_equal(m.raw["dtype.u8"], [0, 200, 255])
+    assert m.sources and m.sources[0][0].endswith(fname)
     assert m.metadata["torch_format"] == ("zip" if fname.endswith(".ckpt") else "legacy")
 
 

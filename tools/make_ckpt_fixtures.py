@@ -37,10 +37,10 @@ def state_dict():
     sd["dtype.i8"] = torch.tensor([-128, -1, 0, 1, 127], dtype=torch.int8)
     sd["dtype.f8_e4m3"] = torch.tensor([0.5, -1.0, 448.0, 0.0], dtype=torch.float8_e4m3fn)
     sd["dtype.f8_e5m2"] = torch.tensor([0.25, -2.0, 57344.0, 0.0], dtype=torch.float8_e5m2)
-    sd["dtype.u8"] = torch.tensor([0, 200, 255], dtype=torch.uint8)      # no sdrt dtype: skipped
-    sd["dtype.bool"] = torch.tensor([True, False])                        # skipped
+    sd["dtype.u8"] = torch.tensor([0, 200, 255], dtype=torch.uint8)      # no sdrt dtype: ModelFile.raw
+    sd["dtype.bool"] = torch.tensor([True, False])                        # read as I8 0/1
     sd["scalar.rank0"] = torch.tensor(3.5)
-    sd["empty"] = torch.zeros(0, 3)                                       # skipped
+    sd["empty"] = torch.zeros(0, 3)                                       # ModelFile.raw
     sd["five_d"] = torch.randn(3, 2, 1, 2, 2, generator=g)               # folded to 4-D
     sd["param"] = torch.nn.Parameter(torch.randn(2, 2, generator=g))
     return sd
@@ -65,7 +65,7 @@ def expected(sd, prefix=""):
     for k, v in sd.items():
         if isinstance(v, dict):
             out.update(expected(v, prefix + k + "."))
-        elif isinstance(v, torch.Tensor) and v.numel() and v.dtype not in (torch.uint8, torch.bool):
+        elif isinstance(v, torch.Tensor) and v.numel() and v.dtype != torch.uint8:
             out[prefix + k] = v.detach().to(torch.float64).numpy()
     return out
 

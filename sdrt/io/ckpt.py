@@ -36,9 +36,8 @@ import zipfile
 import numpy as np
 
 from ..errors import ModelFileError
-from ..ops import dtypes
 from ..ops.tensor import MAX_DIMS, Tensor
-from .base import ModelFile
+from .base import ConvertedTensor, ModelFile, map_file
 
 __all__ = ["read_ckpt", "is_torch_zip", "is_torch_legacy"]
 
@@ -117,26 +116,30 @@ class _TensorRef:
         self.dtype, self.itemsize = dtype, itemsize
 
 
-# storage classes and torch dtypes: (sdrt dtype name or None when sdrt has none, itemsize, torch name)
-_STORAGES = {
-    "FloatStorage": ("F32", 4, "float32"), "DoubleStorage": ("F64", 8, "float64"),
-    "HalfStorage": ("F16", 2, "float16"), "BFloat16Storage": ("BF16", 2, "bfloat16"),
-    "LongStorage": ("I64", 8, "int64"), "IntStorage": ("I32", 4, "int32"),
-    "ShortStorage": ("I16", 2, "int16"), "CharStorage": ("I8", 1, "int8"),
-    "ByteStorage": (None, 1, "uint8"), "BoolStorage": (None, 1, "bool"),
-    "ComplexFloatStorage": (None, 8, "complex64"), "ComplexDoubleStorage": (None, 16, "complex128"),
-    "UntypedStorage": (None, 1, "uint8"),
-}
+# torch dtype -> (sdrt dtype, or None when sdrt has none; itemsize; numpy dtype of the raw bytes).
+# As the safetensors reader (and sd.cpp) does: F64 -> F32 and I64 -> I32 on first use, BOOL -> I8
+# zero copy; dtypes sdrt has no tensor type for go to ModelFile.raw as numpy arrays.
 _TORCH_DTYPES = {
-    "float32": ("F32", 4), "float": ("F32", 4), "float64": ("F64", 8), "double": ("F64", 8),
-    "float16": ("F16", 2), "half": ("F16", 2), "bfloat16": ("BF16", 2),
-    "int64": ("I64", 8), "long": ("I64", 8), "int32": ("I32", 4), "int": ("I32", 4),
-    "int16": ("I16", 2), "short": ("I16", 2), "int8": ("I8", 1),
-    "float8_e4m3fn": ("F8_E4M3", 1), "float8_e5m2": ("F8_E5M2", 1),
-    "uint8": (None, 1), "bool": (None, 1), "float8_e4m3fnuz": (None, 1), "float8_e5m2fnuz": (None, 1),
-    "float8_e8m0fnu": (None, 1), "uint16": (None, 2), "uint32": (None, 4), "uint64": (None, 8),
-    "complex64": (None, 8), "complex128": (None, 16), "complex32": (None, 4),
+    "float32": ("F32", 4, "<f4"), "float64": ("F64", 8, "<f8"), "float16": ("F16", 2, "<f2"),
+    "bfloat16": ("BF16", 2, "<u2"), "int64": ("I64", 8, "<i8"), "int32": ("I32", 4, "<i4"),
+    "int16": ("I16", 2, "<i2"), "int8": ("I8", 1, "i1"), "bool": ("BOOL", 1, "u1"),
+    "float8_e4m3fn": ("F8_E4M3", 1, "u1"), "float8_e5m2": ("F8_E5M2", 1, "u1"),
+    "uint8": (None, 1, "u1"), "float8_e4m3fnuz": (None, 1, "u1"), "float8_e5m2fnuz": (None, 1, "u1"),
+    "float8_e8m0fnu": (None, 1, "u1"), "uint16": (None, 2, "<u2"), "uint32": (None, 4, "<u4"),
+    "uint64": (None, 8, "<u8"), "complex32": (None, 4, "<u4"), "complex64": (None, 8, "<c8"),
+    "complex128": (None, 16, "<c16"),
 }
+for _alias, _name in {"float": "float32", "double": "float64", "half": "float16", "long": "int64",
+                      "int": "int32", "short": "int16"}.items():
+    _TORCH_DTYPES[_alias] = _TORCH_DTYPES[_name]
+# legacy typed storage classes (persistent ids name them) -> torch dtype
+_STORAGES = {
+    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
+    "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128", "UntypedStorage": "uint8",
+}
+_WIDE = {"F64": ("F32", np.float32), "I64": ("I32", np.int32)}
 _NP_SCALAR_CODES = {"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8"}
 
 
@@ -177,7 +180,7 @@ def _rebuild_tensor_v3(args):
     dt = args[6]
     _need(isinstance(dt, _Global) and dt.module == "torch" and dt.name in _TORCH_DTYPES,
           f"_rebuild_tensor_v3: unknown dtype {dt!r}")
-    return _rebuild_tensor(args, _TORCH_DTYPES[dt.name])
+    return _rebuild_tensor(args, (dt.name, _TORCH_DTYPES[dt.name][1]))
 
 
 def _rebuild_parameter(args):
@@ -733,38 +736,57 @@ def _fold_dims(ne, nb):
     return tuple(ne), tuple(nb)
 
 
-def _make_tensors(refs: dict, buffers: dict, meta: dict, skipped: list) -> dict:
-    """refs {name: _TensorRef}; buffers {root storage key: uint8 array}. Bounds-checked."""
-    tensors = {}
+def _make_tensors(refs: dict, buffers: dict, skipped: list, mf: ModelFile) -> None:
+    """refs {name: _TensorRef}; buffers {root storage key: uint8 array}. Bounds-checked; fills
+    mf.tensors (and mf.raw for dtypes sdrt has no tensor type for, and empty tensors)."""
     for name, r in refs.items():
-        if r.dtype is None:
-            skipped.append((name, "dtype has no sdrt equivalent"))
-            continue
+        sdt, itemsize, npdt = _TORCH_DTYPES[r.dtype]
         numel = 1
         for s in r.size:
             numel *= s
-        if numel == 0:
-            skipped.append((name, f"empty tensor {list(r.size)}"))
-            continue
         _need(numel < (1 << 62), f"tensor '{name}': size {list(r.size)} overflows")
+        if numel == 0:
+            mf.raw[name] = np.zeros(r.size, np.dtype(npdt))
+            continue
         st = r.storage
-        span = (sum((n - 1) * s for n, s in zip(r.size, r.stride)) + 1) * r.itemsize
-        start = r.offset * r.itemsize
+        span = (sum((n - 1) * s for n, s in zip(r.size, r.stride)) + 1) * itemsize
+        start = r.offset * itemsize
         _need(start + span <= st.nbytes,
               f"tensor '{name}': {list(r.size)} at element offset {r.offset} with strides {list(r.stride)} "
               f"needs {start + span} bytes, its storage '{st.key}' holds {st.nbytes}")
         buf = buffers[st.root.key]
+        off = st.byte_offset + start
+        if sdt is None or sdt in _WIDE:
+            arr = np.ndarray(r.size, np.dtype(npdt), buf, off, tuple(s * itemsize for s in r.stride))
+            arr.flags.writeable = False
+            if sdt is None:
+                mf.raw[name] = arr
+                continue
         ne = tuple(reversed(r.size)) or (1,)
-        nb = tuple(s * r.itemsize for s in reversed(r.stride)) or (r.itemsize,)
+        nb = tuple(s * itemsize for s in reversed(r.stride)) or (itemsize,)
         if len(ne) > MAX_DIMS:
             ne, nb = _fold_dims(ne, nb)
         try:
-            tensors[name] = Tensor.from_buffer(buf, r.dtype, ne, offset=st.byte_offset + start, nb=nb, name=name)
+            if sdt in _WIDE:
+                mf.tensors[name] = ConvertedTensor(_WIDE[sdt][0], ne, _widen(arr, sdt, mf.path, name), name=name)
+            else:
+                mf.tensors[name] = Tensor.from_buffer(buf, "I8" if sdt == "BOOL" else sdt, ne, offset=off, nb=nb,
+                                                      name=name)
         except Exception as e:  # OpError from the tensor library: report it as a file problem
             raise _Fail(f"tensor '{name}': {e}") from None
     if skipped:
-        meta["skipped"] = dict(skipped)
-    return tensors
+        mf.metadata["skipped"] = dict(skipped)
+
+
+def _widen(arr, sdt, path, name):
+    """The fill of a ConvertedTensor: F64 -> F32, I64 -> I32 (values must fit), contiguous."""
+    to = _WIDE[sdt][1]
+
+    def fill():
+        if sdt == "I64" and arr.size and (arr.min() < -(1 << 31) or arr.max() >= 1 << 31):
+            raise ModelFileError(f"{path}: tensor '{name}': I64 values outside the int32 range")
+        return np.ascontiguousarray(arr, dtype=to).reshape(-1).view(np.uint8)
+    return fill
 
 
 def _make_persistent_load(storages: dict, legacy: bool):
@@ -778,7 +800,8 @@ def _make_persistent_load(storages: dict, legacy: bool):
               "storage key is not a short plain string")
         numel = _int(numel, "storage numel")
         _need(0 <= numel < (1 << 56), f"storage '{key}' declares {numel} elements")
-        dtype, itemsize, _ = _STORAGES[stype.name]
+        dtype = _STORAGES[stype.name]
+        itemsize = _TORCH_DTYPES[dtype][1]
         root = storages.get(key)
         if root is None:
             root = storages[key] = _Storage(key, dtype, itemsize, numel)
@@ -794,15 +817,6 @@ def _make_persistent_load(storages: dict, legacy: bool):
             return _Storage(str(vkey), dtype, itemsize, vsize, voff * itemsize, root)
         return root if dtype == root.dtype else _Storage(key, dtype, itemsize, numel, 0, root)
     return persistent_load
-
-
-def _to_dtype(name):
-    return dtypes.get(name) if name is not None else None
-
-
-def _finalize_refs(refs):
-    for r in refs.values():
-        r.dtype = _to_dtype(r.dtype) if isinstance(r.dtype, str) or r.dtype is None else r.dtype
 
 
 def _swap_bytes(buf: np.ndarray, itemsize: int) -> np.ndarray:
@@ -903,7 +917,6 @@ def _read_zip(path: str, mm, file_size: int, meta: dict):
         root, end = _PickleVM(pkl, 0, _make_persistent_load(storages, legacy=False)).run()
         sd = _select_state_dict(root, meta)
         refs, skipped = _flatten(sd)
-        _finalize_refs(refs)
 
         used = {r.storage.root.key for r in refs.values()}
         buffers = {}
@@ -963,7 +976,6 @@ def _read_legacy(path: str, mm, file_size: int, meta: dict):
 
     sd = _select_state_dict(root, meta)
     refs, skipped = _flatten(sd)
-    _finalize_refs(refs)
 
     buffers = {}
     order = "<q" if little else ">q"
@@ -994,27 +1006,26 @@ def read_ckpt(path) -> ModelFile:
     Raises ModelFileError (naming the file and the problem) for anything not understood,
     including every global or call a plain tensor checkpoint does not need."""
     path = os.fspath(path)
+    mf = ModelFile(path=path, format="ckpt")
     try:
-        file_size = os.path.getsize(path)
         with open(path, "rb") as f:
             head = f.read(512)
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read ({e.strerror or e})") from None
-    meta: dict = {}
     try:
-        _need(file_size > 0, "empty file")
         if len(head) >= 262 and head[257:262] == b"ustar":
             raise _Fail("a tar-format PyTorch file (torch < 0.4); not supported, re-save it with a newer torch")
-        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        mm, stamp = map_file(path, "PyTorch checkpoint")
+        mf.sources.append(stamp)
         if is_torch_zip(head):
-            meta["torch_format"] = "zip"
-            refs, buffers, skipped = _read_zip(path, mm, file_size, meta)
+            mf.metadata["torch_format"] = "zip"
+            refs, buffers, skipped = _read_zip(path, mm, stamp[1], mf.metadata)
         elif is_torch_legacy(head):
-            meta["torch_format"] = "legacy"
-            refs, buffers, skipped = _read_legacy(path, mm, file_size, meta)
+            mf.metadata["torch_format"] = "legacy"
+            refs, buffers, skipped = _read_legacy(path, mm, stamp[1], mf.metadata)
         else:
             raise _Fail("not a PyTorch checkpoint (neither a zip archive nor a pickle)")
-        tensors = _make_tensors(refs, buffers, meta, skipped)
+        _make_tensors(refs, buffers, skipped, mf)
     except _Fail as e:
         raise ModelFileError(f"{path}: {e}") from None
     except ModelFileError:
@@ -1025,4 +1036,4 @@ def read_ckpt(path) -> ModelFile:
         raise ModelFileError(f"{path}: malformed checkpoint (asks for more memory than it can use)") from None
     except Exception as e:  # any other parse failure of untrusted bytes is a bad file, never a crash
         raise ModelFileError(f"{path}: malformed checkpoint ({type(e).__name__}: {e})") from None
-    return ModelFile(path=path, format="ckpt", tensors=tensors, metadata=meta)
+    return mf

@@ -1,0 +1,197 @@
+"""CPU kernels for mul_mat and get_rows.
+
+mul_mat: every GEMM is numpy's BLAS on float32 2-D blocks. F32 weights go straight to BLAS;
+every other weight type (F16, BF16, F8, F64 and all block types) is widened/dequantized a tile
+of rows at a time into one reusable float32 scratch, and BLAS multiplies the tile into its
+column slice of the output — the whole weight is never expanded. Each tile is shared by all
+rows of x that use that weight batch, so the widening cost is amortised over M.
+
+Tile height: every BLAS call re-packs x (M*K) for its N_tile columns, an overhead of about
+1/N_tile of the GEMM; so tiles are as tall as TILE_BYTES (16 MiB of float32, half the L3)
+allows — 1024 rows at K=4096, the whole weight at SD's K=320..1280. 256-row tiles measured
+~10-20% slower at 4096^3, 1024-row ones within noise of one untiled GEMM.
+
+The widening kernels are serial Numba loops (a 65536-entry table for F16, a shift for BF16,
+a 256-entry table for F8): on this 2-core machine a tile widens in well under 1% of its GEMM
+time, and Numba's thread pool was measured 10-20x slower than the serial loop for these
+memory-bound tiles while BLAS and other processes hold the cores.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ...errors import OpError
+from ..convert import _f8_table
+from ..matmul import check_ids
+from . import CPU
+from ._util import as4d, f32_input
+
+TILE_BYTES = 16 << 20   # float32 bytes of one dequantized weight tile
+TILE_ROWS: int | None = None  # override the tile height (tests use it to force many tiles)
+SMALL_M = 64            # below this many x rows a GEMM is dequant-bound: quant may use threads
+
+# F16 bit pattern -> F32 bit pattern, every one of the 65536 halves (exact, NaN payloads kept)
+_F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+
+
+@njit(fastmath=True, cache=True)
+def _widen_u16_table(raw, out, table):
+    for i in range(raw.shape[0]):
+        for j in range(raw.shape[1]):
+            out[i, j] = table[raw[i, j]]
+
+
+@njit(fastmath=True, cache=True)
+def _widen_bf16(raw, out):
+    for i in range(raw.shape[0]):
+        for j in range(raw.shape[1]):
+            out[i, j] = np.uint32(raw[i, j]) << np.uint32(16)
+
+
+@njit(fastmath=True, cache=True)
+def _widen_u8_table(raw, out, table):
+    for i in range(raw.shape[0]):
+        for j in range(raw.shape[1]):
+            out[i, j] = table[raw[i, j]]
+
+
+@njit(cache=True)
+def _gather_u16(table, ids, out, mode, lut):
+    # mode 0: F16 via lut, 1: BF16 by shift; out is the uint32 view of the F32 rows
+    for r in range(ids.shape[0]):
+        src = table[ids[r]]
+        dst = out[r]
+        if mode == 0:
+            for j in range(src.shape[0]):
+                dst[j] = lut[src[j]]
+        else:
+            for j in range(src.shape[0]):
+                dst[j] = np.uint32(src[j]) << np.uint32(16)
+
+
+@njit(cache=True)
+def _gather_u8(table, ids, out, lut):
+    for r in range(ids.shape[0]):
+        src = table[ids[r]]
+        dst = out[r]
+        for j in range(src.shape[0]):
+            dst[j] = lut[src[j]]
+
+
+def _quant():
+    from .. import quant
+    return quant
+
+
+def _dequant_tile(dt, w2d, r0, r1, tile, one_thread):
+    q = _quant()
+    if not one_thread:
+        q.dequantize_rows(w2d, dt, r0, r1, out=tile)
+        return
+    # One thread: BLAS holds both cores; an OpenMP team here was measured 50-100x slower than
+    # the serial loop (barrier/spin contention with OpenBLAS), and one thread already dequantizes
+    # a 1M-element tile in ~0.2-0.5 ms, <1% of its GEMM. quant's public API has no per-call
+    # thread count, hence the extension call (same checks: unit-stride rows, f32 out rows).
+    rows = w2d[r0:r1]
+    if rows.shape[1] > 1 and rows.strides[1] != 1:
+        rows = np.ascontiguousarray(rows)
+    q._ext().dequantize_into(rows, dt.id, dt.block_size, dt.type_size, tile, 1)
+
+
+def fill_rows(dt, w2d: np.ndarray, r0: int, r1: int, tile: np.ndarray, one_thread=True) -> None:
+    """Write rows [r0, r1) of weight `w2d` (raw storage of dtype `dt`) into float32 `tile`."""
+    name = dt.name
+    if dt.is_quantized:
+        _dequant_tile(dt, w2d, r0, r1, tile, one_thread)
+    elif name == "F16":
+        _widen_u16_table(w2d[r0:r1].view(np.uint16), tile.view(np.uint32), _F16_TABLE)
+    elif name == "BF16":
+        _widen_bf16(w2d[r0:r1], tile.view(np.uint32))
+    elif name in ("F8_E4M3", "F8_E5M2"):
+        _widen_u8_table(w2d[r0:r1], tile, _f8_table(name))
+    else:  # F32 that BLAS cannot read in place, F64
+        np.copyto(tile, w2d[r0:r1], casting="unsafe")
+
+
+def tile_rows(n: int, k: int) -> int:
+    """Rows per weight tile: about TILE_BYTES of float32, split evenly over the tiles."""
+    t = TILE_ROWS or max(64, TILE_BYTES // (4 * k))
+    ntiles = -(-n // t)
+    t = -(-n // ntiles)
+    return t if TILE_ROWS else min(n, (t + 15) // 16 * 16)
+
+
+def _blasable(a: np.ndarray) -> bool:
+    """Whether BLAS can read 2-D float32 `a` in place (unit stride along one axis)."""
+    s0, s1 = a.strides
+    return a.dtype == np.float32 and (s1 == 4 and s0 >= 4 * a.shape[1] or s0 == 4 and s1 >= 4 * a.shape[0])
+
+
+def gemm_weight(dt, w2d: np.ndarray, groups) -> None:
+    """For each (x2d, o2d) in groups: o2d = x2d @ w^T, w given as raw 2-D storage of dtype dt."""
+    n = w2d.shape[0]
+    if dt.name == "F32" and _blasable(w2d):
+        for xg, og in groups:
+            np.matmul(xg, w2d.T, out=og)
+        return
+    k = groups[0][0].shape[1]
+    # few rows of x (GEMV-like): the dequantization is the work, let quant use its threads
+    one_thread = sum(xg.shape[0] for xg, _ in groups) >= SMALL_M
+    t = tile_rows(n, k)
+    scratch = np.empty((t, k), np.float32)
+    for r0 in range(0, n, t):
+        r1 = min(n, r0 + t)
+        tile = scratch[: r1 - r0]
+        fill_rows(dt, w2d, r0, r1, tile, one_thread)
+        for xg, og in groups:
+            np.matmul(xg, tile.T, out=og[:, r0:r1])
+
+
+@CPU.register("mul_mat")
+def _mul_mat(node, xs, out):
+    wt, xt = node.src
+    w4 = as4d(xs[0])
+    # BLAS wants unit-stride rows; a copy of x is M*K against 2*M*K*N flops
+    x4 = np.ascontiguousarray(as4d(f32_input(xt, xs[1])), dtype=np.float32)
+    o4 = as4d(out)
+    b3, b2, m, k = x4.shape
+    w3, w2, n = w4.shape[:3]
+    r3, r2 = b3 // w3, b2 // w2
+    for j3 in range(w3):
+        for j2 in range(w2):
+            if w3 == 1 and w2 == 1:  # one weight for every batch: a single tall GEMM
+                groups = [(x4.reshape(-1, k), o4.reshape(-1, n))]
+            else:
+                sl = slice(j2 * r2, (j2 + 1) * r2)
+                groups = [(x4[i3, sl].reshape(-1, k), o4[i3, sl].reshape(-1, n))
+                          for i3 in range(j3 * r3, (j3 + 1) * r3)]
+            gemm_weight(wt.dtype, w4[j3, j2], groups)
+
+
+@CPU.register("get_rows")
+def _get_rows(node, xs, out):
+    tt = node.src[0]
+    dt = tt.dtype
+    t4 = as4d(xs[0])
+    ids = xs[1]
+    i3 = ids.reshape((1,) * (3 - ids.ndim) + ids.shape)
+    o4 = as4d(out)
+    check_ids(i3, t4.shape[2])
+    for a in range(i3.shape[0]):
+        for b in range(i3.shape[1]):
+            tab, idv, o = t4[a, b], np.ascontiguousarray(i3[a, b], np.int64), o4[a, b]
+            if dt.is_quantized:
+                _quant().get_rows(tab, dt, idv, out=o)
+            elif dt.name == "F32":
+                np.take(tab, idv, axis=0, out=o)
+            elif dt.name == "F16":
+                _gather_u16(tab.view(np.uint16), idv, o.view(np.uint32), 0, _F16_TABLE)
+            elif dt.name == "BF16":
+                _gather_u16(tab, idv, o.view(np.uint32), 1, _F16_TABLE)
+            elif dt.name in ("F8_E4M3", "F8_E5M2"):
+                _gather_u8(tab, idv, o, _f8_table(dt.name))
+            elif dt.is_float:
+                np.copyto(o, tab[idv], casting="unsafe")
+            else:
+                raise OpError(f"get_rows: no CPU kernel for a {dt.name} table")

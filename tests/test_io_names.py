@@ -196,3 +196,150 @@ def test_kohya_to_dotted():
     assert kohya_to_dotted("time_embedding_linear_1") == "time_embedding.linear_1"
     assert kohya_to_dotted("text_model_encoder_layers_11_self_attn_out_proj") == \
         "text_model.encoder.layers.11.self_attn.out_proj"
+
+
+# ---- diffusers folders ------------------------------------------------------------------------------
+
+import struct  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from sdrt.io.diffusers import read_diffusers_folder  # noqa: E402
+
+
+def write_st(path, tensors: dict):
+    """A safetensors file by hand (no dependency): header JSON + raw little-endian data."""
+    header, blobs, off = {}, [], 0
+    for k, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        b = a.tobytes()
+        header[k] = {"dtype": {"float32": "F32", "float16": "F16"}[a.dtype.name], "shape": list(a.shape),
+                     "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def bin_file(path, name, values):
+    """A one-tensor PyTorch zip checkpoint, pickle written by hand."""
+    import io
+    import zipfile
+    U = lambda s: b"X" + struct.pack("<I", len(s)) + s.encode()   # noqa: E731
+    n = len(values)
+    pkl = (b"\x80\x02}(" + U(name) + b"ctorch._utils\n_rebuild_tensor_v2\n((" + U("storage")
+           + b"ctorch\nFloatStorage\n" + U("0") + U("cpu") + b"J" + struct.pack("<i", n) + b"tQK\x00(J"
+           + struct.pack("<i", n) + b"t(K\x01t\x89ccollections\nOrderedDict\n)RtRu.")
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/data/0", np.asarray(values, np.float32).tobytes())
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(out.getvalue())
+
+
+def sd_folder(root, xl=False, te_bin=False, index=None):
+    r = np.random.default_rng(0)
+    z = lambda *s: r.standard_normal(s).astype(np.float32)   # noqa: E731
+    json.dump({"_class_name": "StableDiffusionXLPipeline" if xl else "StableDiffusionPipeline",
+               "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"],
+               "text_encoder": ["transformers", "CLIPTextModel"]}, open(os.path.join(root, "model_index.json"), "w"))
+    rows = TABLES["sdxl_unet" if xl else "sd15_unet"]
+    unet = {d: z(4) for d, *_ in rows}
+    unet["conv_in.weight"] = z(8, 4, 3, 3)
+    write_st(os.path.join(root, "unet", "diffusion_pytorch_model.safetensors"), unet)
+    vae = {d: z(2) for d, *_ in TABLES["sd_vae"]}
+    vae["decoder.mid_block.attentions.0.to_q.weight"] = z(6, 5)
+    write_st(os.path.join(root, "vae", "diffusion_pytorch_model.fp16.safetensors"),
+             {k: v.astype(np.float16) for k, v in vae.items()})
+    te = {"text_model.embeddings.token_embedding.weight": z(10, 768), "text_model.final_layer_norm.weight": z(768)}
+    if te_bin:
+        bin_file(os.path.join(root, "text_encoder", "pytorch_model-1.bin"), "text_model.final_layer_norm.weight",
+                 [1.0, 2.0])
+        bin_file(os.path.join(root, "text_encoder", "pytorch_model-2.bin"), "text_model.embeddings.position_ids",
+                 [0.0, 1.0])
+        wm = index or {"text_model.final_layer_norm.weight": "pytorch_model-1.bin",
+                       "text_model.embeddings.position_ids": "pytorch_model-2.bin"}
+        json.dump({"weight_map": wm}, open(os.path.join(root, "text_encoder", "pytorch_model.bin.index.json"), "w"))
+    else:
+        write_st(os.path.join(root, "text_encoder", "model.safetensors"), te)
+    if xl:
+        write_st(os.path.join(root, "text_encoder_2", "model.safetensors"),
+                 {"text_model.embeddings.token_embedding.weight": z(10, 1280), "text_projection.weight": z(3, 1280)})
+    return unet, vae
+
+
+@pytest.mark.parametrize("xl", [False, True])
+def test_diffusers_folder(tmp_path, xl):
+    unet, vae = sd_folder(str(tmp_path), xl=xl)
+    m = read_diffusers_folder(str(tmp_path))
+    key = "sdxl_unet" if xl else "sd15_unet"
+    for d, _, ldm, _ in TABLES[key]:
+        assert DM + ldm in m.tensors
+        assert m.metadata["source_names"][DM + ldm] == "unet." + d
+    np.testing.assert_array_equal(m[DM + "input_blocks.0.0.weight"].to_f32(), unet["conv_in.weight"])
+    for d, _, ldm, _ in TABLES["sd_vae"]:
+        assert VAE + ldm in m.tensors
+    q = m[VAE + "decoder.mid.attn_1.q.weight"]
+    assert q.shape == (6, 5, 1, 1) and q.dtype.name == "F16"           # Linear -> 1x1 conv, zero copy
+    np.testing.assert_array_equal(q.to_f32()[:, :, 0, 0], vae["decoder.mid_block.attentions.0.to_q.weight"].astype(np.float16))
+    assert "cond_stage_model.transformer.text_model.embeddings.token_embedding.weight" in m.tensors
+    assert m.metadata["version"] == ("sdxl" if xl else "sd1")
+    if xl:
+        p = m["cond_stage_model.1.transformer.text_model.text_projection"]
+        assert p.shape == (1280, 3)                                     # OpenCLIP layout (in, out)
+    assert m.sources and all(os.path.exists(s[0]) for s in m.sources)
+
+
+def test_diffusers_folder_bin_shards_and_refusals(tmp_path):
+    sd_folder(str(tmp_path), te_bin=True)
+    m = read_diffusers_folder(str(tmp_path))
+    np.testing.assert_array_equal(m["cond_stage_model.transformer.text_model.final_layer_norm.weight"].to_f32(), [1, 2])
+    # a shard name that climbs out of the folder, a tensor missing from its shard, a broken component
+    for wm, words in [({"text_model.final_layer_norm.weight": "../unet/x.bin"}, "plain file"),
+                      ({"text_model.nope": "pytorch_model-1.bin"}, "missing from its declared shard"),
+                      ({"text_model.final_layer_norm.weight": "gone.bin"}, "missing")]:
+        d = tmp_path / ("case" + str(abs(hash(str(wm)))))
+        d.mkdir()
+        sd_folder(str(d), te_bin=True, index=wm)
+        with pytest.raises(ModelFileError, match=words):
+            read_diffusers_folder(str(d))
+    d = tmp_path / "broken"
+    d.mkdir()
+    sd_folder(str(d))
+    with open(d / "vae" / "diffusion_pytorch_model.fp16.safetensors", "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(ModelFileError, match="component 'vae'"):
+        read_diffusers_folder(str(d))
+    e = tmp_path / "empty"
+    e.mkdir()
+    with pytest.raises(ModelFileError, match="unet/ or transformer/"):
+        read_diffusers_folder(str(e))
+    (e / "model_index.json").write_text("{not json")
+    with pytest.raises(ModelFileError):
+        read_diffusers_folder(str(e))
+
+
+def test_diffusers_flux_transformer(tmp_path):
+    z = np.zeros((2, 2), np.float32)
+    json.dump({"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"],
+               "text_encoder": ["transformers", "CLIPTextModel"], "text_encoder_2": ["transformers", "T5EncoderModel"]},
+              open(tmp_path / "model_index.json", "w"))
+    write_st(str(tmp_path / "transformer" / "diffusion_pytorch_model.safetensors"),
+             {"transformer_blocks.0.attn.to_q.weight": z, "transformer_blocks.0.attn.to_k.weight": z,
+              "single_transformer_blocks.0.proj_mlp.weight": z, "x_embedder.weight": np.zeros((8, 64), np.float32)})
+    write_st(str(tmp_path / "text_encoder_2" / "model.safetensors"),
+             {"encoder.block.0.layer.0.SelfAttention.q.weight": z, "shared.weight": z})
+    write_st(str(tmp_path / "text_encoder" / "model.safetensors"),
+             {"text_model.embeddings.token_embedding.weight": np.zeros((4, 768), np.float32)})
+    m = read_diffusers_folder(str(tmp_path))
+    assert set(m.tensors) == {DM + "double_blocks.0.img_attn.qkv.weight", DM + "double_blocks.0.img_attn.qkv.weight.1",
+                              DM + "single_blocks.0.linear1.weight.3", DM + "img_in.weight",
+                              "text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.q.weight",
+                              "text_encoders.t5xxl.transformer.shared.weight",
+                              "text_encoders.clip_l.transformer.text_model.embeddings.token_embedding.weight"}
+    assert m.metadata["version"] == "flux"

@@ -341,7 +341,7 @@ def prediction_type(model_file, version: str | None = None) -> str | None:
             return "edm_v"
         if "v_pred" in table:
             return "v"
-        spec = str(meta.get("modelspec.prediction_type", "")).strip().lower()
+        spec = str(meta.get("modelspec.prediction_type", meta.get("scheduler.prediction_type", ""))).strip().lower()
         if spec:
             return "v" if spec in ("v", "v_prediction", "v-prediction") else "eps" if spec in (
                 "epsilon", "eps") else None

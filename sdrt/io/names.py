@@ -361,7 +361,7 @@ def convert_tensor_name(name: str, version: str | None = None, *, unet_layout: U
     fam = family(version or "")
     if name.startswith(DM):
         rest = name[len(DM):]
-        if rest.startswith(_UNET_HEADS) and fam not in ("sd3", "flux", "flux2", "longcat", "sefi_image"):
+        if rest.startswith(_UNET_HEADS) and fam in ("sd1", "sd2", "sdxl", "svd", "unknown"):
             rest = diffusers_unet_to_ldm(rest, unet_layout or UnetLayout.for_version(version))
             if rest.endswith((".to_out.weight", ".to_out.bias")):      # old diffusers LoRA targets
                 rest = rest[: rest.rindex(".")] + ".0" + rest[rest.rindex("."):]

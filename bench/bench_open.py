@@ -10,7 +10,11 @@ the open's own): reset the peak-RSS counter (/proc/self/clear_refs 5), open the 
 sdrt.io.open_model, walk every tensor's name / dtype / ne / nbytes, and report wall seconds
 and the VmHWM delta. Also the same for the `safetensors` package's safe_open (numpy) as a peer.
 
-usage: python bench/bench_open.py [--fresh] [--runs 5]
+Then (unless --no-convert) the streaming writer: `sdrt.io.convert` of the same file to a q8_0
+GGUF in a fresh subprocess, with its time and peak-RSS delta (target: about one tensor's working
+set, far below the 2 GB model).
+
+usage: python bench/bench_open.py [--fresh] [--runs 5] [--no-convert] [--type q8_0]
 """
 from __future__ import annotations
 
@@ -118,6 +122,11 @@ with safe_open({path!r}, framework="numpy") as f:
         nbytes += 2 * int(np.prod(sl.get_shape()))"""
 
 
+CONVERT_BODY = """s = sdrt.io.convert({path!r}, {out!r}, {type!r})
+n, nbytes = s.n_tensors, s.bytes_out
+print(s, file=sys.stderr)"""
+
+
 def measure(body, peer_import="", runs=5):
     code = CHILD.format(root=ROOT, body=body.format(path=PATH), peer_import=peer_import)
     out = []
@@ -131,6 +140,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fresh", action="store_true")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--no-convert", action="store_true")
+    ap.add_argument("--type", default="q8_0")
     args = ap.parse_args(argv)
     make_file(fresh=args.fresh)
     size = os.path.getsize(PATH)
@@ -148,6 +159,13 @@ def main(argv=None):
         secs = sorted(r["seconds"] for r in res)
         peak = max(r["peak_delta"] for r in res) / 1e6
         print(f"{name:<30} {secs[len(secs) // 2]:>9.4f} {secs[-1]:>7.4f} {peak:>18.1f}")
+    if not args.no_convert:
+        out = os.path.join(os.path.dirname(PATH), f"out_{args.type}.gguf")
+        body = CONVERT_BODY.format(path=PATH, out=out, type=args.type)
+        r = measure(body.replace("{", "{{").replace("}", "}}"), runs=1)[0]
+        print(f"convert -> {args.type} GGUF: {r['seconds']:.1f} s, output {r['bytes'] / 1e9:.2f} GB, "
+              f"peak RSS delta {r['peak_delta'] / 1e6:.1f} MB")
+        os.unlink(out)
     return 0
 
 

@@ -226,6 +226,16 @@ def test_bad_file_raises_model_file_error(tmp_path, case):
         open_model(p)
 
 
+def test_header_length_that_looks_like_a_pickle(tmp_path):
+    """A 0x280-byte header starts the file with 80 02: the bytes of pickle PROTO 2."""
+    hdr = json.dumps({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})
+    hdr += " " * (0x280 - len(hdr))
+    for name in ("m.safetensors", "m.bin"):
+        p = write(tmp_path, st_bytes({}, F32_16, raw_header=hdr), name)
+        assert open(p, "rb").read(2) == b"\x80\x02"
+        np.testing.assert_array_equal(open_model(p)["a"].numpy(), [0, 1, 2, 3])
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ModelFileError, match="no such file"):
         read_safetensors(str(tmp_path / "nope.safetensors"))

@@ -13,8 +13,8 @@ import pytest
 from sdrt import ModelFileError, UsageError
 from sdrt.io import open_model, read_gguf, read_safetensors
 from sdrt.io import gguf_file as G
-from sdrt.io.writer import (CONVERT_TYPES, GGUFValue, TensorPlan, convert, export_type, parse_tensor_type_rules,
-                            tensor_should_be_converted, write_gguf, write_safetensors)
+from sdrt.io.writer import (CONVERT_TYPES, GGUFValue, TensorPlan, convert, export_type, is_unused_tensor,
+                            parse_tensor_type_rules, tensor_should_be_converted, write_gguf, write_safetensors)
 from sdrt.ops import dtypes
 from sdrt.ops.convert import f32_to_raw, raw_to_f32
 from sdrt.ops.tensor import Tensor
@@ -56,7 +56,7 @@ def quant(monkeypatch):
     return shim
 
 
-def _source(tmp_path) -> tuple[str, dict]:
+def _source(tmp_path, int_tensor=True) -> tuple[str, dict]:
     """An SD-like safetensors file: numpy-order arrays by name."""
     rng = np.random.default_rng(0)
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
@@ -71,9 +71,12 @@ def _source(tmp_path) -> tuple[str, dict]:
         "cond_stage_model.transformer.text_model.embeddings.token_embedding.weight": f(64, 256),
         "cond_stage_model.transformer.text_model.encoder.layers.0.mlp.fc1.weight": f(1024, 256).astype(np.float16),
         "cond_stage_model.transformer.text_model.embeddings.position_ids": np.arange(77, dtype=np.int64)[None],
+        "extra.token_ids": np.arange(77, dtype=np.int64)[None],
         "model.diffusion_model.odd.weight": f(8, 200),  # 200 % 32 != 0
         "logit_scale": np.array(4.6, np.float32),
     }
+    if not int_tensor:
+        del d["extra.token_ids"]
     p = str(tmp_path / "src.safetensors")
     st_numpy.save_file(d, p, metadata={"modelspec.title": "tiny"})
     return p, d
@@ -89,15 +92,18 @@ def test_round_trip_safetensors_to_gguf(tmp_path, quant, type_name):
     out = str(tmp_path / f"out-{type_name}.gguf")
     summary = convert(src, out, type_name)
     dst = dtypes.get(type_name)
-    assert summary.format == "gguf" and summary.n_tensors == len(d) and summary.bytes_out == os.path.getsize(out)
-    assert sum(summary.counts.values()) == len(d)
+    kept = sorted(n for n in d if not is_unused_tensor(n))  # sd.cpp drops position_ids; sorts names
+    assert len(kept) == len(d) - 1
+    assert summary.format == "gguf" and summary.n_tensors == len(kept) and summary.bytes_out == os.path.getsize(out)
+    assert sum(summary.counts.values()) == len(kept)
     mf = read_gguf(out)
     srcmf = read_safetensors(src)
-    assert list(mf.tensors) == list(srcmf.tensors)
+    assert list(mf.tensors) == kept
     assert mf.metadata["modelspec.title"] == "tiny"
     if dst.is_quantized:
         assert mf.metadata["general.quantization_version"] == 2
-    for name, a in d.items():
+    for name in kept:
+        a = d[name]
         t, s = mf[name], srcmf[name]
         ne = list(s.ne)
         while len(ne) > 1 and ne[-1] == 1:
@@ -140,17 +146,18 @@ def test_float_round_trip_back_to_safetensors_is_bit_exact(tmp_path, type_name):
     s = convert(g, back, None)  # keep every stored type
     assert s.format == "safetensors"
     mg, mb = read_gguf(g), read_safetensors(back)
-    for name in d:
+    assert list(mg.tensors) == list(mb.tensors)
+    for name in mg.tensors:
         assert mb[name].dtype == mg[name].dtype
         assert np.array_equal(np.ascontiguousarray(mb[name].numpy()).reshape(-1).view(np.uint8),
                               np.ascontiguousarray(mg[name].numpy()).reshape(-1).view(np.uint8))
     if type_name == "f32":  # f32 all the way: the source values exactly
         for name, a in d.items():
-            if a.dtype == np.float32:
+            if a.dtype == np.float32 and name in mb:
                 np.testing.assert_array_equal(mb[name].numpy().reshape(a.shape), a)
     if type_name != "bf16":  # the safetensors package reads our file (it has no BF16)
         loaded = st_numpy.load_file(back)
-        for name in d:
+        for name in mb.tensors:
             np.testing.assert_array_equal(loaded[name].reshape(-1), mb[name].numpy().reshape(-1))
 
 
@@ -216,12 +223,17 @@ def test_bad_convert_arguments(tmp_path):
 def test_convert_with_prefixes_and_rename(tmp_path):
     src, d = _source(tmp_path)
     out = str(tmp_path / "o.gguf")
-    s = convert([(src, "a."), (src, "b.")], out, "f16", rename=lambda n: n.upper())
+    s = convert([(src, "a."), (src, "b.")], out, "f16", rename=lambda n: n.upper(), drop_unused=False,
+                sort_names=False)
     mf = read_gguf(out)
     assert s.n_tensors == 2 * len(d) and len(mf) == 2 * len(d)
-    assert ("A." + next(iter(d))).upper() in mf
+    assert list(mf.tensors)[0] == ("A." + next(iter(read_safetensors(src).tensors))).upper()
     with pytest.raises(ModelFileError, match="also in another input"):
         convert([(src, ""), (src, "")], out, "f16")
+    # a name that already carries its prefix is not prefixed twice (sd.cpp's rule)
+    s = convert([(src, "model.diffusion_model.")], out, None)
+    assert "model.diffusion_model.time_embed.0.weight" in read_gguf(out)
+    assert "model.diffusion_model.first_stage_model.decoder.mid.attn_1.q.weight" in read_gguf(out)
 
 
 def test_failed_write_leaves_no_output(tmp_path):
@@ -299,3 +311,38 @@ def test_safetensors_writer_reads_in_safetensors_package(tmp_path):
     with pytest.raises(UsageError, match="strings"):
         write_safetensors(p, d, {"k": 1})
     assert open_model(p).metadata == {"k": "v"}
+
+
+def _find_sd_cli():
+    import glob
+    import shutil
+    cands = [os.environ.get("SDRT_SD_CLI", ""), shutil.which("sd-cli") or ""]
+    here = os.path.dirname(os.path.abspath(__file__))
+    cands += glob.glob(os.path.join(here, "..", "..", "sdcpp", "*", "vendor", "stable-diffusion.cpp", "build", "bin",
+                                    "sd-cli"))
+    return next((c for c in cands if c and os.access(c, os.X_OK)), None)
+
+
+@pytest.mark.parametrize("type_name", ["q8_0", "f16", "bf16", "f32", "q4_K"])
+def test_matches_sd_cli_convert(tmp_path, quant, type_name):
+    """sd-cli -M convert and sdrt's convert (keep_1d=False = sd.cpp's rules exactly) write the same
+    tensor table: names, order, ne and types; and the same bytes where sdrt's quantizer follows
+    the same ggml path (float types and Q8_0; for the other block types sd.cpp passes an all-ones
+    importance vector to ggml_quantize_chunk, which takes ggml's weighted search, not *_ref)."""
+    import subprocess
+    sd = _find_sd_cli()
+    if sd is None:
+        pytest.skip("sd-cli not found (set SDRT_SD_CLI)")
+    src, d = _source(tmp_path, int_tensor=False)  # sd-cli aborts converting an I32 tensor to f16/bf16
+    ref, ours = str(tmp_path / "ref.gguf"), str(tmp_path / "ours.gguf")
+    r = subprocess.run([sd, "-M", "convert", "-m", src, "-o", ref, "--type", type_name], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    convert(src, ours, type_name, keep_1d=False)
+    a, b = read_gguf(ref), read_gguf(ours)
+    assert list(a.tensors) == list(b.tensors)
+    for name in a.tensors:
+        assert (a[name].ne, a[name].dtype) == (b[name].ne, b[name].dtype), name
+        if a[name].dtype.name in ("F32", "F16", "BF16", "Q8_0", "I32"):
+            assert np.array_equal(np.ascontiguousarray(a[name].numpy()).reshape(-1).view(np.uint8),
+                                  np.ascontiguousarray(b[name].numpy()).reshape(-1).view(np.uint8)), name

@@ -46,16 +46,21 @@ def sniff_format(path) -> str:
         return "gguf"
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         return "ckpt"
+    # before the pickle test: a header length of 0x2?80 begins with the bytes of a pickle PROTO 2
+    if len(head) >= 9 and head[8:9] in (b"{", b" ", b"\n", b"\t", b"\r"):
+        (n,) = struct.unpack_from("<Q", head)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        if 2 <= n <= 100_000_000 and (n + 8 <= size or low.endswith(".safetensors")):
+            return "safetensors"
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:  # a pickle: legacy torch.save
         return "ckpt"
     if head[257:262] == b"ustar":  # torch's pre-1.0 tar format; the ckpt reader explains the refusal
         return "ckpt"
     if low.endswith(".json"):
         return "safetensors-index"
-    if len(head) >= 9 and head[8:9] in (b"{", b" ", b"\n", b"\t", b"\r"):
-        (n,) = struct.unpack_from("<Q", head)
-        if 2 <= n <= 100_000_000:
-            return "safetensors"
     if low.endswith(".safetensors"):
         return "safetensors"
     if low.endswith(".gguf"):

@@ -148,7 +148,7 @@ def read_gguf(path) -> ModelFile:
     n_kv = c.u64("the key/value count")
     if n_kv * (8 + 1 + 4 + 1) > c.remain():
         c.fail(f"key/value count {n_kv} cannot fit in the {c.remain()} bytes left")
-    if n_tensors * (8 + 1 + 4 + 8 + 4 + 8) > c.remain():
+    if n_tensors * (8 + 1 + 4 + 4 + 8) > c.remain():  # name, n_dims, type, offset (n_dims may be 0)
         c.fail(f"tensor count {n_tensors} cannot fit in the {c.remain()} bytes left")
 
     meta: dict = {}

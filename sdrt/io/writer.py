@@ -16,6 +16,7 @@ keeps the source's own metadata (safetensors `__metadata__` strings, GGUF keys).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import struct
@@ -53,6 +54,7 @@ class TensorPlan:
     dtype: DType
     ne: tuple[int, ...]
     produce: Callable[[], np.ndarray]
+    release: Callable[[], None] | None = None  # called once the tensor is written
 
     @property
     def nbytes(self) -> int:
@@ -266,6 +268,8 @@ def write_gguf(path, tensors, metadata: Mapping | None = None, alignment: int = 
             if pad:
                 f.write(b"\0" * pad)
             del data
+            if p.release:
+                p.release()
         if progress:
             progress(len(plans), len(plans), "")
     return total
@@ -308,6 +312,8 @@ def write_safetensors(path, tensors, metadata: Mapping[str, str] | None = None,
             data = _raw_bytes(p)
             f.write(data)
             del data
+            if p.release:
+                p.release()
         if progress:
             progress(len(plans), len(plans), "")
     return total
@@ -405,6 +411,25 @@ def convert_raw(t: Tensor, dst: DType) -> np.ndarray:
                                f"module sdrt.ops.quant ({e})") from None
 
 
+_PAGE = mmap.PAGESIZE
+
+
+def release_pages(t: Tensor) -> None:
+    """Drop the resident pages of a memory-mapped tensor (MADV_DONTNEED on its byte range).
+    The pages are clean file pages, so a later access just reads them again; this keeps the
+    RSS of a streaming pass over a big file at about one tensor."""
+    owner = t.owner
+    mm = getattr(Tensor.storage.__get__(owner), "_mmap", None)  # np.memmap's mmap object
+    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = t.offset // _PAGE * _PAGE
+    end = min(t.offset + t.span_bytes(), len(mm))
+    try:
+        mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+    except (OSError, ValueError):
+        pass
+
+
 @dataclass
 class ConvertSummary:
     """What `convert` wrote."""
@@ -423,7 +448,31 @@ class ConvertSummary:
                 f"from {self.bytes_in / 2**20:.1f} MiB, {self.seconds:.1f} s): {parts}")
 
 
-def _gather_inputs(in_path) -> tuple[dict[str, Tensor], dict]:
+# stable-diffusion.cpp's `unused_tensors` (model_loader.cpp @97d2990): name prefixes its loader
+# drops from every file (schedule buffers, EMA state, position_ids, logit_scale, ...)
+UNUSED_TENSORS = (
+    "betas", "alphas_cumprod_prev", "sqrt_alphas_cumprod", "sqrt_one_minus_alphas_cumprod",
+    "log_one_minus_alphas_cumprod", "sqrt_recip_alphas_cumprod", "sqrt_recipm1_alphas_cumprod",
+    "posterior_variance", "posterior_log_variance_clipped", "posterior_mean_coef1", "posterior_mean_coef2",
+    "cond_stage_model.transformer.text_model.embeddings.position_ids",
+    "cond_stage_model.1.model.text_model.embeddings.position_ids",
+    "cond_stage_model.transformer.vision_model.embeddings.position_ids",
+    "cond_stage_model.model.logit_scale",
+    "conditioner.embedders.0.transformer.text_model.embeddings.position_ids",
+    "conditioner.embedders.0.model.logit_scale", "conditioner.embedders.1.model.logit_scale",
+    "model.diffusion_model.time_embedding.cond_proj.weight", "unet.time_embedding.cond_proj.weight",
+    "model_ema.decay", "model_ema.num_updates", "model_ema.diffusion_model", "embedding_manager",
+    "denoiser.sigmas", "text_encoders.t5xxl.transformer.encoder.embed_tokens.weight", "ztsnr",
+    "edm_vpred.sigma_min", "text_encoders.llm.output.weight", "text_encoders.llm.lm_head.",
+)
+
+
+def is_unused_tensor(name: str) -> bool:
+    """True for tensors stable-diffusion.cpp's loader ignores (checked before any prefix)."""
+    return name.startswith(UNUSED_TENSORS)
+
+
+def _gather_inputs(in_path, drop_unused: bool = True) -> tuple[dict[str, Tensor], dict]:
     from . import open_model
     if isinstance(in_path, (str, os.PathLike, ModelFile)):
         in_path = [(in_path, "")]
@@ -432,7 +481,9 @@ def _gather_inputs(in_path) -> tuple[dict[str, Tensor], dict]:
     for src, prefix in in_path:
         mf = src if isinstance(src, ModelFile) else open_model(src)
         for name, t in mf.tensors.items():
-            full = prefix + name
+            if drop_unused and is_unused_tensor(name):
+                continue
+            full = name if name.startswith(prefix) else prefix + name  # as sd.cpp: never prefix twice
             if full in tensors:
                 raise ModelFileError(f"{mf.path}: tensor {full!r} is also in another input")
             tensors[full] = t
@@ -444,8 +495,8 @@ def _gather_inputs(in_path) -> tuple[dict[str, Tensor], dict]:
 
 
 def convert(in_path, out_path, type=None, tensor_type_rules=None, *, rename: Callable[[str], str] | None = None,
-            keep_1d: bool = True, keep_metadata: bool = True, progress: Callable[[int, int, str], None] | None = None
-            ) -> ConvertSummary:
+            keep_1d: bool = True, keep_metadata: bool = True, drop_unused: bool = True, sort_names: bool = True,
+            progress: Callable[[int, int, str], None] | None = None) -> ConvertSummary:
     """Convert / quantize a model file, as `sd-cli -M convert -m IN -o OUT --type T
     [--tensor-type-rules "regex=type,..."]`.
 
@@ -455,8 +506,13 @@ def convert(in_path, out_path, type=None, tensor_type_rules=None, *, rename: Cal
     out_path: ends with .safetensors -> safetensors, anything else -> GGUF (as sd.cpp).
     type: one of CONVERT_TYPES, or None to keep every tensor's stored type.
     tensor_type_rules: "regex=type,..." or [(regex, type), ...]; first match wins.
+      A name that already starts with its prefix is not prefixed again (as sd.cpp).
     rename: applied to every (prefixed) name, e.g. the canonical-name converter (--convert-name).
-    Tensors are written in input order, one at a time. Returns a ConvertSummary.
+    keep_1d: never quantize 1-D tensors (sdrt's rule on top of sd.cpp's; False = sd.cpp exactly).
+    keep_metadata: carry the source's metadata over (string values only into safetensors).
+    drop_unused: drop what sd.cpp's loader drops (UNUSED_TENSORS: schedule buffers, position_ids ...).
+    sort_names: write tensors sorted by name, as sd-cli does (its table is a std::map); else
+      in input order. Tensors are converted and written one at a time. Returns a ConvertSummary.
     Raises UsageError for bad arguments, ModelFileError for unreadable input / unwritable output.
     """
     t0 = time.perf_counter()
@@ -468,18 +524,24 @@ def convert(in_path, out_path, type=None, tensor_type_rules=None, *, rename: Cal
         for d in [dst] + [r[1] for r in rules]:
             if d is not None and d.is_quantized:
                 raise UsageError(f"{out_path}: safetensors cannot hold {d.name} blocks; write a .gguf file instead")
-    tensors, src_meta = _gather_inputs(in_path)
-    plans, summary = [], ConvertSummary(out_path, "safetensors" if to_st else "gguf", len(tensors))
-    names = set()
+    tensors, src_meta = _gather_inputs(in_path, drop_unused)
+    renamed: dict[str, tuple[str, Tensor]] = {}
     for name, t in tensors.items():
         out_name = rename(name) if rename else name
-        if out_name in names:
-            raise ModelFileError(f"tensor name {out_name!r} (from {name!r}) occurs twice after renaming")
-        names.add(out_name)
-        ot = export_type(name, t, dst, rules, keep_1d)
+        if not isinstance(out_name, str) or not out_name:
+            raise UsageError(f"rename gave {out_name!r} for tensor {name!r}")
+        if out_name in renamed:
+            raise ModelFileError(f"tensor name {out_name!r} (from {name!r} and {renamed[out_name][0]!r}) occurs "
+                                 f"twice after renaming")
+        renamed[out_name] = (name, t)
+    order = sorted(renamed) if sort_names else list(renamed)
+    plans, summary = [], ConvertSummary(out_path, "safetensors" if to_st else "gguf", len(order))
+    for out_name in order:
+        name, t = renamed[out_name]
+        ot = export_type(out_name, t, dst, rules, keep_1d)
         if to_st and ot.name not in TO_ST_DTYPE:
             ot = dst if dst is not None and not dst.is_quantized else dtypes.F32
-        plan = TensorPlan(out_name, ot, t.ne, lambda t=t, ot=ot: convert_raw(t, ot))
+        plan = TensorPlan(out_name, ot, t.ne, lambda t=t, ot=ot: convert_raw(t, ot), lambda t=t: release_pages(t))
         plans.append(plan)
         summary.counts[ot.name] = summary.counts.get(ot.name, 0) + 1
         summary.bytes_by_type[ot.name] = summary.bytes_by_type.get(ot.name, 0) + plan.nbytes

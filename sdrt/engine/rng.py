@@ -1,0 +1,427 @@
+"""Random number generators that reproduce stable-diffusion.cpp's noise bit for bit.
+
+sd-cli's ``--rng`` picks one of three generators (``src/core/rng*.hpp``); each is reproduced
+here with its state advancing exactly as the original, so the same seed gives the same latent
+noise and the same per-step noise in ancestral/SDE samplers:
+
+``cuda`` (default, :class:`PhiloxRNG`)
+    The noise torch draws on an NVIDIA GPU, as sd-webui's ``rng_philox.py`` re-creates it on CPU:
+    Philox4x32-10 with key = seed and counter = (offset, 0, index, 0); one ``randn`` call uses
+    one offset, and Box-Muller turns outputs 0 and 1 of each counter into one normal.
+    sd.cpp converts the uint32 outputs to float first and takes ``log``/``sin`` in double
+    (its unqualified ``log(float)`` resolves to C's double ``log``), which we follow.
+
+``cpu`` (:class:`MT19937RNG`)
+    torch CPU's ``torch.randn`` after ``torch.manual_seed(seed)`` (what ComfyUI uses): mt19937;
+    below 16 values it draws double Box-Muller pairs from 53-bit uniforms, keeping the second
+    value for the next call; from 16 values on it fills 24-bit float uniforms and transforms
+    them 16 at a time (8 cos/sin pairs), recomputing the last 16 when the size is not a
+    multiple of 16. sd.cpp's port takes glibc's ``logf``/``cosf``/``sinf`` for that transform;
+    torch itself runs its AVX2 kernel on x86-64 (Cephes polynomials from ``avx_mathfun.h``,
+    fused multiply-adds) and a portable one (theta rounded from double) elsewhere. The three
+    differ in the last ulp of 0.1-20% of values: ``flavor="sdcpp"`` (what ``--rng cpu`` uses,
+    to match sd-cli), ``"torch"`` (bit-exact ``torch.randn`` on AVX2 CPUs), ``"torch_scalar"``.
+
+``std_default`` (:class:`STDDefaultRNG`)
+    ``std::default_random_engine`` + ``std::normal_distribution<float>`` of libstdc++ (gcc on
+    Linux): the engine is ``minstd_rand0`` (Lehmer, a = 16807, m = 2^31 - 1), uniforms come from
+    ``generate_canonical<float, 24>``, normals from the Marsaglia polar method with the second
+    value cached; sd.cpp makes a new distribution per ``randn`` call, so an odd count drops the
+    cached value while the engine has still advanced.
+
+All three call glibc's ``logf``/``sinf``... through Numba (which binds the C math library; numpy's
+own float32 ufuncs differ from it in the last ulp), with fastmath off so nothing is fused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir as llvm_ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from ..errors import UsageError
+
+__all__ = ["RNG", "PhiloxRNG", "MT19937RNG", "STDDefaultRNG", "RNGS", "make_rng", "philox4x32"]
+
+_U32 = 0xFFFFFFFF
+
+
+class RNG:
+    """Interface: ``manual_seed(seed)`` then ``randn(shape)`` -> float32 C-order array.
+
+    Values fill the array in flat (C) order, which is sd.cpp's memory order for the same
+    tensor, so ``randn((1, 4, 64, 64))`` here equals ``randn_like`` of a 64x64x4x1 sd::Tensor."""
+
+    name = "?"
+
+    def manual_seed(self, seed: int) -> None:
+        raise NotImplementedError
+
+    def _randn_flat(self, n: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def randn(self, shape) -> np.ndarray:
+        if isinstance(shape, (int, np.integer)):
+            shape = (int(shape),)
+        shape = tuple(int(s) for s in shape)
+        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if n < 0 or n > 0xFFFFFFFF:
+            raise UsageError(f"cannot draw {n} random values in one call")
+        return self._randn_flat(n).reshape(shape)
+
+    def randn_like(self, x) -> np.ndarray:
+        return self.randn(np.shape(x))
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+# ============================================================================ cuda: Philox4x32-10
+_PHILOX_M0, _PHILOX_M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_PHILOX_W0, _PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
+
+
+def philox4x32(counter, key, rounds=10):
+    """Philox4x32 on uint32 arrays: ``counter`` (4, N), ``key`` (k0, k1) scalars; returns (4, N)."""
+    c0, c1, c2, c3 = (np.asarray(c, np.uint32) for c in counter)
+    k0, k1 = int(key[0]) & _U32, int(key[1]) & _U32
+    for r in range(rounds):
+        p0 = c0.astype(np.uint64) * _PHILOX_M0
+        p1 = c2.astype(np.uint64) * _PHILOX_M1
+        c0, c1, c2, c3 = (
+            (p1 >> np.uint64(32)).astype(np.uint32) ^ c1 ^ np.uint32(k0),
+            p1.astype(np.uint32),
+            (p0 >> np.uint64(32)).astype(np.uint32) ^ c3 ^ np.uint32(k1),
+            p0.astype(np.uint32),
+        )
+        if r < rounds - 1:
+            k0 = (k0 + _PHILOX_W0) & _U32
+            k1 = (k1 + _PHILOX_W1) & _U32
+    return np.stack([c0, c1, c2, c3])
+
+
+@numba.njit(cache=True)
+def _philox_box_muller(g0, g1, out):  # pragma: no cover - numba
+    c = np.float32(2.3283064e-10)
+    c2pi = np.float32(c * np.float32(6.2831855))
+    hc = c / np.float32(2.0)
+    hc2pi = c2pi / np.float32(2.0)
+    for i in range(g0.size):
+        u = np.float32(np.float32(np.float32(g0[i]) * c) + hc)
+        v = np.float32(np.float32(np.float32(g1[i]) * c2pi) + hc2pi)
+        s = np.float32(math.sqrt(-2.0 * math.log(np.float64(u))))
+        out[i] = np.float32(np.float64(s) * math.sin(np.float64(v)))
+
+
+class PhiloxRNG(RNG):
+    """``--rng cuda``: sd.cpp ``PhiloxRNG`` (sd-webui's torch-CUDA-compatible randn)."""
+
+    name = "cuda"
+
+    def __init__(self, seed: int = 0):
+        self.manual_seed(seed)
+
+    def manual_seed(self, seed: int) -> None:
+        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self.offset = 0
+
+    def _randn_flat(self, n):
+        counter = (np.full(n, self.offset, np.uint32), np.zeros(n, np.uint32),
+                   np.arange(n, dtype=np.uint32), np.zeros(n, np.uint32))
+        self.offset = (self.offset + 1) & _U32
+        g = philox4x32(counter, (self.seed & _U32, self.seed >> 32))
+        out = np.empty(n, np.float32)
+        _philox_box_muller(g[0], g[1], out)
+        return out
+
+
+# ============================================================================ cpu: mt19937 (torch)
+_MT_N, _MT_M = 624, 397
+
+
+@numba.njit(cache=True)
+def _mt_next_state(st):  # pragma: no cover - numba
+    upper, lower, mat = np.uint64(0x80000000), np.uint64(0x7FFFFFFF), np.uint64(0x9908B0DF)
+    for kk in range(_MT_N):
+        y = (st[kk] & upper) | (st[(kk + 1) % _MT_N] & lower)
+        v = st[(kk + _MT_M) % _MT_N] ^ (y >> np.uint64(1))
+        if st[(kk + 1) % _MT_N] & np.uint64(1):
+            v ^= mat
+        st[kk] = v
+
+
+@numba.njit(cache=True)
+def _mt_u32(st, meta):  # pragma: no cover - numba
+    # meta = [left, next]; torch/sd.cpp: if (--left == 0) next_state();
+    meta[0] -= 1
+    if meta[0] == 0:
+        _mt_next_state(st)
+        meta[0] = _MT_N
+        meta[1] = 0
+    y = st[meta[1]]
+    meta[1] += 1
+    y ^= y >> np.uint64(11)
+    y ^= (y << np.uint64(7)) & np.uint64(0x9D2C5680)
+    y ^= (y << np.uint64(15)) & np.uint64(0xEFC60000)
+    y ^= y >> np.uint64(18)
+    return y & np.uint64(0xFFFFFFFF)
+
+
+@intrinsic
+def _fmaf(typingctx, a, b, c):
+    """Exact fused multiply-add on float32 (``llvm.fma.f32``), as torch's AVX2 kernel computes it."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f = llvm_ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f], llvm_ir.FunctionType(f, [f, f, f]))
+        return builder.call(fn, args)
+    return sig, codegen
+
+
+@numba.njit(cache=True)
+def _f32_bits(x):  # pragma: no cover - numba
+    return np.array([x], np.float32).view(np.int32)[0]
+
+
+@numba.njit(cache=True)
+def _bits_f32(b):  # pragma: no cover - numba
+    return np.array([b], np.int32).view(np.float32)[0]
+
+
+@numba.njit(cache=True)
+def _avx_log(x):  # pragma: no cover - numba
+    """torch's avx_mathfun ``log256_ps`` on one lane (x > 0; GCC fuses mul+add into FMA)."""
+    f = np.float32
+    if x < _bits_f32(0x00800000):
+        x = _bits_f32(0x00800000)
+    bits = _f32_bits(x)
+    imm0 = (bits >> 23) & 0x1FF
+    x = _bits_f32((bits & ~0x7F800000) | _f32_bits(f(0.5)))
+    e = f(f(imm0 - 0x7F) + f(1.0))
+    mask = x < f(0.707106781186547524)
+    tmp = x if mask else f(0.0)
+    x = f(x - f(1.0))
+    if mask:
+        e = f(e - f(1.0))
+    x = f(x + tmp)
+    z = f(x * x)
+    y = f(7.0376836292E-2)
+    y = _fmaf(y, x, f(-1.1514610310E-1))
+    y = _fmaf(y, x, f(1.1676998740E-1))
+    y = _fmaf(y, x, f(-1.2420140846E-1))
+    y = _fmaf(y, x, f(1.4249322787E-1))
+    y = _fmaf(y, x, f(-1.6668057665E-1))
+    y = _fmaf(y, x, f(2.0000714765E-1))
+    y = _fmaf(y, x, f(-2.4999993993E-1))
+    y = _fmaf(y, x, f(3.3333331174E-1))
+    y = f(y * x)
+    y = _fmaf(y, z, f(e * f(-2.12194440e-4)))
+    y = _fmaf(z, f(-0.5), y)
+    x = f(x + y)
+    return _fmaf(e, f(0.693359375), x)
+
+
+@numba.njit(cache=True)
+def _avx_sincos(x):  # pragma: no cover - numba
+    """torch's avx_mathfun ``sincos256_ps`` on one lane (Cephes sinf/cosf, FMA-fused)."""
+    f = np.float32
+    sign_sin = x < f(0.0)
+    x = abs(x)
+    j = np.int32(f(x * f(1.27323954473516)))
+    j = (j + 1) & ~1
+    y = f(j)
+    swap_sin = (j & 4) != 0
+    poly = (j & 2) == 0
+    x = _fmaf(y, f(-0.78515625), x)
+    x = _fmaf(y, f(-2.4187564849853515625e-4), x)
+    x = _fmaf(y, f(-3.77489497744594108e-8), x)
+    sign_cos = ((~(j - 2)) & 4) != 0
+    sign_sin = sign_sin != swap_sin
+    z = f(x * x)
+    c = _fmaf(f(2.443315711809948E-005), z, f(-1.388731625493765E-003))
+    c = _fmaf(c, z, f(4.166664568298827E-002))
+    c = f(c * z)
+    c = _fmaf(c, z, f(-f(z * f(0.5))))
+    c = f(c + f(1.0))
+    s = _fmaf(f(-1.9515295891E-4), z, f(8.3321608736E-3))
+    s = _fmaf(s, z, f(-1.6666654611E-1))
+    s = f(s * z)
+    s = _fmaf(s, x, x)
+    if not poly:
+        s, c = c, s
+    if sign_sin:
+        s = -s
+    if sign_cos:
+        c = -c
+    return s, c
+
+
+@numba.njit(cache=True)
+def _mt_fill16(data, off, flavor):  # pragma: no cover - numba
+    # flavor 0: sd.cpp port (float theta, glibc logf/cosf/sinf)
+    #        1: torch AVX2 kernel (avx_mathfun log256_ps / sincos256_ps, FMA)
+    #        2: torch scalar kernel (double theta, glibc)
+    two_pi_f = np.float32(6.2831855)  # 2.0f * 3.14159265358979323846f == (float)(2.0f * pi<double>)
+    for j in range(8):
+        u1 = np.float32(np.float32(1.0) - data[off + j])
+        u2 = data[off + j + 8]
+        if flavor == 1:
+            r = np.float32(np.sqrt(np.float32(np.float32(-2.0) * _avx_log(u1))))
+            s, c = _avx_sincos(np.float32(two_pi_f * u2))
+            data[off + j] = np.float32(r * c)
+            data[off + j + 8] = np.float32(r * s)
+            continue
+        r = np.float32(np.sqrt(np.float32(np.float32(-2.0) * np.log(u1))))
+        if flavor == 2:
+            theta = np.float32(6.283185307179586 * np.float64(u2))
+        else:
+            theta = np.float32(two_pi_f * u2)
+        data[off + j] = np.float32(r * np.cos(theta))
+        data[off + j + 8] = np.float32(r * np.sin(theta))
+
+
+@numba.njit(cache=True)
+def _mt_randn(st, meta, gauss, n, flavor):  # pragma: no cover - numba
+    # gauss = [has_next (0/1), next_value] (float64 array)
+    out = np.empty(n, np.float32)
+    inv24 = np.float32(1.0 / 16777216.0)
+    if n >= 16:
+        for i in range(n):
+            out[i] = np.float32(np.float32(_mt_u32(st, meta) & np.uint64(0xFFFFFF)) * inv24)
+        i = 0
+        while i < n - 15:
+            _mt_fill16(out, i, flavor)
+            i += 16
+        if n % 16 != 0:
+            base = n - 16
+            for k in range(16):
+                out[base + k] = np.float32(np.float32(_mt_u32(st, meta) & np.uint64(0xFFFFFF)) * inv24)
+            _mt_fill16(out, base, flavor)
+    else:
+        inv53 = 1.0 / 9007199254740992.0
+        m53 = np.uint64(0x1FFFFFFFFFFFFF)
+        for i in range(n):
+            if gauss[0] != 0.0:
+                gauss[0] = 0.0
+                out[i] = np.float32(gauss[1])
+                continue
+            hi = _mt_u32(st, meta)
+            lo = _mt_u32(st, meta)
+            u1 = np.float64(((hi << np.uint64(32)) | lo) & m53) * inv53
+            hi = _mt_u32(st, meta)
+            lo = _mt_u32(st, meta)
+            u2 = np.float64(((hi << np.uint64(32)) | lo) & m53) * inv53
+            r = math.sqrt(-2.0 * math.log1p(-u2))
+            theta = 2.0 * 3.14159265358979323846 * u1
+            gauss[1] = r * math.sin(theta)
+            gauss[0] = 1.0
+            out[i] = np.float32(r * math.cos(theta))
+    return out
+
+
+_MT_FLAVORS = {"sdcpp": 0, "torch": 1, "torch_scalar": 2}
+
+
+class MT19937RNG(RNG):
+    """``--rng cpu``: torch CPU ``torch.randn`` (mt19937) as sd.cpp's ``MT19937RNG`` ports it.
+
+    ``flavor``: ``"sdcpp"`` (default) is sd.cpp's port; ``"torch"`` is torch's AVX2 kernel
+    (what ``torch.randn`` gives on any x86-64 CPU with AVX2, AVX-512 ones included);
+    ``"torch_scalar"`` is torch's portable kernel (CPUs without AVX2). Below 16 values all agree."""
+
+    name = "cpu"
+
+    def __init__(self, seed: int = 0, flavor: str = "sdcpp"):
+        if flavor not in _MT_FLAVORS:
+            raise UsageError(f"unknown MT19937RNG flavor '{flavor}'; valid: {', '.join(_MT_FLAVORS)}")
+        self.flavor = flavor
+        self.manual_seed(seed)
+
+    def manual_seed(self, seed: int) -> None:
+        st = np.empty(_MT_N, np.uint64)
+        x = int(seed) & _U32
+        st[0] = x
+        for j in range(1, _MT_N):
+            x = (1812433253 * (x ^ (x >> 30)) + j) & _U32
+            st[j] = x
+        self._state = st
+        self._meta = np.array([1, 0], np.int64)        # left_ = 1, next_ = 0
+        self._gauss = np.zeros(2, np.float64)           # has_next_gauss, next_gauss
+
+    def _randn_flat(self, n):
+        return _mt_randn(self._state, self._meta, self._gauss, n, _MT_FLAVORS[self.flavor])
+
+
+# ============================================================================ std_default (libstdc++)
+_MINSTD_A, _MINSTD_M = 16807, 2147483647
+
+
+@numba.njit(cache=True)
+def _minstd_randn(state, n):  # pragma: no cover - numba
+    out = np.empty(n, np.float32)
+    x = state[0]
+    tmp = np.float32(2147483648.0)           # float(2^31 - 2) rounds up to 2^31
+    below_one = np.float32(0.99999994)       # nextafter(1.0f, 0.0f)
+    i = 0
+    while i < n:
+        while True:
+            x = (x * 16807) % 2147483647
+            ux = np.float32(np.float32(x - 1) / tmp)
+            if ux >= np.float32(1.0):
+                ux = below_one
+            x = (x * 16807) % 2147483647
+            uy = np.float32(np.float32(x - 1) / tmp)
+            if uy >= np.float32(1.0):
+                uy = below_one
+            fx = np.float32(np.float64(np.float32(2.0) * ux) - 1.0)
+            fy = np.float32(np.float64(np.float32(2.0) * uy) - 1.0)
+            r2 = np.float32(np.float32(fx * fx) + np.float32(fy * fy))
+            if not (r2 > np.float32(1.0) or r2 == np.float32(0.0)):
+                break
+        mult = np.float32(np.sqrt(np.float32(np.float32(np.float32(-2.0) * np.log(r2)) / r2)))
+        out[i] = np.float32(fy * mult)
+        i += 1
+        if i < n:
+            out[i] = np.float32(fx * mult)
+            i += 1
+    state[0] = x
+    return out
+
+
+class STDDefaultRNG(RNG):
+    """``--rng std_default``: libstdc++ ``std::default_random_engine`` (minstd_rand0) +
+    ``std::normal_distribution<float>``, as sd.cpp's ``STDDefaultRNG``."""
+
+    name = "std_default"
+
+    def __init__(self, seed: int = 0):
+        self.manual_seed(seed)
+
+    def manual_seed(self, seed: int) -> None:
+        s = (int(seed) & _U32) % _MINSTD_M     # seed((unsigned int)seed)
+        self._state = np.array([s if s != 0 else 1], np.int64)
+
+    def _randn_flat(self, n):
+        return _minstd_randn(self._state, n)
+
+
+RNGS = {
+    "std_default": (STDDefaultRNG, "std::default_random_engine + std::normal_distribution (libstdc++)"),
+    "cuda": (PhiloxRNG, "Philox4x32-10, the noise torch draws on an NVIDIA GPU (sd-webui default)"),
+    "cpu": (MT19937RNG, "mt19937, torch CPU's randn (ComfyUI)"),
+}
+
+
+def make_rng(name: str, seed: int | None = None) -> RNG:
+    """Build an RNG by its ``--rng`` name, optionally seeded."""
+    if name not in RNGS:
+        raise UsageError(f"unknown RNG '{name}'; valid: {', '.join(RNGS)}")
+    r = RNGS[name][0]()
+    if seed is not None:
+        r.manual_seed(seed)
+    return r

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,9 +55,11 @@ def _zip_parts(data: bytes):
 
 def _repack(parts) -> bytes:
     out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
-        for name, b in parts:
-            z.writestr(name, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # duplicate entry names are one of the mutations
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+            for name, b in parts:
+                z.writestr(name, b)
     return out.getvalue()
 
 
@@ -102,7 +105,8 @@ def make_case(seed_bytes: bytes, rng: random.Random) -> tuple[str, bytes]:
         if mode == 1 and rng.random() < 0.3:
             idx = rng.randrange(len(parts))
         name, b = parts[idx]
-        b = bytearray(_evil(b, rng)) if rng.random() < 0.15 else bytearray(b)
+        evil = rng.random() < 0.15
+        b = bytearray(_evil(b, rng) if evil else b)
         for _ in range(rng.randint(1, 3)):
             b = _mutate_bytes(b, rng)
         parts = list(parts)
@@ -110,7 +114,7 @@ def make_case(seed_bytes: bytes, rng: random.Random) -> tuple[str, bytes]:
         if rng.random() < 0.1:                      # structural: drop or duplicate an entry
             j = rng.randrange(len(parts))
             parts = parts[:j] + parts[j + 1:] if rng.random() < 0.5 else parts + [parts[j]]
-        return "zip-pickle", _repack(parts)
+        return ("zip-evil" if evil else "zip-pickle"), _repack(parts)
     if not parts and mode in (0, 1) and rng.random() < 0.15:
         b = bytearray(_evil(seed_bytes, rng))
         return "legacy-evil", bytes(_mutate_bytes(b, rng) if rng.random() < 0.5 else b)

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import warnings
 import zipfile
-import zlib
 
 import numpy as np
 import pytest
@@ -427,6 +426,14 @@ def test_every_truncation_is_a_clean_error(tmp_path, fname):
         else:   # a legacy file cut inside a storage nobody reads can still load; data must be sound
             for t in m.tensors.values():
                 t.to_f32()
+
+
+def test_i64_outside_int32_fails_on_use(tmp_path):
+    big = np.array([1 << 40, 1, 2, 3], np.int64).tobytes()
+    m = read_ckpt(write(tmp_path, torch_zip(tensor_pkl(storage="LongStorage"), {"data/0": big})))
+    assert m["w"].dtype.name == "I32"
+    with pytest.raises(ModelFileError, match="int32"):
+        m["w"].to_f32()
 
 
 def test_missing_file():

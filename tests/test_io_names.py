@@ -282,7 +282,7 @@ def test_diffusers_folder(tmp_path, xl):
         assert DM + ldm in m.tensors
         assert m.metadata["source_names"][DM + ldm] == "unet." + d
     np.testing.assert_array_equal(m[DM + "input_blocks.0.0.weight"].to_f32(), unet["conv_in.weight"])
-    for d, _, ldm, _ in TABLES["sd_vae"]:
+    for _d, _, ldm, _ in TABLES["sd_vae"]:
         assert VAE + ldm in m.tensors
     q = m[VAE + "decoder.mid.attn_1.q.weight"]
     assert q.shape == (6, 5, 1, 1) and q.dtype.name == "F16"           # Linear -> 1x1 conv, zero copy

@@ -430,7 +430,7 @@ _PROTECTED = sorted({
     "position_embedding", "text_projection", "final_layer", "time_in", "vector_in", "guidance_in", "txt_in",
     "img_in", "in_layer", "out_layer", "context_embedder", "norm_out", "context_block", "x_block", "joint_blocks",
     "adaLN_modulation", "pos_embed", "t_embedder", "y_embedder", "self_attention", "cross_attention",
-    "norm_q", "norm_k", "attn_1", "nin_shortcut", "post_quant_conv", "quant_conv", "mid_block",
+    "norm_q", "norm_k", "attn_1", "nin_shortcut", "post_quant_conv", "quant_conv",
     "query_norm", "key_norm", "upsamplers", "downsamplers",
 }, key=len, reverse=True)
 _RE_PROTECTED = re.compile("|".join(re.escape(t) for t in _PROTECTED))

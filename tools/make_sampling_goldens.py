@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Make the sampling goldens (tests/fixtures/sampling_*.npz) from stable-diffusion.cpp itself.
 
     python tools/make_sampling_goldens.py --sdcpp /path/to/stable-diffusion.cpp [--ggml-include DIR]
@@ -326,8 +325,6 @@ def main():
                             values=np.concatenate(vals).astype(np.float32))
 
         # ---- samplers on a toy denoiser
-        from sdrt.engine.denoisers import CompVisDenoiser, DiscreteFlowDenoiser
-        from sdrt.engine.schedulers import get_sigmas
         g = np.random.default_rng(20260829)
         n = 64
         x_eps = (g.standard_normal(n) * 14.6).astype(np.float32)

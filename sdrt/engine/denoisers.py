@@ -31,10 +31,21 @@ import numpy as np
 from ..errors import UsageError
 
 __all__ = [
-    "TIMESTEPS", "F32", "cf", "calculate_alphas_cumprod",
-    "Denoiser", "CompVisDenoiser", "CompVisVDenoiser", "EDMVDenoiser",
-    "DiscreteFlowDenoiser", "FluxFlowDenoiser", "MiniT2IFlowDenoiser",
-    "PREDICTIONS", "make_denoiser", "time_snr_shift", "flux_time_shift",
+    "F32",
+    "PREDICTIONS",
+    "TIMESTEPS",
+    "CompVisDenoiser",
+    "CompVisVDenoiser",
+    "Denoiser",
+    "DiscreteFlowDenoiser",
+    "EDMVDenoiser",
+    "FluxFlowDenoiser",
+    "MiniT2IFlowDenoiser",
+    "calculate_alphas_cumprod",
+    "cf",
+    "flux_time_shift",
+    "make_denoiser",
+    "time_snr_shift",
 ]
 
 TIMESTEPS = 1000

@@ -45,7 +45,7 @@ from numba.extending import intrinsic
 
 from ..errors import UsageError
 
-__all__ = ["RNG", "PhiloxRNG", "MT19937RNG", "STDDefaultRNG", "RNGS", "make_rng", "philox4x32"]
+__all__ = ["MT19937RNG", "RNG", "RNGS", "PhiloxRNG", "STDDefaultRNG", "make_rng", "philox4x32"]
 
 _U32 = 0xFFFFFFFF
 

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import numpy as np
 
@@ -37,9 +38,18 @@ from .denoisers import F32, TIMESTEPS, cf
 from .rng import STDDefaultRNG
 from .schedulers import parse_key_value_args, parse_strict_float, parse_strict_int
 
-__all__ = ["Guided", "SAMPLERS", "Sampler", "sample", "resolve_eta", "default_sample_method",
-           "default_scheduler", "get_ancestral_step", "get_ancestral_step_flow",
-           "BrownianTreeNoiseSampler"]
+__all__ = [
+    "SAMPLERS",
+    "BrownianTreeNoiseSampler",
+    "Guided",
+    "Sampler",
+    "default_sample_method",
+    "default_scheduler",
+    "get_ancestral_step",
+    "get_ancestral_step_flow",
+    "resolve_eta",
+    "sample",
+]
 
 
 class Guided(NamedTuple):

@@ -20,7 +20,7 @@ import ctypes
 import ctypes.util
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,9 +28,19 @@ from ..errors import UsageError
 from .denoisers import F32, TIMESTEPS, Denoiser, cf, flux_time_shift
 
 __all__ = [
-    "SCHEDULERS", "SCHEDULER_ALIASES", "Scheduler", "SchedulerContext", "get_sigmas",
-    "resolve_scheduler_name", "parse_key_value_args", "parse_strict_float", "parse_strict_int",
-    "parse_strict_bool", "parse_sigmas", "AYS_NOISE_LEVELS", "GITS_NOISE_1_20",
+    "AYS_NOISE_LEVELS",
+    "GITS_NOISE_1_20",
+    "SCHEDULERS",
+    "SCHEDULER_ALIASES",
+    "Scheduler",
+    "SchedulerContext",
+    "get_sigmas",
+    "parse_key_value_args",
+    "parse_sigmas",
+    "parse_strict_bool",
+    "parse_strict_float",
+    "parse_strict_int",
+    "resolve_scheduler_name",
 ]
 
 def _ERR():  # sd.cpp lets 0/0 become NaN (karras/exponential with n == 1)

@@ -347,6 +347,7 @@ class _PickleVM:
 
     def __init__(self, data, pos, persistent_load, end=None):
         self.data = data
+        self.is_bytes = isinstance(data, bytes)
         self.pos = pos
         self.end = len(data) if end is None else end
         self.persistent_load = persistent_load
@@ -357,10 +358,20 @@ class _PickleVM:
 
     # -- reading
     def _take(self, n: int) -> bytes:
-        _need(0 <= n <= self.end - self.pos, f"pickle truncated: {n} bytes wanted at byte {self.pos}")
-        b = bytes(self.data[self.pos:self.pos + n])
-        self.pos += n
-        return b
+        p = self.pos
+        q = p + n
+        if n < 0 or q > self.end:
+            raise _Fail(f"pickle truncated: {n} bytes wanted at byte {p}")
+        self.pos = q
+        b = self.data[p:q]
+        return b if self.is_bytes else bytes(b)
+
+    def _byte(self) -> int:
+        p = self.pos
+        if p >= self.end:
+            raise _Fail(f"pickle truncated at byte {p}")
+        self.pos = p + 1
+        return self.data[p]
 
     def _u(self, fmt: str, n: int):
         return struct.unpack(fmt, self._take(n))[0]
@@ -390,18 +401,19 @@ class _PickleVM:
 
     # -- main loop
     def run(self):
-        d = self.data
-        disp = _DISPATCH
-        budget = MAX_OPS
+        d, disp, end = self.data, _DISPATCH, self.end
+        count = 0
         while True:
-            _need(self.pos < self.end, "pickle ends without STOP")
-            budget -= 1
-            _need(budget, f"pickle has more than {MAX_OPS} opcodes")
-            op = d[self.pos]
-            self.pos += 1
-            h = disp.get(op)
+            pos = self.pos
+            if pos >= end:
+                raise _Fail("pickle ends without STOP")
+            count += 1
+            if count > MAX_OPS:
+                raise _Fail(f"pickle has more than {MAX_OPS} opcodes")
+            h = disp.get(d[pos])
+            self.pos = pos + 1
             if h is None:
-                raise _Fail(f"pickle opcode {bytes([op])!r} at byte {self.pos - 1} is not allowed")
+                raise _Fail(f"pickle opcode {bytes([d[pos]])!r} at byte {pos} is not allowed")
             try:
                 stop = h(self)
             except (ValueError, UnicodeDecodeError, struct.error, OverflowError, TypeError) as e:
@@ -434,7 +446,7 @@ class _PickleVM:
     def op_true(self): self.stack.append(True)
     def op_false(self): self.stack.append(False)
     def op_binint(self): self.stack.append(self._u("<i", 4))
-    def op_binint1(self): self.stack.append(self._take(1)[0])
+    def op_binint1(self): self.stack.append(self._byte())
     def op_binint2(self): self.stack.append(self._u("<H", 2))
     def op_binfloat(self): self.stack.append(self._u(">d", 8))
     def op_long1(self): self.stack.append(int.from_bytes(self._take(self._take(1)[0]), "little", signed=True))
@@ -613,10 +625,10 @@ class _PickleVM:
 
     # memo
     def op_get(self): self._get(int(self._short_line("GET")))
-    def op_binget(self): self._get(self._take(1)[0])
+    def op_binget(self): self._get(self._byte())
     def op_long_binget(self): self._get(self._u("<I", 4))
     def op_put(self): self._put(int(self._short_line("PUT")))
-    def op_binput(self): self._put(self._take(1)[0])
+    def op_binput(self): self._put(self._byte())
     def op_long_binput(self): self._put(self._u("<I", 4))
     def op_memoize(self): self._put(len(self.memo))
 

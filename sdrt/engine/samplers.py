@@ -918,7 +918,7 @@ def _get(name):
 
 def resolve_eta(eta, method: str, version: str = "") -> float:
     """sd.cpp ``resolve_eta``: None/inf means the per-sampler default (8 for HiDream-O1)."""
-    if eta is None or (isinstance(eta, float) and math.isinf(eta) and eta > 0):
+    if eta is None or float(eta) == math.inf:
         if version == "hidream_o1":
             return 8.0
         return _get(method).default_eta

@@ -274,6 +274,8 @@ def test_stack_global_and_memo_tricks(tmp_path, no_side_effects):
         + G("collections", "OrderedDict") + b")}tR.",                                                 # bad type
         b"\x80\x02" + G("_codecs", "encode") + b"(" + U("x") + U("rot13") + b"tR.",                  # codec
         b"\x80\x02" + G("numpy", "dtype") + b"(" + U("O8") + b"\x89\x88tR.",                          # object dtype
+        b"\x80\x02}(" + U("w") + G("torch._utils", "_rebuild_tensor") + b"(" + U("/etc/passwd") + b"K\x00K\x01\x85K\x01\x85tRu.",
+        b"\x80\x02}(" + U("w") + G("torch._utils", "_rebuild_parameter") + b"(" + G("os", "system") + b"tRu.",
         b"\x80\x02h\x05.",                                                                              # memo miss
         b"\x80\x02\x8b\xff\xff\xff\x7f.",                                                              # LONG4 2 GiB
         b"\x80\x02\x8e" + struct.pack("<Q", 1 << 62) + b".",                                           # BINBYTES8

@@ -82,10 +82,11 @@ def test_mul_mat_quant_weights(rng, small_tiles, wdt):
 
 @pytest.mark.parametrize("wdt", ["Q4_K", "Q8_0", "F16"])
 def test_mul_mat_byte_sized_tiles(rng, monkeypatch, wdt):
-    # the byte-sized tile rule (no row override) with a small budget: 4 tiles (80, 80, 80, 60)
-    k, n, m = 256, 300, 3
-    monkeypatch.setattr(cpu_mm, "TILE_BYTES", 90 * 4 * k)
-    assert cpu_mm.tile_rows(n, k) == 80
+    # the default tile rule (no row override) with a tiny byte budget: the 256-row floor,
+    # split evenly into 3 tiles (208, 208, 184)
+    k, n, m = 256, 600, 3
+    monkeypatch.setattr(cpu_mm, "TILE_BYTES", 1024)
+    assert cpu_mm.tile_rows(n, k) == 208
     if wdt == "F16":
         tw = leaf(rng.standard_normal((n, k)), wdt)
         wv = values(tw)
@@ -96,9 +97,10 @@ def test_mul_mat_byte_sized_tiles(rng, monkeypatch, wdt):
 
 
 def test_tile_rows_balanced(monkeypatch):
-    assert cpu_mm.tile_rows(4096, 4096) == 1024
+    assert cpu_mm.tile_rows(4096, 4096) == 2048
     assert cpu_mm.tile_rows(1280, 320) == 1280
-    assert cpu_mm.tile_rows(5000, 4096) == 1008  # five even tiles, not 4 x 1024 + 904
+    assert cpu_mm.tile_rows(5000, 4096) == 1680  # three even tiles, not 2048 + 2048 + 904
+    assert cpu_mm.tile_rows(4096, 65536) == 256  # never fewer rows than 256
     assert cpu_mm.tile_rows(7, 64) == 7
     monkeypatch.setattr(cpu_mm, "TILE_ROWS", 5)
     assert cpu_mm.tile_rows(37, 64) == 5

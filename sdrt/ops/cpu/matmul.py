@@ -15,7 +15,10 @@ with Q8_0 weights against one untiled numpy GEMM (interleaved medians, loaded ma
 The widening kernels are serial Numba loops (a 65536-entry table for F16, a shift for BF16,
 a 256-entry table for F8): on this 2-core machine a tile widens in well under 1% of its GEMM
 time, and Numba's thread pool was measured 10-20x slower than the serial loop for these
-memory-bound tiles while BLAS and other processes hold the cores.
+memory-bound tiles while BLAS and other processes hold the cores. No second thread widens
+the next tile while BLAS multiplies this one: a whole 4096x4096 weight widens/dequantizes in
+~3 ms (BF16, Q8_0, Q4_0, Q4_K) to ~20 ms (F16) on one thread, against >= 570 ms of GEMM at
+full BLAS speed, so overlap could win at most ~3%.
 """
 from __future__ import annotations
 
@@ -32,7 +35,6 @@ from ._util import as4d, f32_input
 
 TILE_BYTES = 32 << 20   # float32 bytes of one dequantized weight tile (kept per thread)
 TILE_ROWS: int | None = None  # override the tile height (tests use it to force many tiles)
-SMALL_M = 64            # below this many x rows a GEMM is dequant-bound: quant may use threads
 
 # F16 bit pattern -> F32 bit pattern, every one of the 65536 halves (exact, NaN payloads kept)
 _F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
@@ -87,26 +89,24 @@ def _quant():
     return quant
 
 
-def _dequant_tile(dt, w2d, r0, r1, tile, one_thread):
-    q = _quant()
-    if not one_thread:
-        q.dequantize_rows(w2d, dt, r0, r1, out=tile)
-        return
+def _dequant_tile(dt, w2d, r0, r1, tile):
     # One thread: BLAS holds both cores; an OpenMP team here was measured 50-100x slower than
-    # the serial loop (barrier/spin contention with OpenBLAS), and one thread already dequantizes
-    # a 1M-element tile in ~0.2-0.5 ms, <1% of its GEMM. quant's public API has no per-call
-    # thread count, hence the extension call (same checks: unit-stride rows, f32 out rows).
+    # the serial loop on a loaded machine (barrier/spin contention with OpenBLAS), one thread
+    # dequantizes a 4096x4096 Q8_0/Q4_K weight in ~3 ms (<1% of its GEMM), and even at M=16
+    # threads did not help. quant's public API has no per-call thread count, hence the
+    # extension call (its checks: unit-stride rows, float32 out rows, done here and by tiles).
+    q = _quant()
     rows = w2d[r0:r1]
     if rows.shape[1] > 1 and rows.strides[1] != 1:
         rows = np.ascontiguousarray(rows)
     q._ext().dequantize_into(rows, dt.id, dt.block_size, dt.type_size, tile, 1)
 
 
-def fill_rows(dt, w2d: np.ndarray, r0: int, r1: int, tile: np.ndarray, one_thread=True) -> None:
+def fill_rows(dt, w2d: np.ndarray, r0: int, r1: int, tile: np.ndarray) -> None:
     """Write rows [r0, r1) of weight `w2d` (raw storage of dtype `dt`) into float32 `tile`."""
     name = dt.name
     if dt.is_quantized:
-        _dequant_tile(dt, w2d, r0, r1, tile, one_thread)
+        _dequant_tile(dt, w2d, r0, r1, tile)
     elif name == "F16":
         _widen_u16_table(w2d[r0:r1].view(np.uint16), tile.view(np.uint32), _F16_TABLE)
     elif name == "BF16":
@@ -151,14 +151,12 @@ def gemm_weight(dt, w2d: np.ndarray, groups) -> None:
             np.matmul(xg, w2d.T, out=og)
         return
     k = groups[0][0].shape[1]
-    # few rows of x (GEMV-like): the dequantization is the work, let quant use its threads
-    one_thread = sum(xg.shape[0] for xg, _ in groups) >= SMALL_M
     t = tile_rows(n, k)
     scratch = _scratch(t * k).reshape(t, k)
     for r0 in range(0, n, t):
         r1 = min(n, r0 + t)
         tile = scratch[: r1 - r0]
-        fill_rows(dt, w2d, r0, r1, tile, one_thread)
+        fill_rows(dt, w2d, r0, r1, tile)
         for xg, og in groups:
             np.matmul(xg, tile.T, out=og[:, r0:r1])
 

@@ -13,6 +13,7 @@ timing taken right before its sdrt timing (robust to the load drift of a shared 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -21,11 +22,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from sdrt.ops import api as F  # noqa: E402
-from sdrt.ops import dtypes, quant  # noqa: E402
-from sdrt.ops.convert import f32_to_raw  # noqa: E402
-from sdrt.ops.graph import Graph  # noqa: E402
-from sdrt.ops.tensor import Tensor  # noqa: E402
+from sdrt.ops import api as F
+from sdrt.ops import dtypes, quant
+from sdrt.ops.convert import f32_to_raw
+from sdrt.ops.graph import Graph
+from sdrt.ops.tensor import Tensor
 
 # name, M, K, N
 SHAPES = [
@@ -69,9 +70,9 @@ def main():
         # such tensors in another type); it is left out of that shape's rows
         graphs = {t: Graph(F.mul_mat(weight_tensor(w, t), tx)) for t in wtypes
                   if k % dtypes.get(t).block_size == 0}
-        fns = {"numpy": lambda: np.matmul(x, w.T)}
+        fns = {"numpy": functools.partial(np.matmul, x, w.T)}
         for t, g in graphs.items():
-            fns[t] = (lambda g: lambda: g.run("cpu"))(g)
+            fns[t] = functools.partial(g.run, "cpu")
         # correctness guard: quantized results stay close to fp32 (catches a broken kernel)
         ref = np.matmul(x, w.T)  # also the numpy warm-up
         for t, g in graphs.items():

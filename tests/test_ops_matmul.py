@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
-
 from opcheck import check, leaf, run, values
+
 from sdrt import OpError
 from sdrt.ops import api as F
 from sdrt.ops import dtypes, quant

@@ -117,4 +117,4 @@ def get_rows(table, ids):
     return make_node("get_rows", (table, ids))
 
 
-__all__ = ["mul_mat", "linear", "get_rows"]
+__all__ = ["get_rows", "linear", "mul_mat"]

@@ -93,13 +93,8 @@ def _dequant_tile(dt, w2d, r0, r1, tile):
     # One thread: BLAS holds both cores; an OpenMP team here was measured 50-100x slower than
     # the serial loop on a loaded machine (barrier/spin contention with OpenBLAS), one thread
     # dequantizes a 4096x4096 Q8_0/Q4_K weight in ~3 ms (<1% of its GEMM), and even at M=16
-    # threads did not help. quant's public API has no per-call thread count, hence the
-    # extension call (its checks: unit-stride rows, float32 out rows, done here and by tiles).
-    q = _quant()
-    rows = w2d[r0:r1]
-    if rows.shape[1] > 1 and rows.strides[1] != 1:
-        rows = np.ascontiguousarray(rows)
-    q._ext().dequantize_into(rows, dt.id, dt.block_size, dt.type_size, tile, 1)
+    # threads did not help.
+    _quant().dequantize_rows(w2d, dt, r0, r1, out=tile, nthreads=1)
 
 
 def fill_rows(dt, w2d: np.ndarray, r0: int, r1: int, tile: np.ndarray) -> None:
@@ -168,7 +163,7 @@ def _mul_mat(node, xs, out):
     # BLAS wants unit-stride rows; a copy of x is M*K against 2*M*K*N flops
     x4 = np.ascontiguousarray(as4d(f32_input(xt, xs[1])), dtype=np.float32)
     o4 = as4d(out)
-    b3, b2, m, k = x4.shape
+    b3, b2, _, k = x4.shape
     w3, w2, n = w4.shape[:3]
     r3, r2 = b3 // w3, b2 // w2
     for j3 in range(w3):

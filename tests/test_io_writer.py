@@ -192,8 +192,8 @@ def test_export_rules_match_sdcpp():
     t1 = Tensor.from_numpy(np.zeros(64, np.float32))
     ti = Tensor.from_numpy(np.zeros((2, 64), np.int32))
     assert export_type("x.weight", t2, q8) == q8
-    assert export_type("norm.weight", t1, q8) == dtypes.F32  # sdrt: 1-D stays float
-    assert export_type("norm.weight", t1, q8, keep_1d=False) == q8  # as sd.cpp
+    assert export_type("norm.weight", t1, q8) == q8  # as sd.cpp (the default)
+    assert export_type("norm.weight", t1, q8, keep_1d=True) == dtypes.F32  # opt-in: 1-D stays float
     assert export_type("norm.weight", t1, dtypes.F16) == dtypes.F16
     assert export_type("ids", ti, dtypes.F16) == dtypes.I32
     rules = parse_tensor_type_rules("attn=q4_0,^first_stage=f32, =q8_0")

@@ -378,7 +378,7 @@ def tensor_should_be_converted(name: str, ne: Sequence[int], dst: DType | None) 
     return True
 
 
-def export_type(name: str, t: Tensor, dst: DType | None, rules=(), keep_1d: bool = True) -> DType:
+def export_type(name: str, t: Tensor, dst: DType | None, rules=(), keep_1d: bool = False) -> DType:
     """The dtype `convert` writes a tensor in: the first matching rule's type, else `dst`;
     then sd.cpp's `tensor_should_be_converted`, else the stored type. sdrt additions: integer
     tensors are never converted, and with `keep_1d` a quantized target is not applied to 1-D
@@ -495,7 +495,7 @@ def _gather_inputs(in_path, drop_unused: bool = True) -> tuple[dict[str, Tensor]
 
 
 def convert(in_path, out_path, type=None, tensor_type_rules=None, *, rename: Callable[[str], str] | None = None,
-            keep_1d: bool = True, keep_metadata: bool = True, drop_unused: bool = True, sort_names: bool = True,
+            keep_1d: bool = False, keep_metadata: bool = True, drop_unused: bool = True, sort_names: bool = True,
             progress: Callable[[int, int, str], None] | None = None) -> ConvertSummary:
     """Convert / quantize a model file, as `sd-cli -M convert -m IN -o OUT --type T
     [--tensor-type-rules "regex=type,..."]`.
@@ -508,7 +508,7 @@ def convert(in_path, out_path, type=None, tensor_type_rules=None, *, rename: Cal
     tensor_type_rules: "regex=type,..." or [(regex, type), ...]; first match wins.
       A name that already starts with its prefix is not prefixed again (as sd.cpp).
     rename: applied to every (prefixed) name, e.g. the canonical-name converter (--convert-name).
-    keep_1d: never quantize 1-D tensors (sdrt's rule on top of sd.cpp's; False = sd.cpp exactly).
+    keep_1d: never quantize 1-D tensors (norm weights). Default False: exactly what sd-cli writes.
     keep_metadata: carry the source's metadata over (string values only into safetensors).
     drop_unused: drop what sd.cpp's loader drops (UNUSED_TENSORS: schedule buffers, position_ids ...).
     sort_names: write tensors sorted by name, as sd-cli does (its table is a std::map); else

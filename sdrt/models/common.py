@@ -1,0 +1,120 @@
+"""Building blocks every model family uses.
+
+A model is built from a table of weights named as the original checkpoint names them
+(`sdrt.io` converts every other layout to these names). A block knows its prefix; its
+parameters are looked up by `prefix + key`, so a block's attribute names *are* the checkpoint
+keys. `forward` methods build lazy graph nodes (sdrt.ops); nothing is computed until a runner
+runs the graph. Shapes in comments are in ne order (dim 0 innermost): a torch [N, C, H, W]
+activation is ne [W, H, C, N], a torch [N, L, C] sequence is ne [C, L, N].
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..errors import ModelFileError
+from ..ops import api as F
+from ..ops.tensor import Tensor
+
+
+class Weights:
+    """A read-only view of a weight table under a prefix: `w["conv.weight"]`."""
+
+    def __init__(self, table: Mapping[str, Tensor], prefix: str = "", source: str = "model"):
+        self.table, self.prefix, self.source = table, prefix, source
+
+    def __getitem__(self, key: str) -> Tensor:
+        name = self.prefix + key
+        t = self.table.get(name)
+        if t is None:
+            raise ModelFileError(f"{self.source}: missing tensor {name!r}")
+        return t
+
+    def get(self, key: str, default=None):
+        return self.table.get(self.prefix + key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return self.prefix + key in self.table
+
+    def sub(self, prefix: str) -> "Weights":
+        return Weights(self.table, self.prefix + prefix, self.source)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """ne of a parameter (raises ModelFileError when missing)."""
+        return self[key].ne
+
+    def keys(self):
+        n = len(self.prefix)
+        return (k[n:] for k in self.table if k.startswith(self.prefix))
+
+
+class Linear:
+    """torch.nn.Linear: weight ne=[in, out], bias ne=[out]; x ne=[in, ...] -> [out, ...]."""
+
+    def __init__(self, w: Weights, bias: bool | None = None):
+        self.weight = w["weight"]
+        self.bias = w.get("bias") if bias is not False else None
+        if bias and self.bias is None:
+            w["bias"]  # raises, naming the missing key
+        self.in_features, self.out_features = self.weight.ne[0], self.weight.ne[1]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Conv2d:
+    """torch.nn.Conv2d: weight ne=[KW, KH, C/groups, OC]; x ne=[W, H, C, N]."""
+
+    def __init__(self, w: Weights, stride=1, padding=0, dilation=1, groups=1):
+        self.weight, self.bias = w["weight"], w.get("bias")
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        self.out_channels = self.weight.ne[-1]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                        dilation=self.dilation, groups=self.groups)
+
+
+class GroupNorm:
+    """torch.nn.GroupNorm (affine) over ne[2]; `silu=True` fuses the SiLU that follows."""
+
+    def __init__(self, w: Weights, groups: int = 32, eps: float = 1e-6):
+        self.weight, self.bias, self.groups, self.eps = w["weight"], w["bias"], groups, eps
+
+    def __call__(self, x: Tensor, silu: bool = False) -> Tensor:
+        return F.group_norm_affine(x, self.weight, self.bias, self.groups, self.eps, silu=silu)
+
+
+class LayerNorm:
+    """torch.nn.LayerNorm over ne[0] (weight/bias optional, as elementwise_affine=False)."""
+
+    def __init__(self, w: Weights, eps: float = 1e-5):
+        self.weight, self.bias, self.eps = w.get("weight"), w.get("bias"), eps
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.layer_norm_affine(x, self.weight, self.bias, self.eps)
+
+
+class Embedding:
+    """torch.nn.Embedding: weight ne=[dim, vocab]; ids I32 ne=[n, ...] -> ne=[dim, n, ...]."""
+
+    def __init__(self, w: Weights, key: str = "weight"):
+        self.weight = w[key]
+
+    def __call__(self, ids: Tensor) -> Tensor:
+        return F.get_rows(self.weight, ids)
+
+
+def multihead_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, mask: Tensor | None = None) -> Tensor:
+    """q ne=[H*D, Lq, N], k/v ne=[H*D, Lk, N] -> ne=[H*D, Lq, N] (sd.cpp's ggml_ext_attention_ext).
+
+    The heads are split with views; the attention op reads the strided views directly."""
+    C, Lq = q.ne[0], q.ne[1]
+    N = q.ne4[2]
+    D = C // n_head
+
+    def heads(t):  # [H*D, L, N] -> view [D, L, H, N]
+        t = t if t.is_contiguous() else F.cont(t)
+        return t.reshape(D, n_head, t.ne[1], t.ne4[2]).permute(0, 2, 1, 3)
+
+    out = F.attention(heads(q), heads(k), heads(v), mask=mask)  # [D, Lq, H, N]
+    return F.cont(out.permute(0, 2, 1, 3)).reshape(C, Lq, N)     # [D, H, Lq, N] -> [C, Lq, N]

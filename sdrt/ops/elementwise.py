@@ -12,6 +12,10 @@ import numpy as np
 from . import dtypes
 from .registry import defop, fail, make_node
 
+__all__ = ["add", "sub", "mul", "div", "neg", "abs", "sqr", "sqrt", "exp", "log", "sin", "cos", "step",
+           "relu", "leaky_relu", "silu", "sigmoid", "tanh", "gelu", "gelu_quick", "clamp", "scale",
+           "cast", "cont"]
+
 FLOATS = ("F32", "F16", "BF16")
 
 

@@ -7,4 +7,17 @@ from .errors import ModelFileError, OpError, SdrtError, UnsupportedError, UsageE
 
 __version__ = "0.1.0"
 
-__all__ = ["SdrtError", "OpError", "ModelFileError", "UnsupportedError", "UsageError", "__version__"]
+__all__ = ["SdrtError", "OpError", "ModelFileError", "UnsupportedError", "UsageError", "__version__",
+           "generate", "load_pipeline", "GenParams", "ModelParams"]
+
+# the image-generation API, imported on first use so `import sdrt` stays numpy-only
+_LAZY = {"generate": "sdrt.engine.generate", "load_pipeline": "sdrt.engine.generate",
+         "GenParams": "sdrt.engine.params", "ModelParams": "sdrt.engine.params"}
+
+
+def __getattr__(name):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'sdrt' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(mod), name)

@@ -1,51 +1,160 @@
 """`sdrt`: sd-cli's command line. Flags keep sd-cli's names, defaults and meanings; a flag
-sdrt does not support yet is refused by name (argparse: "unrecognized arguments")."""
+sdrt does not support yet is refused by name (argparse: "unrecognized arguments").
+
+Modes: img_gen (default; SD 1.x / 2.x / SDXL) and convert. The sampler, scheduler, RNG and
+prediction choices and their help come from the engine's registries."""
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 
 from .. import __version__
 from ..errors import SdrtError, UsageError
 
 MODES = ("img_gen", "vid_gen", "upscale", "convert", "metadata")
-IMPLEMENTED_MODES = ("convert",)
+IMPLEMENTED_MODES = ("img_gen", "convert")
 LOG_LEVELS = {"debug": logging.DEBUG, "verbose": 15, "info": logging.INFO, "warn": logging.WARNING,
               "error": logging.ERROR}
 CONVERT_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_0", "q5_1", "q4_0", "q4_1", "q2_K", "q3_K", "q4_K",
                  "q5_K", "q6_K")
 
+# sd-cli flags sdrt does not implement yet: refused with a message that says so
+_SDCLI_ONLY = (
+    "--t5xxl", "--llm", "--llm_vision", "--qwen2vl", "--qwen2vl_vision", "--clip_vision", "--high-noise-diffusion-model",
+    "--uncond-diffusion-model", "--embeddings-connectors", "--audio-vae", "--control-net", "--ip-adapter",
+    "--motion-module", "--lora-model-dir", "--hires-upscalers-dir", "--photo-maker", "--pulid-weights",
+    "--upscale-model", "--vae-format", "--model-args", "--backend", "--params-backend", "--split-mode",
+    "--rpc-servers", "--max-vram", "--disable-prefetch", "--disable-segmented-compute", "--auto-fit", "--eager-load",
+    "--offload-to-cpu", "--mmap", "--clip-on-cpu", "--vae-on-cpu", "--control-net-cpu", "--fa", "--diffusion-fa",
+    "--diffusion-conv-direct", "--vae-conv-direct", "--force-sdxl-vae-conv-scale", "--lora-apply-mode",
+    "--prompt-file", "--negative-prompt-file", "--end-img", "--control-image", "--control-video", "--ip-adapter-image",
+    "-r", "--ref-image", "--ref-video", "--ref-audio", "--ref-image-args", "--increase-ref-index",
+    "--disable-auto-resize-ref-image", "--video-frames", "--fps", "--qwen-image-layers", "--guidance",
+    "--flow-shift", "--timestep-shift", "--slg-scale", "--skip-layer-start", "--skip-layer-end", "--skip-layers",
+    "--high-noise-steps", "--moe-boundary", "--extra-sample-args", "--preview", "--preview-path",
+    "--preview-interval", "--taesd-preview-only", "--preview-noisy", "--canny", "--convert-name", "--color",
+    "--imat-out", "--imat-in", "--image", "--metadata-format", "--metadata-raw", "--metadata-brief",
+    "--metadata-all", "--hires", "--hires-upscaler", "--hires-scale", "--hires-width", "--hires-height",
+    "--hires-steps", "--hires-denoising-strength", "--hires-upscale-tile-size", "--cache-mode", "--cache-option",
+    "--scm-mask", "--scm-policy", "--control-strength", "--circular", "--circularx", "--circulary",
+    "--pm-id-images-dir", "--pm-id-embed-path", "--pm-style-strength", "--upscale-repeats", "--upscale-tile-size",
+    "--vace-strength", "--chroma-t5-mask-pad", "--chroma-disable-dit-mask", "--chroma-enable-t5-mask",
+    "--qwen-image-zero-cond-t")
+
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # never a traceback; sd-cli-style one-line error and usage
-        self.print_usage(sys.stderr)
+    def error(self, message):  # never a traceback: one line naming the flag (the CLI adds "sdrt: error:")
+        if message.startswith("unrecognized arguments:"):
+            known = [a for a in message.split(":", 1)[1].split() if a.split("=")[0] in _SDCLI_ONLY]
+            if known:
+                message += f" ({', '.join(known)}: sd-cli flag{'s' if len(known) > 1 else ''} sdrt does not support yet)"
         raise UsageError(message)
 
 
+def _registries():
+    from ..engine.denoisers import PREDICTIONS
+    from ..engine.rng import RNGS
+    from ..engine.samplers import SAMPLERS
+    from ..engine.schedulers import SCHEDULER_ALIASES, SCHEDULERS
+    return SAMPLERS, SCHEDULERS, SCHEDULER_ALIASES, RNGS, PREDICTIONS
+
+
+def _float(s: str) -> float:
+    try:
+        return float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: '{s}'") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
+    SAMPLERS, SCHEDULERS, ALIASES, RNGS, PREDICTIONS = _registries()
     p = _Parser(prog="sdrt", description="stable-diffusion.cpp's sd-cli, rebuilt in Python.",
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--version", action="version", version=f"sdrt {__version__}")
     p.add_argument("-M", "--mode", default="img_gen", choices=MODES, help="run mode (default: img_gen)")
-    p.add_argument("-m", "--model", help="path to the model file (safetensors, gguf, ckpt) or diffusers folder")
-    p.add_argument("-o", "--output", help="output path (default ./output.png; output.gguf in convert mode)")
-    p.add_argument("--type", choices=CONVERT_TYPES, metavar="TYPE",
-                   help="weight type: " + ", ".join(CONVERT_TYPES) + " (default: keep the file's types)")
-    p.add_argument("--tensor-type-rules", default="",
-                   help='per-tensor weight types, "regex=type,..." e.g. "^vae\\.=f16,model\\.=q8_0"')
     p.add_argument("-t", "--threads", type=int, default=-1,
                    help="threads for the CPU kernels and BLAS (-1: all CPUs this process may use)")
     p.add_argument("--list-devices", action="store_true", help="print the compute devices, name<TAB>description")
     p.add_argument("--log-level", choices=tuple(LOG_LEVELS), default="info", help="logging level (default info)")
     p.add_argument("-v", "--verbose", dest="log_level", action="store_const", const="verbose",
                    help="same as --log-level verbose")
+
+    m = p.add_argument_group("model files")
+    m.add_argument("-m", "--model", help="path to the full model (safetensors, gguf, ckpt) or diffusers folder")
+    m.add_argument("--diffusion-model", help="path to a standalone diffusion model (UNet)")
+    m.add_argument("--vae", help="path to a standalone VAE (replaces the model's)")
+    m.add_argument("--taesd", "--tae", dest="taesd", help="path to TAESD: decode (and encode) with the tiny autoencoder (low quality)")
+    m.add_argument("--clip_l", help="path to the CLIP-L text encoder")
+    m.add_argument("--clip_g", help="path to the OpenCLIP-bigG text encoder (SDXL)")
+    m.add_argument("--embd-dir", help="textual-inversion embeddings directory")
+    m.add_argument("--type", choices=CONVERT_TYPES, metavar="TYPE",
+                   help="weight type: " + ", ".join(CONVERT_TYPES) + " (default: keep the file's types)")
+    m.add_argument("--tensor-type-rules", default="",
+                   help='per-tensor weight types, "regex=type,..." e.g. "^vae\\.=f16,model\\.=q8_0"')
+    m.add_argument("--rng", choices=tuple(RNGS), default="cuda",
+                   help="RNG: " + "; ".join(f"{k}: {v[1]}" for k, v in RNGS.items()) + " (default: cuda)")
+    m.add_argument("--sampler-rng", choices=tuple(RNGS), default=None,
+                   help="RNG for the sampler's noise (default: same as --rng)")
+    m.add_argument("--prediction", choices=tuple(PREDICTIONS), default=None, metavar="PRED",
+                   help="prediction type override: " + "; ".join(f"{k}: {v[1]}" for k, v in PREDICTIONS.items())
+                   + " (default: from the weights)")
+
+    g = p.add_argument_group("generation")
+    g.add_argument("-p", "--prompt", default="", help="the prompt to render")
+    g.add_argument("-n", "--negative-prompt", default="", help='the negative prompt (default: "")')
+    g.add_argument("-W", "--width", type=int, default=-1, help="image width in pixels (default: 512, or the init image's)")
+    g.add_argument("-H", "--height", type=int, default=-1, help="image height in pixels (default: 512, or the init image's)")
+    g.add_argument("--steps", type=int, default=20, help="number of sample steps (default: 20)")
+    g.add_argument("--cfg-scale", type=_float, default=7.0, help="unconditional guidance scale (default: 7.0)")
+    g.add_argument("--img-cfg-scale", type=_float, default=math.inf,
+                   help="image guidance scale for inpaint or instruct-pix2pix models (default: same as --cfg-scale)")
+    g.add_argument("--sampling-method", choices=tuple(SAMPLERS), default=None, metavar="METHOD",
+                   help="sampling method, one of [" + ", ".join(SAMPLERS) + "] (default: euler_a for UNets)")
+    g.add_argument("--scheduler", choices=tuple(SCHEDULERS) + tuple(ALIASES), default=None, metavar="SCHEDULER",
+                   help="denoiser sigma scheduler, one of [" + ", ".join(list(SCHEDULERS) + list(ALIASES))
+                   + "] (default: discrete; lcm for lcm/tcd, simple for ddim_trailing)")
+    g.add_argument("--sigmas", default=None, help='custom sigma values for the sampler, comma-separated (e.g. "14.61,7.8,3.5,0.0")')
+    g.add_argument("--eta", type=_float, default=math.inf,
+                   help="noise multiplier (default: 1 for " + ", ".join(k for k, s in SAMPLERS.items() if s.default_eta == 1)
+                   + "; 0 otherwise)")
+    g.add_argument("-s", "--seed", type=int, default=42, help="RNG seed (default: 42, use random seed for < 0)")
+    g.add_argument("-b", "--batch-count", type=int, default=1, help="number of images, seeds seed, seed+1, ... (default: 1)")
+    g.add_argument("--clip-skip", type=int, default=-1,
+                   help="ignore last layers of CLIP network; 1 ignores none, 2 ignores one layer (default: -1: "
+                        "1 for SD1.x, 2 for SD2.x/SDXL)")
+    g.add_argument("-i", "--init-img", help="path to the init image (img2img)")
+    g.add_argument("--strength", type=_float, default=0.75, help="strength for noising/unnoising (default: 0.75)")
+    g.add_argument("--mask", help="path to the mask image (white = repaint; needs -i)")
+    g.add_argument("--vae-tiling", action="store_true", help="process vae in tiles to reduce memory usage")
+    g.add_argument("--vae-tile-size", default=None, help="tile size for vae tiling, format [X]x[Y] (default: 32x32)")
+    g.add_argument("--vae-tile-overlap", type=_float, default=0.5,
+                   help="tile overlap for vae tiling, in fraction of tile size (default: 0.5)")
+    g.add_argument("--vae-relative-tile-size", default=None,
+                   help="relative tile size for vae tiling, format [X]x[Y], in fraction of image size if < 1, in "
+                        "number of tiles per dim if >= 1 (overrides --vae-tile-size)")
+
+    o = p.add_argument_group("output")
+    o.add_argument("-o", "--output", help="output path (default ./output.png; output.gguf in convert mode); "
+                                          "printf-style %%d / %%03d for numbered sequences; .png, .jpg, .webp")
+    o.add_argument("--output-begin-idx", type=int, default=-1,
+                   help="first index of an output image sequence (default: 0)")
+    o.add_argument("--disable-image-metadata", action="store_true",
+                   help="do not embed generation metadata in image files")
+    o.add_argument("--compression-quality", type=int, default=90, help="JPEG/WebP quality, 1-100 (default: 90)")
     return p
 
 
 def _setup_logging(level: str):
     logging.addLevelName(15, "VERBOSE")
-    logging.basicConfig(level=LOG_LEVELS[level], format="[%(levelname)-7s] %(message)s", stream=sys.stderr)
+    root = logging.getLogger()
+    root.setLevel(LOG_LEVELS[level])
+    if not any(getattr(h, "_sdrt", False) for h in root.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("[%(levelname)-7s] %(message)s"))
+        h._sdrt = True
+        root.addHandler(h)
 
 
 def list_devices() -> list[tuple[str, str]]:
@@ -67,7 +176,7 @@ def run(argv=None) -> int:
                          f"(implemented: {', '.join(IMPLEMENTED_MODES)})")
     if args.mode == "convert":
         return _convert(args)
-    return 0
+    return _img_gen(args)
 
 
 def _convert(args) -> int:
@@ -78,6 +187,58 @@ def _convert(args) -> int:
     summary = convert(args.model, out, args.type, tensor_type_rules=args.tensor_type_rules or None)
     logging.info("converted %s -> %s: %s", args.model, out, summary)
     return 0
+
+
+def params_from_args(args):
+    """(ModelParams, GenParams) from parsed img_gen arguments (validated)."""
+    from ..engine.params import GenParams, ModelParams, parse_rel_tile_size, parse_tile_size
+    from ..engine.schedulers import parse_sigmas
+    mp = ModelParams(model=args.model, diffusion_model=args.diffusion_model, vae=args.vae, taesd=args.taesd,
+                     clip_l=args.clip_l, clip_g=args.clip_g, embd_dir=args.embd_dir, type=args.type,
+                     tensor_type_rules=args.tensor_type_rules or None, rng=args.rng, sampler_rng=args.sampler_rng,
+                     prediction=args.prediction, threads=args.threads)
+    sigmas = None
+    if args.sigmas is not None:
+        try:
+            sigmas = [float(v) for v in parse_sigmas(args.sigmas)]
+        except SdrtError as e:
+            raise UsageError(f"--sigmas: {e}") from None
+    gp = GenParams(prompt=args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
+                   steps=args.steps, cfg_scale=args.cfg_scale, img_cfg_scale=args.img_cfg_scale,
+                   sampling_method=args.sampling_method, scheduler=args.scheduler, sigmas=sigmas, eta=args.eta,
+                   seed=args.seed, batch_count=args.batch_count, clip_skip=args.clip_skip, init_image=args.init_img,
+                   strength=args.strength, mask_image=args.mask, vae_tiling=args.vae_tiling,
+                   vae_tile_size=parse_tile_size(args.vae_tile_size) if args.vae_tile_size else (0, 0),
+                   vae_tile_overlap=args.vae_tile_overlap,
+                   vae_relative_tile_size=(parse_rel_tile_size(args.vae_relative_tile_size)
+                                           if args.vae_relative_tile_size else (0.0, 0.0)),
+                   embed_metadata=not args.disable_image_metadata)
+    if not 1 <= args.compression_quality <= 100:
+        raise UsageError(f"--compression-quality: must be in [1, 100], got {args.compression_quality}")
+    return mp.validate(), gp.validate()
+
+
+def _img_gen(args) -> int:
+    import os
+    from ..io.png import output_paths, write_image
+    mp, gp = params_from_args(args)
+    for flag, path in (("-i/--init-img", gp.init_image), ("--mask", gp.mask_image)):
+        if path and not os.path.isfile(path):
+            raise UsageError(f"{flag}: no such image file: '{path}'")
+    paths = output_paths(args.output or "output.png", gp.batch_count, args.output_begin_idx)
+    from ..engine.pipeline import Pipeline
+    pipe = Pipeline.load(mp)
+    results = pipe.generate(gp)
+    ok = 0
+    for i, (r, path) in enumerate(zip(results, paths)):
+        try:
+            write_image(path, r.image, r.parameters if gp.embed_metadata else None, args.compression_quality)
+            ok += 1
+            logging.info("save result image %d to '%s' (success)", i, path)
+        except SdrtError as e:
+            logging.error("save result image %d to '%s' (failure): %s", i, path, e)
+    logging.info("%d/%d images saved", ok, len(results))
+    return 0 if ok == len(results) else 1
 
 
 def main(argv=None) -> int:

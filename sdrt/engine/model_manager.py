@@ -1,0 +1,216 @@
+"""Load the model files of one generation context into a single canonical name table.
+
+sd-cli takes a full checkpoint (`-m`) and/or parts (`--diffusion-model`, `--vae`, `--clip_l`,
+`--clip_g`, `--taesd`). As sd.cpp's `StableDiffusionGGML::init`, each part is read under the prefix
+its role implies (`model.diffusion_model.`, `vae.`, `cond_stage_model.transformer.` /
+`text_encoders.clip_l.transformer.` ...), the model version is detected from the names and shapes,
+and every name is converted to the canonical LDM layout (sdrt.io.names). A part given on the
+command line replaces the checkpoint's own tensors of that role (sdrt: whole-role replacement,
+so a VAE file never mixes with half of the checkpoint's VAE).
+
+Nothing is read here: tensors stay lazy leaves over memory maps. `--type` / `--tensor-type-rules`
+wrap the tensors they change in converted leaves that convert (or quantize) on first use, with
+sd.cpp's rule of which tensors keep their stored type (sdrt.io.writer.export_type). `--type f32`
+leaves float weights as stored: every sdrt kernel widens F16/BF16/F8 weights to F32 exactly and
+computes in F32, which is what sd-cli's `--type f32` computes (it differs from sd-cli's default
+only because ggml rounds activations to F16 inside F16 matmuls and convolutions).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..errors import ModelFileError, UsageError
+from ..io import open_model
+from ..io.base import ConvertedTensor, ModelFile
+from ..io.detect import UNKNOWN, detect_version, dtype_stats, family, is_unet, prediction_type
+from ..io.names import convert_names
+from .params import ModelParams
+
+__all__ = ["LoadedModels", "load_models", "DM", "VAE", "TAE", "TE_L", "TE_G"]
+
+log = logging.getLogger("sdrt")
+
+DM = "model.diffusion_model."
+VAE = "first_stage_model."
+TAE = "tae."
+TE_L = "cond_stage_model.transformer."      # CLIP-L (SD1/SDXL) or OpenCLIP-H (SD2), canonical
+TE_G = "cond_stage_model.1.transformer."    # OpenCLIP-bigG (SDXL), canonical
+
+# wrappers a standalone file may still carry; stripped before its role's prefix is added
+_STRIP = {"diffusion_model": (DM, "model.", "unet.", "diffusion_model."),
+          "vae": (VAE, "vae."), "taesd": (TAE,), "clip_l": (TE_L, "text_encoders.clip_l.transformer."),
+          "clip_g": (TE_G, "text_encoders.clip_g.transformer.")}
+# canonical prefixes a part replaces in the merged table
+_ROLE_PREFIX = {"diffusion_model": (DM,), "vae": (VAE,), "clip_l": (TE_L, "text_encoders.clip_l."),
+                "clip_g": (TE_G, "cond_stage_model.1.", "text_encoders.clip_g."), "taesd": (TAE,)}
+
+
+@dataclass
+class LoadedModels:
+    """The merged, canonically named weights of one context.
+
+    `tensors` maps canonical names to lazy Tensors; `version` is a sdrt.io.detect version
+    ('sd1', 'sd1_inpaint', 'sdxl', ...); `prediction` is the `--prediction` name to run with
+    ('eps', 'v', ...) or None when the file does not tell (SD 2.x: the pipeline probes the UNet,
+    as sd.cpp does); `paths` maps each role to the file it came from."""
+    tensors: dict
+    version: str
+    prediction: str | None
+    paths: dict[str, str] = field(default_factory=dict)
+    files: dict[str, ModelFile] = field(default_factory=dict)
+    wtype: str | None = None
+
+    @property
+    def family(self) -> str:
+        return family(self.version)
+
+    def has(self, prefix: str) -> bool:
+        return any(k.startswith(prefix) for k in self.tensors)
+
+    @property
+    def has_vae(self) -> bool:
+        return self.has(VAE)
+
+    @property
+    def has_taesd(self) -> bool:
+        return self.has(TAE)
+
+    def check_unchanged(self) -> None:
+        for f in self.files.values():
+            f.check_unchanged()
+
+
+def _open(role: str, path: str) -> ModelFile:
+    if not os.path.exists(path):
+        raise ModelFileError(f"{_FLAG[role]}: no such file: '{path}'")
+    log.info("loading %s from '%s'", _WHAT[role], path)
+    return open_model(path)
+
+
+_FLAG = {"model": "-m/--model", "diffusion_model": "--diffusion-model", "vae": "--vae", "taesd": "--taesd",
+         "clip_l": "--clip_l", "clip_g": "--clip_g"}
+_WHAT = {"model": "model", "diffusion_model": "diffusion model", "vae": "vae", "taesd": "tae",
+         "clip_l": "clip_l", "clip_g": "clip_g"}
+
+
+def _strip(names, prefixes) -> dict[str, str]:
+    """{name: name without a wrapper prefix every name shares}."""
+    names = list(names)
+    for p in prefixes:
+        if names and all(n.startswith(p) for n in names):
+            return {n: n[len(p):] for n in names}
+    return {n: n for n in names}
+
+
+def _role_prefix(role: str, unet: bool) -> str:
+    if role == "diffusion_model":
+        return DM
+    if role == "vae":
+        return "vae."
+    if role == "taesd":
+        return TAE
+    if role == "clip_l":
+        return TE_L if unet else "text_encoders.clip_l.transformer."
+    return TE_G if unet else "text_encoders.clip_g.transformer."
+
+
+def _drop(table: dict, prefixes) -> None:
+    for k in [k for k in table if k.startswith(prefixes)]:
+        del table[k]
+
+
+_FLOAT_TYPES = ("F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def _apply_wtype(tensors: dict, wtype: str | None, rules: str | None) -> dict:
+    """Wrap the tensors `--type` / `--tensor-type-rules` change in lazily converted leaves."""
+    if not wtype and not rules:
+        return tensors
+    from ..io.writer import convert_raw, export_type, parse_tensor_type_rules, parse_type
+    dst = parse_type(wtype) if wtype else None
+    compiled = parse_tensor_type_rules(rules) if rules else []
+    out = {}
+    for name, t in tensors.items():
+        ty = export_type(name, t, dst, compiled)
+        # sdrt's kernels widen float weights to F32 exactly, so F32 needs no copy of them
+        if ty == t.dtype or (ty.name == "F32" and t.dtype.name in _FLOAT_TYPES):
+            out[name] = t
+            continue
+        out[name] = ConvertedTensor(ty, t.ne, lambda t=t, ty=ty: convert_raw(t, ty).reshape(-1).view("uint8"),
+                                    name=name)
+    return out
+
+
+def _stat_line(stats: dict) -> str:
+    return "|".join(f"{k:>8}: {v:<5}" for k, v in sorted(stats.items()))
+
+
+def load_models(params: ModelParams) -> LoadedModels:
+    """Open every file of `params`, merge them under canonical names, detect version and
+    prediction. Raises ModelFileError for a missing/bad file, UsageError for a bad combination."""
+    if not (params.model or params.diffusion_model):
+        raise UsageError("the following arguments are required: -m/--model or --diffusion-model")
+    raw: dict = {}
+    files: dict[str, ModelFile] = {}
+    paths: dict[str, str] = {}
+    roles_given = []
+    if params.model:
+        f = files["model"] = _open("model", params.model)
+        paths["model"] = params.model
+        raw.update(f.tensors)
+    if params.diffusion_model:
+        f = files["diffusion_model"] = _open("diffusion_model", params.diffusion_model)
+        paths["diffusion_model"] = params.diffusion_model
+        raw_dm = {DM + s: f.tensors[n] for n, s in _strip(f.tensors, _STRIP["diffusion_model"]).items()}
+        roles_given.append(("diffusion_model", raw_dm))
+    # sd.cpp decides the text-encoder prefixes from what is loaded so far
+    pre = dict(raw)
+    for _, part in roles_given:
+        pre.update(part)
+    unet = is_unet(detect_version(pre)) if pre else True
+    for role in ("clip_l", "clip_g", "vae", "taesd"):
+        path = getattr(params, role)
+        if not path:
+            continue
+        f = files[role] = _open(role, path)
+        paths[role] = path
+        prefix = _role_prefix(role, unet)
+        roles_given.append((role, {prefix + s: f.tensors[n] for n, s in _strip(f.tensors, _STRIP[role]).items()}))
+    # detect on everything, then convert names with that version
+    merged = dict(raw)
+    for _, part in roles_given:
+        merged.update(part)
+    version = detect_version(merged)
+    if version == UNKNOWN:
+        what = params.model or params.diffusion_model
+        raise ModelFileError(f"'{what}': cannot tell which model this is from its tensor names "
+                             f"(not an SD 1.x / 2.x / SDXL / ... checkpoint sdrt knows)")
+    conv = convert_names(raw, version, what=paths.get("model", "model")) if raw else {}
+    tensors = {conv[k]: v for k, v in raw.items()}
+    for role, part in roles_given:
+        conv = convert_names(part, version, what=paths[role])
+        _drop(tensors, _ROLE_PREFIX[role])
+        for k, v in part.items():
+            tensors[conv[k]] = v
+    version2 = detect_version(tensors)
+    if version2 != UNKNOWN:
+        version = version2
+    log.info("Version: %s", version)
+    stats = dtype_stats(tensors)
+    total = Counter()
+    for s in stats.values():
+        total.update(s)
+    log.info("Weight type stat:                 %s", _stat_line(total))
+    for comp, label in (("text_encoders", "Conditioner"), ("diffusion_model", "Diffusion model"), ("vae", "VAE")):
+        log.info("%-33s %s", label + " weight type stat:", _stat_line(stats.get(comp, {})))
+    if params.prediction:
+        prediction = params.prediction
+    else:
+        pred = prediction_type(files.get("model") or files.get("diffusion_model") or tensors, version)
+        prediction = {"flow": "sd3_flow"}.get(pred, pred)
+    tensors = _apply_wtype(tensors, params.type, params.tensor_type_rules)
+    return LoadedModels(tensors=tensors, version=version, prediction=prediction, paths=paths, files=files,
+                        wtype=params.type)

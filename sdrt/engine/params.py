@@ -1,0 +1,174 @@
+"""Generation parameters: sd-cli's names, defaults and checks, in two dataclasses.
+
+`ModelParams` is sd-cli's context (which files, weight type, RNGs, prediction): what a
+`Pipeline` is built from. `GenParams` is one request (prompt, size, sampler, seed, img2img,
+inpaint, VAE tiling, output). Field names follow sd-cli's long flags (`--cfg-scale` ->
+`cfg_scale`); defaults are sd-cli's (examples/common/common.h, `sd_sample_params_init`):
+unset values are `None` / `inf` exactly where sd-cli keeps a sentinel (`img_cfg_scale` inf
+follows `cfg_scale`, `eta` inf is the sampler's default, width/height -1 mean 512 or the init
+image's size).
+
+`validate()` raises `UsageError` naming the flag and the valid values, as the CLI reports them.
+Nothing here imports numba or the models: `import sdrt` stays light.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field, fields, replace
+
+from ..errors import UsageError
+
+__all__ = ["ModelParams", "GenParams", "DEFAULT_SIZE", "parse_tile_size", "parse_rel_tile_size"]
+
+DEFAULT_SIZE = 512
+
+
+@dataclass
+class ModelParams:
+    """Which weights and how to run them (sd-cli's SDContextParams)."""
+    model: str | None = None             # -m/--model: a full checkpoint
+    diffusion_model: str | None = None   # --diffusion-model: a standalone UNet/DiT
+    vae: str | None = None               # --vae: overrides the checkpoint's VAE
+    taesd: str | None = None             # --taesd: decode with TAESD instead of the VAE
+    clip_l: str | None = None            # --clip_l
+    clip_g: str | None = None            # --clip_g
+    embd_dir: str | None = None          # --embd-dir: textual-inversion embeddings
+    type: str | None = None              # --type: weight type override (f32, f16, q8_0 ...)
+    tensor_type_rules: str | None = None  # --tensor-type-rules
+    rng: str = "cuda"                    # --rng
+    sampler_rng: str | None = None       # --sampler-rng (None: same as --rng)
+    prediction: str | None = None        # --prediction (None: from the weights)
+    threads: int = -1                    # -t/--threads
+
+    def validate(self) -> "ModelParams":
+        from .rng import RNGS
+        if not (self.model or self.diffusion_model):
+            raise UsageError("the following arguments are required: -m/--model or --diffusion-model")
+        for flag, path in (("-m/--model", self.model), ("--diffusion-model", self.diffusion_model),
+                           ("--vae", self.vae), ("--taesd", self.taesd), ("--clip_l", self.clip_l),
+                           ("--clip_g", self.clip_g)):
+            if path and not os.path.exists(path):
+                raise UsageError(f"{flag}: no such file: '{path}'")
+        if self.embd_dir and not os.path.isdir(self.embd_dir):
+            raise UsageError(f"--embd-dir: not a directory: '{self.embd_dir}'")
+        for flag, name in (("--rng", self.rng), ("--sampler-rng", self.sampler_rng)):
+            if name is not None and name not in RNGS:
+                raise UsageError(f"{flag}: invalid RNG '{name}'; valid: {', '.join(RNGS)}")
+        if self.prediction is not None:
+            from .denoisers import PREDICTIONS
+            if self.prediction not in PREDICTIONS:
+                raise UsageError(f"--prediction: invalid prediction type '{self.prediction}'; "
+                                 f"valid: {', '.join(PREDICTIONS)}")
+        if self.type is not None:
+            from ..io.writer import CONVERT_TYPES
+            if self.type.lower() not in {t.lower() for t in CONVERT_TYPES}:
+                raise UsageError(f"--type: invalid weight type '{self.type}'; valid: {', '.join(CONVERT_TYPES)}")
+        return self
+
+
+@dataclass
+class GenParams:
+    """One image-generation request (sd-cli's SDGenerationParams, img_gen fields)."""
+    prompt: str = ""
+    negative_prompt: str = ""
+    width: int = -1                      # -W; -1: the init image's width, else 512
+    height: int = -1                     # -H
+    steps: int = 20                      # --steps
+    cfg_scale: float = 7.0               # --cfg-scale
+    img_cfg_scale: float = math.inf      # --img-cfg-scale; inf: same as --cfg-scale
+    guidance: float = 3.5                # distilled guidance (recorded in the metadata only: UNets have none)
+    sampling_method: str | None = None   # --sampling-method; None: the model's default (euler_a for UNets)
+    scheduler: str | None = None         # --scheduler; None: the sampler's default
+    sigmas: list[float] | None = None    # --sigmas: custom schedule (overrides steps/scheduler)
+    eta: float = math.inf                # --eta; inf: the sampler's default
+    seed: int = 42                       # -s/--seed; < 0: random
+    batch_count: int = 1                 # -b/--batch-count: images seed, seed+1, ...
+    clip_skip: int = -1                  # --clip-skip; <= 0: the model's default
+    init_image: object = None            # -i/--init-img: path, PIL image or HxWx3 uint8 array
+    strength: float = 0.75               # --strength (img2img)
+    mask_image: object = None            # --mask: path, PIL image or HxW uint8 array (255 = repaint)
+    vae_tiling: bool = False             # --vae-tiling
+    vae_tile_size: tuple[int, int] = (0, 0)          # --vae-tile-size XxY (0: the decoder's default)
+    vae_tile_overlap: float = 0.5                    # --vae-tile-overlap
+    vae_relative_tile_size: tuple[float, float] = (0.0, 0.0)  # --vae-relative-tile-size
+    embed_metadata: bool = True          # not --disable-image-metadata
+    extra: dict = field(default_factory=dict)  # free-form, recorded nowhere
+
+    # ---- resolution, as sd-cli does it --------------------------------------------------
+    def resolved_size(self) -> tuple[int, int]:
+        """(width, height) before alignment: -1 means 512 (sd-cli's get_resolved_width)."""
+        return (self.width if self.width > 0 else DEFAULT_SIZE, self.height if self.height > 0 else DEFAULT_SIZE)
+
+    def resolved_seed(self) -> int:
+        """sd-cli: a seed < 0 becomes `rand()` after `srand(time)`: any non-negative int."""
+        if self.seed >= 0:
+            return int(self.seed)
+        return random.Random(time.time_ns()).randrange(0, 2**31 - 1)
+
+    def validate(self) -> "GenParams":
+        """sd-cli's SDGenerationParams::validate plus the checks sd-cli leaves to a crash."""
+        from .samplers import SAMPLERS
+        from .schedulers import SCHEDULER_ALIASES, SCHEDULERS
+        for flag, v in (("-W/--width", self.width), ("-H/--height", self.height)):
+            if v == 0 or v < -1:
+                raise UsageError(f"{flag}: must be a positive number of pixels, got {v}")
+        if self.batch_count <= 0:
+            raise UsageError(f"-b/--batch-count: must be greater than 0, got {self.batch_count}")
+        if self.sigmas is None and self.steps <= 0:
+            raise UsageError(f"--steps: must be greater than 0, got {self.steps}")
+        if not (0.0 <= self.strength <= 1.0):
+            raise UsageError(f"--strength: must be in [0.0, 1.0], got {self.strength}")
+        if not (self.cfg_scale >= 0.0):
+            raise UsageError(f"--cfg-scale: must be >= 0, got {self.cfg_scale}")
+        if self.sampling_method is not None and self.sampling_method not in SAMPLERS:
+            raise UsageError(f"--sampling-method: invalid sampling method '{self.sampling_method}'; "
+                             f"valid: {', '.join(SAMPLERS)}")
+        if self.scheduler is not None and self.scheduler not in SCHEDULERS and self.scheduler not in SCHEDULER_ALIASES:
+            raise UsageError(f"--scheduler: invalid scheduler '{self.scheduler}'; "
+                             f"valid: {', '.join(list(SCHEDULERS) + list(SCHEDULER_ALIASES))}")
+        if self.sigmas is not None:
+            if len(self.sigmas) < 2 or not all(math.isfinite(s) for s in self.sigmas):
+                raise UsageError("--sigmas: need at least two finite values (e.g. \"14.61,7.8,3.5,0.0\")")
+        tx, ty = self.vae_tile_size
+        if tx < 0 or ty < 0:
+            raise UsageError(f"--vae-tile-size: must be non-negative, got {tx}x{ty}")
+        if not (0.0 <= self.vae_tile_overlap < 1.0):
+            raise UsageError(f"--vae-tile-overlap: must be in [0, 1), got {self.vae_tile_overlap}")
+        rx, ry = self.vae_relative_tile_size
+        if rx < 0 or ry < 0:
+            raise UsageError(f"--vae-relative-tile-size: must be non-negative, got {rx}x{ry}")
+        if self.mask_image is not None and self.init_image is None:
+            raise UsageError("--mask: needs an init image (-i/--init-img) to repaint")
+        return self
+
+    def replace(self, **kw) -> "GenParams":
+        return replace(self, **kw)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+def parse_tile_size(s: str) -> tuple[int, int]:
+    """`--vae-tile-size`: "N" or "XxY" (sd-cli's on_tile_size_arg)."""
+    try:
+        if "x" in s:
+            a, b = s.split("x", 1)
+            return int(a), int(b)
+        return int(s), int(s)
+    except ValueError:
+        raise UsageError(f"--vae-tile-size: expected N or XxY, got '{s}'") from None
+
+
+def parse_rel_tile_size(s: str) -> tuple[float, float]:
+    """`--vae-relative-tile-size`: "F" or "XxY" (fractions of the image if < 1, tile counts if >= 1)."""
+    try:
+        if "x" in s:
+            a, b = s.split("x", 1)
+            return float(a), float(b)
+        return float(s), float(s)
+    except ValueError:
+        raise UsageError(f"--vae-relative-tile-size: expected F or XxY, got '{s}'") from None

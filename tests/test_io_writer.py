@@ -40,10 +40,11 @@ def quant(monkeypatch):
         pass
     shim = types.ModuleType("sdrt.ops.quant")
 
-    def quantize(x, dt):
+    def quantize(x, dt, imatrix=None):
         dt = dtypes.get(dt)
-        if dt.name in K_TYPES:
-            pytest.skip(f"sdrt.ops.quant is not built and gguf.quants cannot quantize {dt.name}")
+        if dt.name in K_TYPES or (imatrix is not None and dt.name != "Q8_0"):
+            pytest.skip(f"sdrt.ops.quant is not built and gguf.quants cannot quantize {dt.name} "
+                        f"{'with an importance vector' if imatrix is not None else ''}")
         return gguf.quants.quantize(np.ascontiguousarray(x, np.float32), gguf.GGMLQuantizationType[dt.name])
 
     def dequantize(raw, dt):
@@ -117,7 +118,7 @@ def test_round_trip_safetensors_to_gguf(tmp_path, quant, type_name):
             continue
         x = _f32(a).reshape(-1, a.shape[-1] if a.ndim else 1)
         if want.is_quantized:
-            ref = quant.quantize(x, want)
+            ref = quant.quantize(x, want, imatrix=np.ones(x.shape[-1], np.float32))  # sd.cpp's dummy imatrix
             assert np.array_equal(got, ref.reshape(-1)), name  # exactly what the quant module writes
             y = raw_to_f32(t.numpy(), want).reshape(x.shape)
             rel = np.sqrt(np.mean((y - x) ** 2) / np.mean(x ** 2))
@@ -323,12 +324,12 @@ def _find_sd_cli():
     return next((c for c in cands if c and os.access(c, os.X_OK)), None)
 
 
-@pytest.mark.parametrize("type_name", ["q8_0", "f16", "bf16", "f32", "q4_K"])
+@pytest.mark.parametrize("type_name", CONVERT_TYPES)
 def test_matches_sd_cli_convert(tmp_path, quant, type_name):
     """sd-cli -M convert and sdrt's convert (keep_1d=False = sd.cpp's rules exactly) write the same
-    tensor table: names, order, ne and types; and the same bytes where sdrt's quantizer follows
-    the same ggml path (float types and Q8_0; for the other block types sd.cpp passes an all-ones
-    importance vector to ggml_quantize_chunk, which takes ggml's weighted search, not *_ref)."""
+    tensor table (names, order, ne, types) and the same tensor bytes, for every --type: the float
+    conversions, and the block types through ggml_quantize_chunk with sd.cpp's all-ones importance
+    vector (ggml's weighted quantize_row_*_impl for Q4_0 ... Q5_1 and Q2_K ... Q6_K)."""
     import subprocess
     sd = _find_sd_cli()
     if sd is None:
@@ -341,8 +342,9 @@ def test_matches_sd_cli_convert(tmp_path, quant, type_name):
     convert(src, ours, type_name, keep_1d=False)
     a, b = read_gguf(ref), read_gguf(ours)
     assert list(a.tensors) == list(b.tensors)
+    dst = dtypes.get(type_name)
+    assert any(a[n].dtype == dst for n in a.tensors), f"no tensor of the source became {dst.name}"
     for name in a.tensors:
         assert (a[name].ne, a[name].dtype) == (b[name].ne, b[name].dtype), name
-        if a[name].dtype.name in ("F32", "F16", "BF16", "Q8_0", "I32"):
-            assert np.array_equal(np.ascontiguousarray(a[name].numpy()).reshape(-1).view(np.uint8),
-                                  np.ascontiguousarray(b[name].numpy()).reshape(-1).view(np.uint8)), name
+        assert np.array_equal(np.ascontiguousarray(a[name].numpy()).reshape(-1).view(np.uint8),
+                              np.ascontiguousarray(b[name].numpy()).reshape(-1).view(np.uint8)), name

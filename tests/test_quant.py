@@ -5,6 +5,9 @@
 - quantize: against `gguf.quants.quantize` where gguf has the type, and against ggml's
   `quantize_row_*_ref` for all of them (tests/fixtures/quant_ggml_quantize.npz, made by
   tools/make_quant_goldens.py from ggml-quants.c);
+- quantize with an importance vector: against ggml's `ggml_quantize_chunk` with imatrix = ones
+  (what stable-diffusion.cpp's convert passes) and a random positive one, rows of 512 and 1024
+  (tests/fixtures/quant_ggml_quantize_imatrix.npz);
 - get_rows / dequantize_rows / conversions / errors.
 """
 from __future__ import annotations
@@ -25,6 +28,8 @@ FIX = pathlib.Path(__file__).parent / "fixtures"
 BLOCK_TYPES = [t.name for t in dtypes.QUANT_TYPES]
 GGUF_DEQUANT = [n for n in BLOCK_TYPES if n not in ("Q8_1", "Q8_K")]  # gguf has no dequantizer for these two
 GGUF_QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0", "MXFP4"]
+WEIGHTED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+CHUNK_TYPES = WEIGHTED + ["Q8_0", "TQ1_0", "TQ2_0", "MXFP4"]  # the types ggml_quantize_chunk takes
 ALL_QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
              "TQ1_0", "TQ2_0", "MXFP4"]
 
@@ -197,6 +202,78 @@ def test_quantize_non_finite_is_safe():
     for name in ALL_QUANT:
         with np.errstate(all="ignore"):
             assert quant.quantize(x, name).shape == (4, dtypes.get(name).row_bytes(256))
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize with an importance vector (ggml_quantize_chunk -> quantize_row_*_impl)
+
+
+@pytest.mark.parametrize("name", CHUNK_TYPES)
+@pytest.mark.parametrize("key", ["ones", "imat", "ones_1024", "imat_1024"])
+def test_quantize_imatrix_matches_ggml_c(name, key):
+    g = np.load(FIX / "quant_ggml_quantize_imatrix.npz")
+    x = g["x"] if not key.endswith("1024") else g["x"].reshape(-1, 1024)
+    im = np.ones(x.shape[1], np.float32) if key.startswith("ones") else g["imat"][:x.shape[1]]
+    assert np.array_equal(quant.quantize(x, name, im), g[f"{name}@{key}"])
+    assert np.array_equal(quant.quantize(x, name, imatrix=im, nthreads=1), g[f"{name}@{key}"])
+
+
+def test_quantize_imatrix_paths():
+    g = np.load(FIX / "quant_ggml_quantize_imatrix.npz")
+    r = np.load(FIX / "quant_ggml_quantize.npz")
+    x = g["x"]
+    assert {t.name for t in quant.weighted_quant_types()} == set(WEIGHTED)
+    for name in CHUNK_TYPES:
+        assert np.array_equal(quant.quantize(x, name), r[name])            # None: the _ref path
+        assert np.array_equal(quant.quantize(x, name, 1.0), g[f"{name}@ones"])  # a scalar is broadcast
+        if name in WEIGHTED:  # the fixtures really tell the two paths apart
+            assert not np.array_equal(g[f"{name}@ones"], r[name])
+    for name in ("Q8_1", "Q8_K"):  # not in ggml_quantize_chunk: only a _ref quantizer, weights ignored
+        assert np.array_equal(quant.quantize(x, name, g["imat"][:512]), r[name])
+    # a stack of rows, float64, non-contiguous: same bytes
+    x3 = np.asfortranarray(x.astype(np.float64)).reshape(3, 6, 512)
+    assert np.array_equal(quant.quantize(x3, "Q4_K", np.ones(512)).reshape(18, -1), g["Q4_K@ones"])
+    assert quant.quantize(x[:0], "Q4_0", np.ones(512)).shape == (0, 288)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_1", "Q3_K", "Q4_K", "Q6_K"])
+def test_quantize_imatrix_parallel_and_split_rows(name):
+    # long rows are split into chunks across threads: same bytes as one thread; a K-quant row is
+    # the concatenation of its halves (its blocks only see their own weights, from the right column)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 16384)).astype(np.float32)
+    im = np.exp(rng.uniform(-3, 3, 16384)).astype(np.float32)
+    one = quant.quantize(x, name, im, nthreads=1)
+    assert np.array_equal(quant.quantize(x, name, im, nthreads=2), one)
+    if name.endswith("_K"):
+        halves = [quant.quantize(x[:, k:k + 8192], name, im[k:k + 8192], nthreads=1) for k in (0, 8192)]
+        assert np.array_equal(np.concatenate(halves, axis=1), one)
+    else:  # Q4_0 ... Q5_1 weigh every block by its whole row's mean square
+        assert not np.array_equal(quant.quantize(x[:, :8192], name, im[:8192]), one[:, :one.shape[1] // 2])
+
+
+@pytest.mark.parametrize("name", WEIGHTED)
+def test_quantize_imatrix_weights_matter(name):
+    # columns with large importance are reproduced more accurately than with uniform weights
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((32, 512)).astype(np.float32)
+    im = np.where(np.arange(512) % 8 == 0, 100.0, 1.0).astype(np.float32)
+    err = lambda w: float(np.mean((quant.dequantize(quant.quantize(x, name, w), name) - x)[:, ::8] ** 2))  # noqa: E731
+    assert err(im) < err(np.ones(512, np.float32))
+
+
+def test_quantize_imatrix_errors_and_non_finite():
+    x = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
+    with pytest.raises(OpError, match=r"Q4_K importance vector .*\(256,\), got shape \(128,\)"):
+        quant.quantize(x, "Q4_K", np.ones(128, np.float32))
+    with pytest.raises(OpError, match="numbers"):
+        quant.quantize(x, "Q4_K", np.array(["a"] * 256))
+    x[0, 3], x[1, 100], x[2, :] = np.inf, np.nan, -np.inf
+    im = np.ones(256, np.float32)
+    im[5], im[6], im[7] = np.nan, 0.0, np.inf
+    for name in CHUNK_TYPES:
+        with np.errstate(all="ignore"):
+            assert quant.quantize(x, name, im).shape == (4, dtypes.get(name).row_bytes(256))
 
 
 def test_quantize_accepts_other_layouts():

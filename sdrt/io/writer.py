@@ -396,15 +396,27 @@ def export_type(name: str, t: Tensor, dst: DType | None, rules=(), keep_1d: bool
     return dst if tensor_should_be_converted(name, t.ne, dst) else t.dtype
 
 
+def quantize_like_sd_cpp(x: np.ndarray, dst: DType) -> np.ndarray:
+    """float32 rows [..., ne0] -> raw `dst` blocks, as stable-diffusion.cpp's convert_tensor does:
+    `ggml_quantize_chunk(dst, x, y, 0, nrows, ne0, imatrix)` with a dummy importance vector of
+    ones, which sends Q4_0 ... Q5_1 and Q2_K ... Q6_K through ggml's weighted quantizers
+    (quantize_row_*_impl), not the *_ref ones; Q8_0 ignores it. Bit-exact with sd-cli."""
+    from ..ops import quant
+    return quant.quantize(x, dst, imatrix=np.ones(x.shape[-1], np.float32))
+
+
 def convert_raw(t: Tensor, dst: DType) -> np.ndarray:
     """A tensor's data in `dst` as raw storage: a zero-copy view when the type is unchanged,
     else widened to float32 (dequantized) and narrowed / quantized row by row (sd.cpp's
-    convert_tensor: ggml_fp32_to_fp16_row or ggml_quantize_chunk)."""
+    convert_tensor: ggml_fp32_to_fp16_row, or ggml_quantize_chunk with its all-ones
+    importance vector: `quantize_like_sd_cpp`)."""
     from ..ops.convert import f32_to_raw, raw_to_f32
     if t.dtype == dst:
         return t.numpy()
     try:
         x = raw_to_f32(t.numpy(), t.dtype)
+        if dst.is_quantized:
+            return quantize_like_sd_cpp(np.ascontiguousarray(x).reshape(-1, x.shape[-1]), dst)
         return f32_to_raw(x, dst)
     except (ImportError, AttributeError) as e:  # the Cython quant module is not built
         raise UnsupportedError(f"tensor {t.name!r}: converting {t.dtype.name} to {dst.name} needs the quant "

@@ -2,9 +2,12 @@
 
 Every block type of `sdrt.ops.dtypes` dequantizes (plus F32/F16/BF16 rows, so get_rows works on
 any weight); Q4_0 ... Q8_0, Q8_1, Q2_K ... Q8_K, TQ1_0, TQ2_0 and MXFP4 quantize. Results are
-bit-exact with ggml's reference C code (`dequantize_row_*`, `quantize_row_*_ref` in
-ggml-quants.c), which is what llama.cpp / stable-diffusion.cpp write into GGUF files when no
-importance matrix is used. See docs/quantization.md for the block layouts and benchmarks.
+bit-exact with ggml's C code (ggml-quants.c): `dequantize_row_*`; `quantize_row_*_ref` with
+`imatrix=None` (the default); and with an importance vector `imatrix=` the weighted
+`quantize_row_*_impl` that `ggml_quantize_chunk` runs when given one. stable-diffusion.cpp's
+convert always passes a vector of ones, so `sdrt.io.writer.convert` quantizes with
+`imatrix=ones` (bytes identical to sd-cli). See docs/quantization.md for both paths, the block
+layouts and benchmarks.
 
 Raw data is a uint8 array `[nrows, row_bytes]` (rows may be strided, e.g. a view into a memory
 map, but each row must be contiguous); float data is float32 `[nrows, ne0]`. Higher-rank inputs
@@ -14,6 +17,7 @@ are treated as stacks of rows over the last axis.
     tile = quant.dequantize_rows(raw, "Q4_K", 64, 128)  # rows 64..127 only
     emb = quant.get_rows(raw, "Q8_0", token_ids)      # [len(ids), ne0]
     raw = quant.quantize(x, "Q6_K")                   # [nrows, ne0 / 256 * 210] uint8
+    raw = quant.quantize(x, "Q4_K", imatrix=1.0)      # ggml's weighted path, as sd-cli convert
 
 Threads: OpenMP, `OMP_NUM_THREADS`, `set_num_threads(n)` or per call `nthreads=`; small inputs
 run on one thread. Next to a multi-threaded BLAS on few cores pass `nthreads=1`: two thread
@@ -46,6 +50,7 @@ __all__ = [
     "set_num_threads",
     "supported_dequant_types",
     "supported_quant_types",
+    "weighted_quant_types",
 ]
 
 # below this many output elements a call runs on one thread (OpenMP start-up would dominate)
@@ -206,8 +211,41 @@ def get_rows(raw, dtype, ids, out=None, *, nthreads: int | None = None) -> np.nd
     return out
 
 
-def quantize(x, dtype, *, nthreads: int | None = None) -> np.ndarray:
-    """float rows [..., ne0] -> uint8 [..., ne0 / block_size * type_size] (ggml's quantize_row_*_ref)."""
+# types whose ggml quantizer uses importance weights (ggml_quantize_chunk -> quantize_row_*_impl);
+# every other quantizable type ignores them, as ggml does (Q8_1 and Q8_K are not in
+# ggml_quantize_chunk at all: their only quantizer is the _ref one)
+_WEIGHTED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
+def weighted_quant_types() -> tuple[DType, ...]:
+    """Types whose quantizer changes with an importance vector (`quantize(..., imatrix=)`)."""
+    return tuple(dtypes.BY_NAME[n] for n in _WEIGHTED)
+
+
+def _imatrix(imatrix, ne0: int, name: str) -> np.ndarray:
+    a = np.asarray(imatrix)
+    if a.dtype.kind not in "fiu":
+        raise OpError(f"quantize: the {name} importance vector must be numbers, got {a.dtype}")
+    if a.ndim == 0:
+        return np.full(ne0, a, np.float32)
+    if a.shape != (ne0,):
+        raise OpError(f"quantize: the {name} importance vector must hold one weight per column "
+                      f"({ne0},), got shape {a.shape}")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def quantize(x, dtype, imatrix=None, *, nthreads: int | None = None) -> np.ndarray:
+    """float rows [..., ne0] -> uint8 [..., ne0 / block_size * type_size].
+
+    imatrix=None: ggml's reference quantizers (`quantize_row_*_ref`; what ggml_quantize_chunk
+    does with a NULL importance matrix). imatrix = ne0 float32 weights, one per column (or a
+    scalar, broadcast): ggml's weighted quantizers, bit for bit what
+    `ggml_quantize_chunk(type, x, y, 0, nrows, ne0, imatrix)` writes (`quantize_row_*_impl`:
+    per-column weights times sqrt(sigma2 + x^2), make_qx/qkx3/qp scale searches). This is what
+    stable-diffusion.cpp's convert and load-time --type conversion use, with `imatrix=1.0`
+    (a dummy vector of ones). Types in `weighted_quant_types()` change with it; Q8_0, Q8_1,
+    Q8_K, TQ1_0, TQ2_0 and MXFP4 ignore it, as ggml does. Rows are independent; Q4_0/Q4_1/
+    Q5_0/Q5_1 weigh each block with its whole row's mean square, so pass whole rows."""
     q = _ext()
     dt = _dtype(dtype)
     if dt.name not in _Q_NAMES:
@@ -221,8 +259,16 @@ def quantize(x, dtype, *, nthreads: int | None = None) -> np.ndarray:
     if ne0 % dt.block_size:
         raise OpError(f"quantize: {dt.name} rows of {ne0} elements are not a multiple of the block size "
                       f"{dt.block_size} (shape {x.shape})")
-    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     out = np.empty(x.shape[:-1] + (ne0 // dt.block_size * dt.type_size,), np.uint8)
+    if imatrix is not None:
+        qw = _imatrix(imatrix, ne0, dt.name)
+        if dt.name in _WEIGHTED and out.size:
+            rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, ne0)
+            # the weighted K-quant searches cost ~8x the reference ones per element
+            q.quantize_weighted_into(rows, qw, dt.id, dt.block_size, dt.type_size,
+                                     out.reshape(rows.shape[0], -1), _threads(rows.size * 64, nthreads))
+            return out
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     q.quantize_into(flat, dt.id, dt.block_size, dt.type_size, out.reshape(-1), _threads(flat.size * 8, nthreads))
     return out
 

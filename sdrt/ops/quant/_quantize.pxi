@@ -2,13 +2,16 @@
 # scale searches they use, written out again operation for operation in float32.
 
 # ============================================================================ quantize helpers
-# (the published k-quant scale searches of ggml-quants.c, reference variants without importance
-#  weights, written out again operation for operation)
+# (the published k-quant scale searches of ggml-quants.c, written out again operation for
+#  operation; make_qx_quants takes ggml's optional `qw` weights, make_qkx2_quants any weights and
+#  also serves as ggml's make_qkx3_quants; make_qp_quants is in _quantize_weighted.pxi)
 
 cdef float GROUP_MAX_EPS = <float>1e-15
 
-cdef float make_qx_quants(int n, int nmax, const float* x, int8_t* L, int rmse_type) noexcept nogil:
-    # symmetric scale search for signed levels [-nmax, nmax-1]; rmse_type 0 (plain) or 1 (x^2 weights)
+cdef float make_qx_quants(int n, int nmax, const float* x, int8_t* L, int rmse_type,
+                          const float* qw) noexcept nogil:
+    # symmetric scale search for signed levels [-nmax, nmax-1]; rmse_type 0 (plain) or 1 (weighted
+    # least squares: weights qw[i], or x[i]^2 when qw is NULL)
     cdef float mx = 0
     cdef float amax = 0
     cdef float ax, iscale, sumlx, suml2, w, scale, best
@@ -34,7 +37,7 @@ cdef float make_qx_quants(int n, int nmax, const float* x, int8_t* L, int rmse_t
         l = nearest_int(iscale * x[i])
         l = imax(-nmax, imin(nmax - 1, l))
         L[i] = l + nmax
-        w = x[i] * x[i]
+        w = qw[i] if qw != NULL else x[i] * x[i]
         sumlx += w * x[i] * l
         suml2 += w * l * l
     scale = sumlx / suml2 if suml2 != 0 else <float>0
@@ -48,7 +51,7 @@ cdef float make_qx_quants(int n, int nmax, const float* x, int8_t* L, int rmse_t
         for i in range(n):
             l = nearest_int(iscale * x[i])
             l = imax(-nmax, imin(nmax - 1, l))
-            w = x[i] * x[i]
+            w = qw[i] if qw != NULL else x[i] * x[i]
             sumlx += w * x[i] * l
             suml2 += w * l * l
         if suml2 > 0 and sumlx * sumlx > best * suml2:
@@ -577,57 +580,60 @@ cdef void q_q5_K(const float* x, uint8_t* y, Py_ssize_t nb) noexcept nogil:
         x += 256
         y += 176
 
-cdef void q_q6_K(const float* x, uint8_t* y, Py_ssize_t nb) noexcept nogil:
-    # ql[128] @0, qh[64] @128, scales[16] @192, d @208
-    cdef Py_ssize_t i
+cdef inline void q6_K_block(const float* x, uint8_t* y, const float* qw) noexcept nogil:
+    # one Q6_K block: ql[128] @0, qh[64] @128, scales[16] @192, d @208. qw: NULL for the
+    # reference quantizer (x^2 weights), else the block's 256 importance weights (the _impl path
+    # uses them as they are, with no sigma2 term)
     cdef int ib, j, l, ii
     cdef int8_t L[256]
     cdef float scales[16]
-    cdef float max_scale, max_abs_scale, scale, iscale, d
+    cdef float max_scale = 0
+    cdef float max_abs_scale = 0
+    cdef float scale, iscale, d
     cdef int8_t* sc
     cdef uint8_t* ql
     cdef uint8_t* qh
     cdef uint8_t q1, q2, q3, q4
-    for i in range(nb):
-        max_scale = 0
-        max_abs_scale = 0
-        for ib in range(16):
-            scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib, 1)
-            scales[ib] = scale
-            if fabsf(scale) > max_abs_scale:
-                max_abs_scale = fabsf(scale)
-                max_scale = scale
-        if max_abs_scale < GROUP_MAX_EPS:
-            memset(y, 0, 210)
-            x += 256
-            y += 210
+    for ib in range(16):
+        scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib, 1, qw + 16 * ib if qw != NULL else NULL)
+        scales[ib] = scale
+        if fabsf(scale) > max_abs_scale:
+            max_abs_scale = fabsf(scale)
+            max_scale = scale
+    if max_abs_scale < GROUP_MAX_EPS:
+        memset(y, 0, 210)
+        return
+    sc = <int8_t*>(y + 192)
+    iscale = <float>-128.0 / max_scale
+    wr16(y + 208, f32_to_fp16(<float>1 / iscale))
+    for ib in range(16):
+        sc[ib] = <int8_t>imin(127, nearest_int(iscale * scales[ib]))
+    for j in range(16):
+        d = ld_f16(y + 208) * sc[j]
+        if d == 0:
             continue
-        sc = <int8_t*>(y + 192)
-        iscale = <float>-128.0 / max_scale
-        wr16(y + 208, f32_to_fp16(<float>1 / iscale))
-        for ib in range(16):
-            sc[ib] = <int8_t>imin(127, nearest_int(iscale * scales[ib]))
-        for j in range(16):
-            d = ld_f16(y + 208) * sc[j]
-            if d == 0:
-                continue
-            for ii in range(16):
-                l = nearest_int(x[16 * j + ii] / d)
-                l = imax(-32, imin(31, l))
-                L[16 * j + ii] = l + 32
-        ql = y
-        qh = y + 128
-        for j in range(0, 256, 128):
-            for l in range(32):
-                q1 = L[j + l] & 0xF
-                q2 = L[j + l + 32] & 0xF
-                q3 = L[j + l + 64] & 0xF
-                q4 = L[j + l + 96] & 0xF
-                ql[l] = q1 | (q3 << 4)
-                ql[l + 32] = q2 | (q4 << 4)
-                qh[l] = (L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6)
-            ql += 64
-            qh += 32
+        for ii in range(16):
+            l = nearest_int(x[16 * j + ii] / d)
+            l = imax(-32, imin(31, l))
+            L[16 * j + ii] = l + 32
+    ql = y
+    qh = y + 128
+    for j in range(0, 256, 128):
+        for l in range(32):
+            q1 = L[j + l] & 0xF
+            q2 = L[j + l + 32] & 0xF
+            q3 = L[j + l + 64] & 0xF
+            q4 = L[j + l + 96] & 0xF
+            ql[l] = q1 | (q3 << 4)
+            ql[l + 32] = q2 | (q4 << 4)
+            qh[l] = (L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6)
+        ql += 64
+        qh += 32
+
+cdef void q_q6_K(const float* x, uint8_t* y, Py_ssize_t nb) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(nb):
+        q6_K_block(x, y, NULL)
         x += 256
         y += 210
 

@@ -2,8 +2,9 @@
 # distutils: extra_compile_args = -ffp-contract=off
 """GGUF/ggml block types in Cython: dequantize, get_rows and quantize, parallel over rows/blocks.
 
-Everything here follows ggml's reference C (ggml-quants.c `dequantize_row_*`,
-`quantize_row_*_ref`) operation for operation, in float32, so results are bit-exact with it:
+Everything here follows ggml's C (ggml-quants.c `dequantize_row_*`, `quantize_row_*_ref`, and
+the importance-weighted `quantize_row_*_impl` of `ggml_quantize_chunk`) operation for operation,
+in float32, so results are bit-exact with it:
 
 - every float literal in a float expression is written `<float>c` (ggml's `cf`), so C never
   widens an intermediate to double;
@@ -17,6 +18,7 @@ functions here take already-validated arrays.
 """
 from libc.stdint cimport uint8_t, int8_t, uint16_t, int16_t, uint32_t, int32_t, int64_t, uint64_t
 from libc.string cimport memcpy, memset
+from libc.stdlib cimport malloc, free
 from libc.math cimport fabsf, sqrtf, floorf, log2f
 from cython.parallel cimport prange
 cimport openmp
@@ -55,6 +57,9 @@ cdef enum:
 
 ctypedef void (*deq_fn)(const uint8_t* x, float* y, Py_ssize_t nb) noexcept nogil
 ctypedef void (*q_fn)(const float* x, uint8_t* y, Py_ssize_t nb) noexcept nogil
+# weighted quantizers: nb blocks of one row, its importance weights from the same column, and the
+# row's mean square (used by Q4_0/Q4_1/Q5_0/Q5_1 only)
+ctypedef void (*qw_fn)(const float* x, uint8_t* y, Py_ssize_t nb, const float* qw, float sigma2) noexcept nogil
 
 cdef Py_ssize_t CHUNK_ELEMS = 16384  # elements per parallel work item
 
@@ -207,6 +212,22 @@ cdef q_fn get_q(int t) noexcept nogil:
     if t == T_MXFP4: return q_mxfp4
     return NULL
 
+include "_quantize_weighted.pxi"
+
+cdef qw_fn get_qw(int t) noexcept nogil:
+    # the types whose ggml quantize_* takes the importance weights (quantize_row_*_impl); the
+    # others (Q8_0, TQ1_0, TQ2_0, MXFP4) ignore them
+    if t == T_Q4_0: return qw_q4_0
+    if t == T_Q4_1: return qw_q4_1
+    if t == T_Q5_0: return qw_q5_0
+    if t == T_Q5_1: return qw_q5_1
+    if t == T_Q2_K: return qw_q2_K
+    if t == T_Q3_K: return qw_q3_K
+    if t == T_Q4_K: return qw_q4_K
+    if t == T_Q5_K: return qw_q5_K
+    if t == T_Q6_K: return qw_q6_K
+    return NULL
+
 # ============================================================================ parallel drivers
 
 cdef inline void _deq_item(deq_fn fn, const uint8_t* base, Py_ssize_t rstride, const int64_t* ids,
@@ -338,6 +359,77 @@ def quantize_into(const float[::1] x, int type_id, Py_ssize_t block_size, Py_ssi
     else:
         for it in prange(nit, nogil=True, num_threads=nthreads, schedule="dynamic"):
             _q_item(fn, xp, yp, ntot, cb, block_size, type_size, it)
+
+cdef inline float _row_sigma2(const float* x, Py_ssize_t n) noexcept nogil:
+    # ggml's row mean square for the 32-element weighted types: a float sum in order, / n
+    cdef float s = 0
+    cdef Py_ssize_t j
+    for j in range(n):
+        s += x[j] * x[j]
+    return s / <float>n
+
+cdef inline void _qw_item(qw_fn fn, const float* x, const float* qw, const float* sig, uint8_t* y,
+                          Py_ssize_t ne0, Py_ssize_t rbytes, Py_ssize_t nch, Py_ssize_t cb, Py_ssize_t nblk,
+                          Py_ssize_t bsize, Py_ssize_t tsize, Py_ssize_t it) noexcept nogil:
+    cdef Py_ssize_t r = it // nch
+    cdef Py_ssize_t b0 = (it - r * nch) * cb
+    cdef Py_ssize_t nb = nblk - b0
+    if nb > cb:
+        nb = cb
+    fn(x + r * ne0 + b0 * bsize, y + r * rbytes + b0 * tsize, nb, qw + b0 * bsize, sig[r])
+
+def has_weighted_quant(int type_id):
+    return get_qw(type_id) != NULL
+
+def quantize_weighted_into(const float[:, ::1] x, const float[::1] qw, int type_id, Py_ssize_t block_size,
+                           Py_ssize_t type_size, uint8_t[:, ::1] out, int nthreads):
+    """Rows x [nrows, ne0] with importance weights qw [ne0] -> out [nrows, row_bytes]
+    (ggml_quantize_chunk with an imatrix). Work items are (row, chunk of blocks)."""
+    cdef qw_fn fn = get_qw(type_id)
+    cdef Py_ssize_t nrows = x.shape[0]
+    cdef Py_ssize_t ne0 = x.shape[1]
+    cdef Py_ssize_t nblk = ne0 // block_size
+    cdef Py_ssize_t rbytes = nblk * type_size
+    cdef Py_ssize_t cb, nch, nit, it, r
+    cdef bint row_sigma = type_id in (T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1)
+    if fn == NULL:
+        raise ValueError(f"no weighted quantizer for ggml type {type_id}")
+    if qw.shape[0] < ne0 or out.shape[0] < nrows or out.shape[1] < rbytes:
+        raise ValueError(f"quantize_weighted_into: {qw.shape[0]} weights / out {out.shape[0]} x {out.shape[1]} "
+                         f"do not fit {nrows} rows of {ne0}")
+    if nrows == 0 or nblk == 0:
+        return
+    cdef float* sig = <float*>malloc(nrows * sizeof(float))
+    if sig == NULL:
+        raise MemoryError()
+    cdef const float* xp = &x[0, 0]
+    cdef const float* wp = &qw[0]
+    cdef uint8_t* yp = &out[0, 0]
+    cb = 4096 // block_size
+    if cb < 1:
+        cb = 1
+    if cb > nblk:
+        cb = nblk
+    nch = (nblk + cb - 1) // cb
+    nit = nrows * nch
+    try:
+        if nthreads <= 1 or nit == 1:
+            with nogil:
+                for r in range(nrows):
+                    sig[r] = _row_sigma2(xp + r * ne0, ne0) if row_sigma else <float>0
+                for it in range(nit):
+                    _qw_item(fn, xp, wp, sig, yp, ne0, rbytes, nch, cb, nblk, block_size, type_size, it)
+        else:
+            if row_sigma:
+                for r in prange(nrows, nogil=True, num_threads=nthreads, schedule="static"):
+                    sig[r] = _row_sigma2(xp + r * ne0, ne0)
+            else:
+                for r in range(nrows):
+                    sig[r] = 0
+            for it in prange(nit, nogil=True, num_threads=nthreads, schedule="dynamic"):
+                _qw_item(fn, xp, wp, sig, yp, ne0, rbytes, nch, cb, nblk, block_size, type_size, it)
+    finally:
+        free(sig)
 
 def half_to_f32_into(const uint16_t[::1] src, float[::1] dst, bint bf16, int nthreads):
     """fp16 (bf16=False) or bf16 (bf16=True) bit patterns -> float32, element for element."""

@@ -123,3 +123,29 @@ def test_gaussian_sample_and_scales():
     assert latent_scale_shift("sd1") == (0.18215, 0.0) and LATENT_SCALE_SHIFT["sdxl"] == (0.13025, 0.0)
     with pytest.raises(UsageError):
         latent_scale_shift("nope")
+
+
+def test_image_helpers(tmp_path):
+    from PIL import Image
+
+    from sdrt.io.images import from_nchw, load_image, psnr, save_image, to_nchw, to_uint8
+    v = np.array([-0.5, 0.0, 0.001, 0.5, 0.998, 1.0, 2.0, np.nan], np.float32)
+    assert to_uint8(v).tolist() == [0, 0, 0, 128, 254, 255, 255, 0]   # sd.cpp: v*255 + 0.5, clamped
+    img = np.random.default_rng(0).uniform(0, 1, (6, 5, 3)).astype(np.float32)
+    p = tmp_path / "a.png"
+    save_image(p, img, text={"parameters": "a cat"})
+    with Image.open(p) as im:
+        assert im.text["parameters"] == "a cat" and im.size == (5, 6)
+    back = load_image(p)
+    assert back.shape == (6, 5, 3) and np.array_equal(back, to_uint8(img) / np.float32(255))
+    assert load_image(p, size=(10, 12)).shape == (12, 10, 3)
+    assert np.array_equal(from_nchw(to_nchw(back))[0], back) and psnr(back, back) == float("inf")
+    save_image(tmp_path / "b.jpg", img, quality=95)
+    assert load_image(tmp_path / "b.jpg").shape == (6, 5, 3)
+    with pytest.raises(UsageError, match="no such image"):
+        load_image(tmp_path / "missing.png")
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    with pytest.raises(UsageError, match="cannot read image"):
+        load_image(tmp_path / "bad.png")
+    with pytest.raises(UsageError, match="extension"):
+        save_image(tmp_path / "c.xyz", img)

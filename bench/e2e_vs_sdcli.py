@@ -146,8 +146,8 @@ def _run_api(a, argv, out):
     logging.getLogger("sdrt").setLevel(logging.INFO)
     try:
         t0 = time.time()
-        pipe = load_pipeline(**{k: getattr(mp, k) for k in ("model", "type", "rng", "sampler_rng", "threads")})
-        r = pipe.generate(gp, show_progress=False)[0]
+        pipe = load_pipeline(**{k: getattr(mp, k) for k in ("model", "type", "threads")})
+        r = pipe.generate(gp, show_progress=False, rng=mp.rng, sampler_rng=mp.sampler_rng)[0]
         write_image(out, r.image, r.parameters)
         return time.time() - t0, buf.getvalue()
     finally:

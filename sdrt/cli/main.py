@@ -146,14 +146,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is now (tests and embedding apps swap it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _):
+        pass
+
+
 def _setup_logging(level: str):
     logging.addLevelName(15, "VERBOSE")
     root = logging.getLogger()
     root.setLevel(LOG_LEVELS[level])
-    if not any(getattr(h, "_sdrt", False) for h in root.handlers):
-        h = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
+        h = _StderrHandler()
         h.setFormatter(logging.Formatter("[%(levelname)-7s] %(message)s"))
-        h._sdrt = True
         root.addHandler(h)
 
 

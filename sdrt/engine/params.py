@@ -44,7 +44,6 @@ class ModelParams:
     threads: int = -1                    # -t/--threads
 
     def validate(self) -> "ModelParams":
-        from .rng import RNGS
         if not (self.model or self.diffusion_model):
             raise UsageError("the following arguments are required: -m/--model or --diffusion-model")
         for flag, path in (("-m/--model", self.model), ("--diffusion-model", self.diffusion_model),
@@ -54,9 +53,7 @@ class ModelParams:
                 raise UsageError(f"{flag}: no such file: '{path}'")
         if self.embd_dir and not os.path.isdir(self.embd_dir):
             raise UsageError(f"--embd-dir: not a directory: '{self.embd_dir}'")
-        for flag, name in (("--rng", self.rng), ("--sampler-rng", self.sampler_rng)):
-            if name is not None and name not in RNGS:
-                raise UsageError(f"{flag}: invalid RNG '{name}'; valid: {', '.join(RNGS)}")
+        self.validate_rngs()
         if self.prediction is not None:
             from .denoisers import PREDICTIONS
             if self.prediction not in PREDICTIONS:
@@ -67,6 +64,12 @@ class ModelParams:
             if self.type.lower() not in {t.lower() for t in CONVERT_TYPES}:
                 raise UsageError(f"--type: invalid weight type '{self.type}'; valid: {', '.join(CONVERT_TYPES)}")
         return self
+
+    def validate_rngs(self) -> None:
+        from .rng import RNGS
+        for flag, name in (("--rng", self.rng), ("--sampler-rng", self.sampler_rng)):
+            if name is not None and name not in RNGS:
+                raise UsageError(f"{flag}: invalid RNG '{name}'; valid: {', '.join(RNGS)}")
 
 
 @dataclass

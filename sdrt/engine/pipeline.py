@@ -342,16 +342,21 @@ class Pipeline:
         return "v" if v else "eps"
 
     # ---- one request ----------------------------------------------------------------------------
-    def generate(self, gp: GenParams, *, progress=None, decode_progress=None, show_progress: bool = True
-                 ) -> list[GeneratedImage]:
+    def generate(self, gp: GenParams, *, progress=None, decode_progress=None, show_progress: bool = True,
+                 rng: str | None = None, sampler_rng: str | None = None) -> list[GeneratedImage]:
         """Run one request; returns `batch_count` images. `progress(step, steps, s_per_step)`
-        replaces the stderr bar; raising from it cancels the run (the exception propagates)."""
+        replaces the stderr bar; raising from it cancels the run (the exception propagates).
+        `rng` / `sampler_rng` override the context's --rng / --sampler-rng for this request."""
         from .rng import make_rng
         from .samplers import SAMPLERS, default_sample_method, default_scheduler, resolve_eta, sample
         from .schedulers import SCHEDULER_ALIASES, get_sigmas
         gp.validate()
         t_start = time.time()
         mp = self.model_params
+        if rng is not None or sampler_rng is not None:
+            from dataclasses import replace
+            mp = replace(mp, rng=rng or mp.rng, sampler_rng=sampler_rng if sampler_rng is not None else mp.sampler_rng)
+            mp.validate_rngs()
         # images first: a bad path fails before any compute
         init_img = mask_img = None
         if gp.init_image is not None:
@@ -389,6 +394,7 @@ class Pipeline:
         # RNGs: one context RNG, the sampler's own only when --sampler-rng differs
         rng = make_rng(mp.rng, seed)
         sampler_rng = make_rng(mp.sampler_rng, seed) if mp.sampler_rng and mp.sampler_rng != mp.rng else rng
+        self._mp_used = mp
         # sample plan
         den = self.denoiser
         method = gp.sampling_method or default_sample_method(self.family)
@@ -433,11 +439,12 @@ class Pipeline:
             concat = np.concatenate([latent_mask, masked_latent], axis=1)
             uncond_concat = np.concatenate([latent_mask, np.zeros_like(masked_latent)], axis=1)
         elif self.version in EDIT_VERSIONS:
+            # sd.cpp without -r: an empty (black) reference, and img_cfg falls back to cfg (the
+            # img-cond pass decided earlier still runs, as in sd.cpp)
             log.warning("This model needs at least one reference image; using an empty reference")
-            ref = self.encode_first_stage(np.zeros((1, 3, height, width), F32), rng, gp, edit=True)
-            concat, uncond_concat = ref, np.zeros_like(ref)
+            concat = self.encode_first_stage(np.zeros((1, 3, height, width), F32), rng, gp)
+            uncond_concat = np.zeros_like(concat)
             icfg = cfg
-            use_img_cond = False
         if init_t is not None:
             log.info("encode_first_stage completed, taking %.2fs", time.time() - t_prep)
         denoise_mask = max_pool3(latent_mask) if self.version in INPAINT_VERSIONS else latent_mask
@@ -563,10 +570,10 @@ class Pipeline:
         log.debug("VAE Tile size: %dx%d", tx, ty)
         return (tx, ty), ov
 
-    def encode_first_stage(self, img01: np.ndarray, rng, gp: GenParams, edit: bool = False) -> np.ndarray:
+    def encode_first_stage(self, img01: np.ndarray, rng, gp: GenParams) -> np.ndarray:
         """[1, 3, H, W] in [0, 1] -> diffusion latent (sd.cpp encode_first_stage): VAE moments
-        sampled with the context RNG, then (z - shift) * scale; TAE: the latent as is; pix2pix:
-        the mean, unscaled."""
+        sampled with the context RNG, then (z - shift) * scale; TAE: the latent as is; SD 1.x
+        instruct-pix2pix: the mean, unscaled (sd.cpp's VERSION_SD1_PIX2PIX special case)."""
         from ..models.vae.autoencoder_kl import gaussian_sample
         model = self.vae
         tae = self._tae is not None
@@ -580,7 +587,7 @@ class Pipeline:
         out = np.asarray(out, F32)
         if tae:
             return out
-        if edit:
+        if self.version == "sd1_pix2pix":
             return gaussian_sample(out)
         C = out.shape[1] // 2
         lat = gaussian_sample(out, rng.randn((out.shape[0], C) + out.shape[2:]))
@@ -610,7 +617,7 @@ class Pipeline:
     def parameters_text(self, gp: GenParams, seed: int, width: int, height: int, method: str,
                         scheduler: str | None) -> str:
         from ..io.png import parameters_text
-        mp = self.model_params
+        mp = getattr(self, "_mp_used", self.model_params)
         return parameters_text(
             prompt=gp.prompt, negative_prompt=gp.negative_prompt, steps=gp.steps, cfg_scale=gp.cfg_scale,
             guidance=gp.guidance, eta=gp.eta, seed=seed, width=width, height=height, model=mp.model or "",

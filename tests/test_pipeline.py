@@ -532,3 +532,40 @@ def test_pix2pix_without_reference_uses_empty_one():
     assert c["N"] == 3 and c["cc"].shape == (3, 4, 8, 8)                  # the img-cond pass still runs
     ref = StubVAE().encode(np.full((1, 3, 64, 64), -1.0, F32))[:, :4]     # black image, mean, unscaled
     assert np.array_equal(c["cc"][0], ref[0]) and not c["cc"][1].any()
+
+
+def _tiny_real_components():
+    """A tiny random SD1-layout UNet and a 1-layer CLIP (real classes, real names)."""
+    from sdrt.engine.conditioning import build_conditioner
+    from sdrt.models.diffusion.unet import UNetConfig, UNetModel
+    from sdrt.ops.tensor import Tensor
+    r = np.random.default_rng(0)
+    cfg = UNetConfig.from_hparams(model_channels=32, channel_mult=(1, 2), num_res_blocks=1, attention_levels=(1,),
+                                  context_dim=32, num_heads=2)
+    shapes = {"model.diffusion_model." + k: s for k, s in cfg.weight_shapes().items()}
+    p = "cond_stage_model.transformer.text_model."
+    shapes.update({p + "embeddings.token_embedding.weight": (49408, 32), p + "embeddings.position_embedding.weight": (77, 32),
+                   p + "final_layer_norm.weight": (32,), p + "final_layer_norm.bias": (32,)})
+    for n, s in (("self_attn.q_proj", (32, 32)), ("self_attn.k_proj", (32, 32)), ("self_attn.v_proj", (32, 32)),
+                 ("self_attn.out_proj", (32, 32)), ("mlp.fc1", (64, 32)), ("mlp.fc2", (32, 64))):
+        shapes[f"{p}encoder.layers.0.{n}.weight"], shapes[f"{p}encoder.layers.0.{n}.bias"] = s, (s[0],)
+    for n in ("layer_norm1", "layer_norm2"):
+        shapes[f"{p}encoder.layers.0.{n}.weight"] = shapes[f"{p}encoder.layers.0.{n}.bias"] = (32,)
+    table = {}
+    for k, s in shapes.items():
+        v = r.standard_normal(s).astype(F32) / F32(np.sqrt(np.prod(s[1:]) if len(s) > 1 else 50))
+        if len(s) == 1 and k.endswith("weight"):
+            v += 1
+        table[k] = Tensor.from_numpy(v)
+    return UNetModel(table, config=cfg), build_conditioner(table, "sd1", heads=2)
+
+
+def test_real_unet_and_conditioner_through_the_pipeline():
+    unet, cond = _tiny_real_components()
+    a = gen(PL.Pipeline(version="sd1", prediction="eps", unet=unet, vae=StubVAE(), conditioner=cond),
+            steps=1, sampling_method="euler", prompt="a (lovely:1.2) cat", negative_prompt="ugly")[0]
+    p = PL.Pipeline(version="sd1", prediction="eps", unet=unet, vae=StubVAE(), conditioner=cond, batch_cfg=False)
+    b = gen(p, steps=1, sampling_method="euler", prompt="a (lovely:1.2) cat", negative_prompt="ugly")[0]
+    assert np.all(np.isfinite(a.latent)) and a.latent.std() > 0
+    # N=2 batch == two N=1 calls, up to float32 summation order in the GEMMs
+    assert np.abs(a.latent - b.latent).max() <= 2e-5 * np.abs(a.latent).max()

@@ -346,6 +346,7 @@ class Pipeline:
                  rng: str | None = None, sampler_rng: str | None = None) -> list[GeneratedImage]:
         """Run one request; returns `batch_count` images. `progress(step, steps, s_per_step)`
         replaces the stderr bar; raising from it cancels the run (the exception propagates).
+        `decode_progress(tile, tiles)` reports a tiled VAE decode (default: a bar like sampling's).
         `rng` / `sampler_rng` override the context's --rng / --sampler-rng for this request."""
         from .rng import make_rng
         from .samplers import SAMPLERS, default_sample_method, default_scheduler, resolve_eta, sample
@@ -483,7 +484,11 @@ class Pipeline:
         t_dec, out = time.time(), []
         for i, (cur, lat) in enumerate(results):
             t_i = time.time()
-            img = self.decode_first_stage(lat, gp, decode_progress)
+            dec_progress = decode_progress
+            if dec_progress is None and gp.vae_tiling and bar.enabled:
+                t_tiles = time.time()
+                dec_progress = lambda k, n: bar(k, n, (time.time() - t_tiles) / max(k, 1))  # noqa: E731
+            img = self.decode_first_stage(lat, gp, dec_progress)
             log.info("latent %d decoded, taking %.2fs", i + 1, time.time() - t_i)
             info = dict(width=meta_w, height=meta_h, method=method, scheduler=scheduler, seed=cur, eta=eta)
             out.append(GeneratedImage(img, cur, self.parameters_text(gp, cur, meta_w, meta_h, method, scheduler),

@@ -58,6 +58,8 @@ def test_diffusers_layout(gold, one_thread):
     assert (cfg.z_channels, cfg.channels, cfg.midblock_gn, cfg.decoder_offset) == (4, 8, False, 0)
     assert err(tae.encode(gold["tiny_x"]), gold["tiny_lat"]) <= 1e-4
     assert err(tae.decode(gold["tiny_z"]), gold["tiny_dec"]) <= 1e-4
+    literal = TinyAutoencoder(decoder=weights(gold, "tiny"), decoder_prefix="decoder.layers.", folded_upsample=False)
+    assert err(literal.decode(gold["tiny_z"]), gold["tiny_dec"]) <= 1e-4
 
 
 def test_prefixed_and_taesd_py_layouts(gold, one_thread):

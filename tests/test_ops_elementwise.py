@@ -96,3 +96,14 @@ def test_cont_of_view(rng):
     t = leaf(x).permute(2, 0, 1)  # ggml permute: dim0->2, dim1->0, dim2->1
     got = check(F.cont(t), np.ascontiguousarray(t.numpy()), rtol=0, atol=0)
     assert got.flags.c_contiguous
+
+
+def test_gelu_tanh_special_values():
+    """The exp-based gelu_tanh keeps the tanh form's values at the edges."""
+    from sdrt.ops.graph import compute
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 100.0, -100.0, -5.0, 1e-30], np.float32)
+    got = compute(F.gelu(leaf(x), "tanh"))
+    xd = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        want = 0.5 * xd * (1 + np.tanh(np.sqrt(2 / np.pi) * (xd + 0.044715 * xd**3)))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)

@@ -12,6 +12,7 @@ from numba import njit, prange
 
 from . import CPU
 from ._util import as4d, f32_input, f32_output, store
+from .norm import FM, fexp
 
 BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 UNARY_CODES = {"neg": 0, "abs": 1, "sqr": 2, "sqrt": 3, "exp": 4, "log": 5, "sin": 6, "cos": 7,
@@ -98,6 +99,26 @@ def _unary4(x, out, op, p0, p1):
             ro[i] = _apply(rx[i], op, p0, p1)
 
 
+@njit(parallel=True, fastmath=FM, cache=True)
+def _gelu_tanh4(x, out):
+    """0.5*v*(1 + tanh(y)) = v / (1 + exp(-2y)), y = sqrt(2/pi)*(v + 0.044715 v^3), with the
+    vectorizable float32 exp of norm.py (libm's tanh is a scalar call: this kernel measured
+    several times faster). Rows on prange; NaN stays NaN (fexp(NaN) = 0), -inf gives NaN
+    as the tanh form does (-inf * 0)."""
+    n3, n2, n1, n0 = out.shape
+    for r in prange(n3 * n2 * n1):
+        i3 = r // (n2 * n1)
+        i2 = (r // n1) % n2
+        i1 = r % n1
+        rx = x[i3, i2, i1]
+        ro = out[i3, i2, i1]
+        for i in range(n0):
+            v = rx[i]
+            z = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
+            g = v / (np.float32(1.0) + fexp(z))
+            ro[i] = g if v != -np.inf else np.float32(np.nan)
+
+
 @njit(parallel=True, cache=True)
 def _copy4(x, out):
     n3, n2, n1, n0 = out.shape
@@ -133,7 +154,10 @@ def _unary(node, xs, out):
         p0, p1 = p["s"], p["b"]
     else:
         p0, p1 = p.get("slope", 0.0), 0.0
-    _unary4(x, as4d(o), UNARY_CODES[node.op], p0, p1)
+    if node.op == "gelu_tanh":
+        _gelu_tanh4(x, as4d(o))
+    else:
+        _unary4(x, as4d(o), UNARY_CODES[node.op], p0, p1)
     store(node, out, o)
 
 

@@ -4,6 +4,7 @@ names and shapes, so sd-cli and sdrt load it as they load v1-5-pruned-emaonly / 
     python tools/make_sd_checkpoint.py --arch sd15 -o /work/e2e/sd15_rand_f16.safetensors
     python tools/make_sd_checkpoint.py --arch sdxl --dtype f32 -o /work/e2e/sdxl_rand_f32.safetensors
     python tools/make_sd_checkpoint.py --arch sd15 --component vae -o /work/e2e/sd15_vae.safetensors
+    python tools/make_sd_checkpoint.py --arch sd15 --inpaint -o /work/e2e/sd15_inpaint_rand_f16.safetensors
 
 The output is noise: the weights are random. It exists to try the CLI and to compare sdrt with
 sd-cli end to end on the real architectures (bench/e2e_vs_sdcli.py).
@@ -102,10 +103,14 @@ def _fixture():
         return json.load(f)
 
 
-def layout(arch: str, component: str = "all") -> dict[str, tuple]:
-    """{name: numpy shape} of the checkpoint (or one standalone component)."""
+def layout(arch: str, component: str = "all", inpaint: bool = False) -> dict[str, tuple]:
+    """{name: numpy shape} of the checkpoint (or one standalone component); `inpaint`: the
+    9-channel UNet input of the inpainting checkpoints (latent + mask + masked-image latent)."""
     fx = _fixture()
     unet = {ldm: tuple(shape) for _, _, ldm, shape in fx["sd15_unet" if arch == "sd15" else "sdxl_unet"]}
+    if inpaint:
+        co, _, kh, kw = unet["input_blocks.0.0.weight"]
+        unet["input_blocks.0.0.weight"] = (co, 9, kh, kw)
     vae = {ldm: tuple(shape) for _, _, ldm, shape in fx["sd_vae"]}
     if component == "unet":
         return unet
@@ -172,9 +177,10 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=("f16", "f32"), default="f16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--component", choices=("all", "unet", "vae", "clip_l", "clip_g"), default="all")
+    ap.add_argument("--inpaint", action="store_true", help="9-channel UNet input (sd-v1-5-inpainting layout)")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args(argv)
-    table = layout(a.arch, a.component)
+    table = layout(a.arch, a.component, a.inpaint)
     n = sum(int(np.prod(s)) if s else 1 for s in table.values())
     t0 = time.time()
     last = [0.0]

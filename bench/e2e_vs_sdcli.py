@@ -56,7 +56,7 @@ def _times(log: str) -> tuple[float, float, float]:
 
 def run(cmd, log_path, env=None) -> tuple[float, str]:
     t0 = time.time()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False)
     dt = time.time() - t0
     with open(log_path, "w") as f:
         f.write(" ".join(cmd) + "\n" + p.stdout)
@@ -94,7 +94,6 @@ def main(argv=None):
     w, h = a.size.split("x")
     tag = os.path.splitext(os.path.basename(a.model))[0]
     rows = []
-    pipe = None
     for rng in a.rngs.split(","):
         for smp in a.samplers.split(","):
             name = f"{tag}_{w}x{h}_{a.steps}_{smp}_{rng}".replace("+", "p")
@@ -103,7 +102,8 @@ def main(argv=None):
                       "-t", a.threads] + a.extra.split()
             ref, out = os.path.join(a.out, name + "_sdcli.png"), os.path.join(a.out, name + "_sdrt.png")
             if a.skip_sdcli and os.path.exists(ref):
-                t_ref, log_ref = float("nan"), open(os.path.join(a.out, name + "_sdcli.log")).read()
+                with open(os.path.join(a.out, name + "_sdcli.log")) as f:
+                    t_ref, log_ref = float("nan"), f.read()
             else:
                 t_ref, log_ref = run([a.sdcli] + common + ["-o", ref], os.path.join(a.out, name + "_sdcli.log"))
             if a.api:
@@ -135,6 +135,7 @@ def _run_api(a, argv, out):
     """sdrt in-process: parse the same flags with sdrt's own parser, reuse the pipeline."""
     import io
     import logging
+
     from sdrt.cli.main import build_parser, params_from_args
     from sdrt.engine.generate import load_pipeline
     from sdrt.io.png import write_image

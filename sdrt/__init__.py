@@ -7,8 +7,18 @@ from .errors import ModelFileError, OpError, SdrtError, UnsupportedError, UsageE
 
 __version__ = "0.1.0"
 
-__all__ = ["SdrtError", "OpError", "ModelFileError", "UnsupportedError", "UsageError", "__version__",
-           "generate", "load_pipeline", "GenParams", "ModelParams"]
+__all__ = [
+    "GenParams",
+    "ModelFileError",
+    "ModelParams",
+    "OpError",
+    "SdrtError",
+    "UnsupportedError",
+    "UsageError",
+    "__version__",
+    "generate",
+    "load_pipeline",
+]
 
 # the image-generation API, imported on first use so `import sdrt` stays numpy-only
 _LAZY = {"generate": "sdrt.engine.generate", "load_pipeline": "sdrt.engine.generate",

@@ -1,15 +1,15 @@
 """`sdrt` img_gen: sd-cli's flags, defaults, refusals, errors and output files (stub models)."""
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
+from test_pipeline import StubUNet, make_pipe
 
 from sdrt.cli import main as cli
 from sdrt.engine.pipeline import Pipeline
 from sdrt.io.png import read_png_text
-
-from test_pipeline import StubUNet, make_pipe
 
 
 @pytest.fixture
@@ -146,8 +146,8 @@ def test_run_writes_images_with_metadata(model, stub_load, tmp_path, capsys):
     assert rc == 0
     files = sorted(os.listdir(tmp_path / "sub"))
     assert files == ["out_0.png", "out_1.png"]
-    t0 = read_png_text(open(tmp_path / "sub" / "out_0.png", "rb").read())["parameters"]
-    t1 = read_png_text(open(tmp_path / "sub" / "out_1.png", "rb").read())["parameters"]
+    t0 = read_png_text(Path(tmp_path / "sub" / "out_0.png").read_bytes())["parameters"]
+    t1 = read_png_text(Path(tmp_path / "sub" / "out_1.png").read_bytes())["parameters"]
     assert t0.startswith("a cat\nSteps: 2, CFG scale: 7.000000, Guidance: 3.500000, Eta: inf, Seed: 5, Size: 64x64, "
                          "Model: model.safetensors, RNG: cuda, Sampler: euler_a discrete, Version: sdrt, SDCPP: {")
     assert "Seed: 6," in t1
@@ -159,11 +159,11 @@ def test_run_sequences_formats_and_no_metadata(model, stub_load, tmp_path):
     assert cli.main(["-m", model, "-W", "64", "-H", "64", "--steps", "1", "-b", "2", "--disable-image-metadata",
                      "-o", str(tmp_path / "img_%03d.png"), "--output-begin-idx", "3"]) == 0
     assert sorted(os.listdir(tmp_path)) == ["img_003.png", "img_004.png", "model.safetensors"]
-    assert read_png_text(open(tmp_path / "img_003.png", "rb").read()) == {}
+    assert read_png_text(Path(tmp_path / "img_003.png").read_bytes()) == {}
     pytest.importorskip("PIL")
     assert cli.main(["-m", model, "-W", "64", "-H", "64", "--steps", "1", "-o", str(tmp_path / "a.jpg"),
                      "--compression-quality", "50"]) == 0
-    assert open(tmp_path / "a.jpg", "rb").read()[:2] == b"\xff\xd8"
+    assert Path(tmp_path / "a.jpg").read_bytes()[:2] == b"\xff\xd8"
 
 
 def test_failed_run_leaves_no_output(model, monkeypatch, tmp_path, capsys):
@@ -194,7 +194,7 @@ def test_img2img_and_mask_flags_reach_the_pipeline(model, stub_load, tmp_path, c
                      "-o", str(tmp_path / "o.png")]) == 0
     p = stub_load[-1]
     assert len(p.unet.calls) == 3                                           # t_enc = 2: 3 sigmas steps
-    assert "Size: 128x64," in read_png_text(open(tmp_path / "o.png", "rb").read())["parameters"]
+    assert "Size: 128x64," in read_png_text(Path(tmp_path / "o.png").read_bytes())["parameters"]
     capsys.readouterr()
     rc, err = _err(capsys, ["-m", model, "-i", init, "--mask", small, "-o", str(tmp_path / "o2.png")])
     assert rc == 2 and "--mask: the mask is 32x32, the init image 128x64" in err

@@ -3,6 +3,7 @@ schedule and noise, inpaint concat and masking, seeds per batch image, RNG order
 tiling, TAE, SD2 prediction probe, errors. The models themselves are tested in their own files;
 the full-size end-to-end comparison with sd-cli is bench/e2e_vs_sdcli.py."""
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,8 +38,8 @@ class StubUNet:
         self.calls = []
 
     def __call__(self, x, t, context, y=None, c_concat=None):
-        self.calls.append(dict(N=x.shape[0], x=x.copy(), t=np.array(t), ctx=context.copy(),
-                               y=None if y is None else y.copy(), cc=None if c_concat is None else c_concat.copy()))
+        self.calls.append({"N": x.shape[0], "x": x.copy(), "t": np.array(t), "ctx": context.copy(),
+                               "y": None if y is None else y.copy(), "cc": None if c_concat is None else c_concat.copy()})
         out = F32(0.3) * x + (t[:, None, None, None] / F32(1000)) * F32(0.05)
         out = out + context.mean(axis=(1, 2))[:, None, None, None] * F32(0.2)
         if c_concat is not None:
@@ -374,11 +375,11 @@ def test_mask_errors(tmp_path):
 
 
 @pytest.mark.parametrize("kw, msg", [
-    (dict(width=0), "-W/--width"), (dict(height=-5), "-H/--height"), (dict(strength=1.5), "--strength"),
-    (dict(batch_count=0), "-b/--batch-count"), (dict(steps=0), "--steps"), (dict(cfg_scale=-1), "--cfg-scale"),
-    (dict(sampling_method="nope"), "--sampling-method: invalid sampling method 'nope'; valid: euler, euler_a"),
-    (dict(scheduler="nope"), "--scheduler: invalid scheduler 'nope'; valid: discrete"),
-    (dict(sigmas=[1.0]), "--sigmas"), (dict(vae_tile_overlap=1.5), "--vae-tile-overlap"),
+    ({"width": 0}, "-W/--width"), ({"height": -5}, "-H/--height"), ({"strength": 1.5}, "--strength"),
+    ({"batch_count": 0}, "-b/--batch-count"), ({"steps": 0}, "--steps"), ({"cfg_scale": -1}, "--cfg-scale"),
+    ({"sampling_method": "nope"}, "--sampling-method: invalid sampling method 'nope'; valid: euler, euler_a"),
+    ({"scheduler": "nope"}, "--scheduler: invalid scheduler 'nope'; valid: discrete"),
+    ({"sigmas": [1.0]}, "--sigmas"), ({"vae_tile_overlap": 1.5}, "--vae-tile-overlap"),
 ])
 def test_bad_generation_params(kw, msg):
     with pytest.raises(UsageError, match=msg.replace("+", r"\+")):
@@ -437,7 +438,7 @@ def test_generate_api_with_pipeline(tmp_path):
                          save=str(tmp_path / "o_%02d.png"), batch_count=2)
     assert len(arrs) == 2 and arrs[0].shape == (64, 64, 3)
     from sdrt.io.png import read_png_text
-    t = read_png_text(open(tmp_path / "o_01.png", "rb").read())["parameters"]
+    t = read_png_text(Path(tmp_path / "o_01.png").read_bytes())["parameters"]
     assert t.startswith("a cat\nSteps: 1,") and "Seed: 43," in t
     lat = sdrt.generate("a cat", pipeline=pipe, width=64, height=64, steps=1, output="latent")
     assert lat[0].shape == (1, 4, 8, 8)
@@ -459,7 +460,7 @@ def _st(path, tensors):
 
 
 def _ckpt(tmp_path, in_ch=4):
-    z = lambda *s: np.zeros(s, np.float16)  # noqa: E731
+    z = lambda *s: np.zeros(s, np.float16)
     return _st(tmp_path / "ckpt.safetensors", {
         "model.diffusion_model.input_blocks.0.0.weight": z(8, in_ch, 3, 3),
         "model.diffusion_model.middle_block.1.proj_in.weight": z(2, 2),
@@ -500,7 +501,7 @@ def test_model_manager_type_override(tmp_path):
     assert q.dtype.name == "Q8_0"
     try:
         data = q.numpy()
-    except Exception as e:  # the Cython quant module may not be built in this checkout
+    except Exception as e:  # noqa: BLE001 - the Cython quant module may not be built in this checkout
         pytest.skip(f"quant module unavailable: {e}")
     assert data.nbytes == 2 * 2 * 34
     m = load_models(ModelParams(model=ck, tensor_type_rules="^lin\\.=f16"))

@@ -3,6 +3,7 @@ import json
 import os
 import struct
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,9 +27,9 @@ SDCLI_TEXT = (
 
 
 def _sd15_text(**kw):
-    args = dict(prompt="a lovely cat", steps=4, cfg_scale=7.0, seed=42, width=256, height=256,
-                model="/work/e2e/sd15_rand_f16.safetensors", method="euler_a", scheduler="discrete",
-                generator=("stable-diffusion.cpp", "unknown", "unknown"))
+    args = {'prompt': "a lovely cat", 'steps': 4, 'cfg_scale': 7.0, 'seed': 42, 'width': 256, 'height': 256,
+                'model': "/work/e2e/sd15_rand_f16.safetensors", 'method': "euler_a", 'scheduler': "discrete",
+                'generator': ("stable-diffusion.cpp", "unknown", "unknown")}
     args.update(kw)
     return P.parameters_text(**args)
 
@@ -64,8 +65,8 @@ def test_parameters_text_optional_parts():
 
 def test_parameters_text_custom_sigmas_and_tiling():
     s = _sd15_text(sigmas=[14.61, 7.8, 3.5, 0.0],
-                   vae_tiling=dict(enabled=True, tile_size_x=32, tile_size_y=32, target_overlap=0.5,
-                                   rel_size_x=0.0, rel_size_y=0.0))
+                   vae_tiling={'enabled': True, 'tile_size_x': 32, 'tile_size_y': 32, 'target_overlap': 0.5,
+                                   'rel_size_x': 0.0, 'rel_size_y': 0.0})
     assert "Sampler: euler_a, Custom Sigmas: [14.6100, 7.8000, 3.5000, 0.0000], Version" in s
     js = json.loads(s.split("SDCPP: ", 1)[1])
     assert js["sampling"]["custom_sigmas"][0] == float(np.float32(14.61))
@@ -98,7 +99,7 @@ def _decode_png(data):
         assert crc == zlib.crc32(tag + body) & 0xFFFFFFFF
         chunks.append((tag, body))
         pos += 12 + n
-    w, h, depth, ctype = struct.unpack(">IIBB", chunks[0][1][:10])
+    w, h, _depth, ctype = struct.unpack(">IIBB", chunks[0][1][:10])
     c = {0: 1, 2: 3, 6: 4}[ctype]
     raw = np.frombuffer(zlib.decompress(b"".join(b for t, b in chunks if t == b"IDAT")), np.uint8).reshape(h, w * c + 1)
     rows = np.zeros((h, w * c), np.uint8)
@@ -139,13 +140,13 @@ def test_jpeg_comment_and_webp_xmp(tmp_path):
     Image = pytest.importorskip("PIL.Image")
     img = np.full((16, 16, 3), 128, np.uint8)
     j = P.write_image(tmp_path / "a.jpg", img, "p <x> & 'y'", quality=80)
-    data = open(j, "rb").read()
+    data = Path(j).read_bytes()
     assert data[:2] == b"\xff\xd8" and b"\xff\xfe" in data
     assert b"parameters\x00p <x> & 'y'\x00" in data             # stb's COM segment layout
     with Image.open(j) as im:
         assert im.format == "JPEG"
     w = P.write_image(tmp_path / "a.webp", img, "p <x> & 'y'", quality=50)
-    data = open(w, "rb").read()
+    data = Path(w).read_bytes()
     assert data[:4] == b"RIFF" and data[8:12] == b"WEBP"
     assert b"<sdcpp:parameters>p &lt;x&gt; &amp; &apos;y&apos;</sdcpp:parameters>" in data
     with pytest.raises(UsageError):
@@ -154,7 +155,7 @@ def test_jpeg_comment_and_webp_xmp(tmp_path):
 
 def test_unknown_extension_is_png_bytes(tmp_path):
     p = P.write_image(tmp_path / "out.bin", np.zeros((2, 2, 3), np.uint8))
-    assert open(p, "rb").read()[:4] == b"\x89PNG"
+    assert Path(p).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_output_paths():

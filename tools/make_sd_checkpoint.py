@@ -44,8 +44,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sdrt.io.writer import TensorPlan, write_safetensors  # noqa: E402
-from sdrt.ops import dtypes  # noqa: E402
+from sdrt.io.writer import TensorPlan, write_safetensors
+from sdrt.ops import dtypes
 
 NAMES = os.path.join(ROOT, "tests", "fixtures", "ckpt_names_diffusers_ldm.json.gz")
 CLIP_VOCAB, CLIP_CTX = 49408, 77
@@ -167,7 +167,7 @@ def plans(table: dict, dtype: str, seed: int):
             continue
         ne = tuple(reversed(shape)) if shape else (1,)
         np_dt = np.float16 if dt.name == "F16" else np.float32
-        out.append(TensorPlan(name, dt, ne, lambda n=name, s=shape: values(n, s, seed).astype(np_dt).reshape(-1)))
+        out.append(TensorPlan(name, dt, ne, lambda n=name, s=shape, d=np_dt: values(n, s, seed).astype(d).reshape(-1)))
     return out
 
 

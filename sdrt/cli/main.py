@@ -13,6 +13,8 @@ import sys
 from .. import __version__
 from ..errors import SdrtError, UsageError
 
+log = logging.getLogger("sdrt")
+
 MODES = ("img_gen", "vid_gen", "upscale", "convert", "metadata")
 IMPLEMENTED_MODES = ("img_gen", "convert")
 LOG_LEVELS = {"debug": logging.DEBUG, "verbose": 15, "info": logging.INFO, "warn": logging.WARNING,
@@ -196,13 +198,18 @@ def _convert(args) -> int:
     from ..io.writer import convert
     out = args.output or "output.gguf"
     summary = convert(args.model, out, args.type, tensor_type_rules=args.tensor_type_rules or None)
-    logging.info("converted %s -> %s: %s", args.model, out, summary)
+    log.info("converted %s -> %s: %s", args.model, out, summary)
     return 0
 
 
 def params_from_args(args):
     """(ModelParams, GenParams) from parsed img_gen arguments (validated)."""
-    from ..engine.params import GenParams, ModelParams, parse_rel_tile_size, parse_tile_size
+    from ..engine.params import (
+        GenParams,
+        ModelParams,
+        parse_rel_tile_size,
+        parse_tile_size,
+    )
     from ..engine.schedulers import parse_sigmas
     mp = ModelParams(model=args.model, diffusion_model=args.diffusion_model, vae=args.vae, taesd=args.taesd,
                      clip_l=args.clip_l, clip_g=args.clip_g, embd_dir=args.embd_dir, type=args.type,
@@ -231,6 +238,7 @@ def params_from_args(args):
 
 def _img_gen(args) -> int:
     import os
+
     from ..io.png import output_paths, write_image
     mp, gp = params_from_args(args)
     for flag, path in (("-i/--init-img", gp.init_image), ("--mask", gp.mask_image)):
@@ -245,10 +253,10 @@ def _img_gen(args) -> int:
         try:
             write_image(path, r.image, r.parameters if gp.embed_metadata else None, args.compression_quality)
             ok += 1
-            logging.info("save result image %d to '%s' (success)", i, path)
+            log.info("save result image %d to '%s' (success)", i, path)
         except SdrtError as e:
-            logging.error("save result image %d to '%s' (failure): %s", i, path, e)
-    logging.info("%d/%d images saved", ok, len(results))
+            log.error("save result image %d to '%s' (failure): %s", i, path, e)
+    log.info("%d/%d images saved", ok, len(results))
     return 0 if ok == len(results) else 1
 
 

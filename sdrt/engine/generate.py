@@ -30,7 +30,7 @@ from dataclasses import fields
 from ..errors import UsageError
 from .params import GenParams, ModelParams
 
-__all__ = ["generate", "load_pipeline", "clear_cache"]
+__all__ = ["clear_cache", "generate", "load_pipeline"]
 
 _MODEL_KEYS = {f.name for f in fields(ModelParams)}
 _GEN_KEYS = {f.name for f in fields(GenParams)}

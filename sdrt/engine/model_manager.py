@@ -25,11 +25,18 @@ from dataclasses import dataclass, field
 from ..errors import ModelFileError, UsageError
 from ..io import open_model
 from ..io.base import ConvertedTensor, ModelFile
-from ..io.detect import UNKNOWN, detect_version, dtype_stats, family, is_unet, prediction_type
+from ..io.detect import (
+    UNKNOWN,
+    detect_version,
+    dtype_stats,
+    family,
+    is_unet,
+    prediction_type,
+)
 from ..io.names import convert_names
 from .params import ModelParams
 
-__all__ = ["LoadedModels", "load_models", "DM", "VAE", "TAE", "TE_L", "TE_G"]
+__all__ = ["DM", "TAE", "TE_G", "TE_L", "VAE", "LoadedModels", "load_models"]
 
 log = logging.getLogger("sdrt")
 
@@ -129,7 +136,12 @@ def _apply_wtype(tensors: dict, wtype: str | None, rules: str | None) -> dict:
     """Wrap the tensors `--type` / `--tensor-type-rules` change in lazily converted leaves."""
     if not wtype and not rules:
         return tensors
-    from ..io.writer import convert_raw, export_type, parse_tensor_type_rules, parse_type
+    from ..io.writer import (
+        convert_raw,
+        export_type,
+        parse_tensor_type_rules,
+        parse_type,
+    )
     dst = parse_type(wtype) if wtype else None
     compiled = parse_tensor_type_rules(rules) if rules else []
     out = {}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from ..errors import UsageError
 
-__all__ = ["ModelParams", "GenParams", "DEFAULT_SIZE", "parse_tile_size", "parse_rel_tile_size"]
+__all__ = ["DEFAULT_SIZE", "GenParams", "ModelParams", "parse_rel_tile_size", "parse_tile_size"]
 
 DEFAULT_SIZE = 512
 
@@ -43,7 +43,7 @@ class ModelParams:
     prediction: str | None = None        # --prediction (None: from the weights)
     threads: int = -1                    # -t/--threads
 
-    def validate(self) -> "ModelParams":
+    def validate(self) -> ModelParams:
         if not (self.model or self.diffusion_model):
             raise UsageError("the following arguments are required: -m/--model or --diffusion-model")
         for flag, path in (("-m/--model", self.model), ("--diffusion-model", self.diffusion_model),
@@ -111,7 +111,7 @@ class GenParams:
             return int(self.seed)
         return random.Random(time.time_ns()).randrange(0, 2**31 - 1)
 
-    def validate(self) -> "GenParams":
+    def validate(self) -> GenParams:
         """sd-cli's SDGenerationParams::validate plus the checks sd-cli leaves to a crash."""
         from .samplers import SAMPLERS
         from .schedulers import SCHEDULER_ALIASES, SCHEDULERS
@@ -132,9 +132,8 @@ class GenParams:
         if self.scheduler is not None and self.scheduler not in SCHEDULERS and self.scheduler not in SCHEDULER_ALIASES:
             raise UsageError(f"--scheduler: invalid scheduler '{self.scheduler}'; "
                              f"valid: {', '.join(list(SCHEDULERS) + list(SCHEDULER_ALIASES))}")
-        if self.sigmas is not None:
-            if len(self.sigmas) < 2 or not all(math.isfinite(s) for s in self.sigmas):
-                raise UsageError("--sigmas: need at least two finite values (e.g. \"14.61,7.8,3.5,0.0\")")
+        if self.sigmas is not None and (len(self.sigmas) < 2 or not all(math.isfinite(s) for s in self.sigmas)):
+            raise UsageError("--sigmas: need at least two finite values (e.g. \"14.61,7.8,3.5,0.0\")")
         tx, ty = self.vae_tile_size
         if tx < 0 or ty < 0:
             raise UsageError(f"--vae-tile-size: must be non-negative, got {tx}x{ty}")
@@ -147,7 +146,7 @@ class GenParams:
             raise UsageError("--mask: needs an init image (-i/--init-img) to repaint")
         return self
 
-    def replace(self, **kw) -> "GenParams":
+    def replace(self, **kw) -> GenParams:
         return replace(self, **kw)
 
     @classmethod

@@ -34,8 +34,20 @@ import numpy as np
 from ..errors import SdrtError, UnsupportedError, UsageError
 from .params import GenParams, ModelParams
 
-__all__ = ["Pipeline", "GeneratedImage", "Cond", "ProgressBar", "align_size", "image_to_tensor",
-           "latent_mask_from", "cfg_combine", "img2img_sigmas", "decode_to_uint8", "load_image", "fit_image"]
+__all__ = [
+    "Cond",
+    "GeneratedImage",
+    "Pipeline",
+    "ProgressBar",
+    "align_size",
+    "cfg_combine",
+    "decode_to_uint8",
+    "fit_image",
+    "image_to_tensor",
+    "img2img_sigmas",
+    "latent_mask_from",
+    "load_image",
+]
 
 log = logging.getLogger("sdrt")
 F32 = np.float32
@@ -142,7 +154,7 @@ def load_image(src, flag: str, channels: int) -> np.ndarray:
         try:
             im = Image.open(path)
             im.load()
-        except Exception as e:  # any decoder error is the file's fault
+        except Exception as e:  # noqa: BLE001 - any decoder error is the file's fault
             raise UsageError(f"{flag}: cannot read image '{path}': {e}") from None
     a = np.asarray(im.convert("RGB" if channels == 3 else "L"), np.uint8)
     return np.ascontiguousarray(a if a.ndim == 3 else a[:, :, None])
@@ -230,6 +242,10 @@ class ProgressBar:
         stream.flush()
 
 
+def _tile_bar(bar, t0):
+    return lambda k, n: bar(k, n, (time.time() - t0) / max(k, 1))
+
+
 def _kwargs_of(fn) -> set:
     try:
         return set(inspect.signature(fn).parameters)
@@ -266,7 +282,7 @@ class Pipeline:
 
     # ---- construction from files ----------------------------------------------------------------
     @classmethod
-    def load(cls, params: ModelParams) -> "Pipeline":
+    def load(cls, params: ModelParams) -> Pipeline:
         from .model_manager import load_models
         params.validate()
         t0 = time.time()
@@ -349,7 +365,13 @@ class Pipeline:
         `decode_progress(tile, tiles)` reports a tiled VAE decode (default: a bar like sampling's).
         `rng` / `sampler_rng` override the context's --rng / --sampler-rng for this request."""
         from .rng import make_rng
-        from .samplers import SAMPLERS, default_sample_method, default_scheduler, resolve_eta, sample
+        from .samplers import (
+            SAMPLERS,
+            default_sample_method,
+            default_scheduler,
+            resolve_eta,
+            sample,
+        )
         from .schedulers import SCHEDULER_ALIASES, get_sigmas
         gp.validate()
         t_start = time.time()
@@ -486,11 +508,10 @@ class Pipeline:
             t_i = time.time()
             dec_progress = decode_progress
             if dec_progress is None and gp.vae_tiling and bar.enabled:
-                t_tiles = time.time()
-                dec_progress = lambda k, n: bar(k, n, (time.time() - t_tiles) / max(k, 1))  # noqa: E731
+                dec_progress = _tile_bar(bar, time.time())
             img = self.decode_first_stage(lat, gp, dec_progress)
             log.info("latent %d decoded, taking %.2fs", i + 1, time.time() - t_i)
-            info = dict(width=meta_w, height=meta_h, method=method, scheduler=scheduler, seed=cur, eta=eta)
+            info = {"width": meta_w, "height": meta_h, "method": method, "scheduler": scheduler, "seed": cur, "eta": eta}
             out.append(GeneratedImage(img, cur, self.parameters_text(gp, cur, meta_w, meta_h, method, scheduler),
                                       lat, info))
         log.info("decode_first_stage completed, taking %.2fs", time.time() - t_dec)
@@ -630,6 +651,6 @@ class Pipeline:
             clip_l=mp.clip_l or "", clip_g=mp.clip_g or "", diffusion_model=mp.diffusion_model or "",
             vae=mp.vae or "", taesd=mp.taesd or "", clip_skip=gp.clip_skip, img_cfg_scale=gp.img_cfg_scale,
             strength=gp.strength,
-            vae_tiling=dict(enabled=True, tile_size_x=int(gp.vae_tile_size[0]), tile_size_y=int(gp.vae_tile_size[1]),
-                            target_overlap=float(gp.vae_tile_overlap), rel_size_x=float(gp.vae_relative_tile_size[0]),
-                            rel_size_y=float(gp.vae_relative_tile_size[1])) if gp.vae_tiling else None)
+            vae_tiling={"enabled": True, "tile_size_x": int(gp.vae_tile_size[0]), "tile_size_y": int(gp.vae_tile_size[1]),
+                            "target_overlap": float(gp.vae_tile_overlap), "rel_size_x": float(gp.vae_relative_tile_size[0]),
+                            "rel_size_y": float(gp.vae_relative_tile_size[1])} if gp.vae_tiling else None)

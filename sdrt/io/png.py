@@ -32,8 +32,17 @@ import numpy as np
 
 from ..errors import SdrtError, UnsupportedError, UsageError
 
-__all__ = ["parameters_text", "metadata_json", "encode_png", "encode_image", "write_image", "output_paths",
-           "image_format", "read_png_text", "c_float"]
+__all__ = [
+    "c_float",
+    "encode_image",
+    "encode_png",
+    "image_format",
+    "metadata_json",
+    "output_paths",
+    "parameters_text",
+    "read_png_text",
+    "write_image",
+]
 
 _FMT_SPEC = re.compile(r"(?:[^%]|^)(?:%%)*(%\d{0,3}d)")
 

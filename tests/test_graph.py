@@ -64,8 +64,11 @@ def test_cut_points_split_segments(rng):
         ref = ref * 0.9
         ref = ref / (1 + np.exp(-ref))
     np.testing.assert_allclose(out, ref + x.numpy(), rtol=1e-5, atol=1e-6)
-    # the cut-crossing tensors live outside the arenas; every arena is small
+    # every segment arena is small, and a cut output is freed once the next segment used it:
+    # x and at most two block outputs are alive across segments at any time
     assert plan.arena_bytes <= 2 * 64 * 64 * 4 + 256
+    assert plan.cross_bytes <= 2 * 64 * 64 * 4 + 256
+    assert plan.peak_bytes < plan.naive_bytes / 4
 
 
 def test_input_without_data_is_an_error():

@@ -7,12 +7,13 @@ reused once its last consumer — or the last consumer of any view of it — has
 
 Named cut points (`mark_cut(t, "model.blocks.3")`) split the graph into segments, in the order
 the cut nodes are reached: segment k holds what cut k needs that earlier segments did not
-compute. Each segment is planned on its own; tensors crossing a boundary live outside the
-arenas. A runner can bring weights in segment by segment (see `on_segment`).
+compute. Each segment is planned on its own; tensors crossing a boundary live in a second
+arena planned by liveness over the whole run (freed after their last consumer). A runner can bring weights in segment by segment (see `on_segment`).
 """
 from __future__ import annotations
 
 import bisect
+import heapq
 import logging
 import os
 import time
@@ -87,15 +88,17 @@ class Segment:
 @dataclass
 class Plan:
     segments: list[Segment]
-    pinned: list[Tensor]        # outputs and cut-crossing tensors: own buffers
+    outputs: list[Tensor]       # computed outputs: own buffers, handed to the caller
     arena_bytes: int            # the largest segment arena (one buffer is reused)
-    pinned_bytes: int
+    cross_offsets: dict[int, int]  # id(node) -> offset in the cross-segment arena
+    cross_bytes: int
+    output_bytes: int
     naive_bytes: int            # every computed node in its own buffer
 
     @property
     def peak_bytes(self) -> int:
         """Planned peak of intermediate + output memory (weights and inputs not counted)."""
-        return self.arena_bytes + self.pinned_bytes
+        return self.arena_bytes + self.cross_bytes + self.output_bytes
 
 
 class Graph:
@@ -161,30 +164,36 @@ class Graph:
                     last_use[id(o)] = max(last_use[id(o)], i)
                     if self.segment_index[id(o)] != self.segment_index[id(n)]:
                         crossing.add(id(o))
-        pinned_ids = {id(t.owner) for t in self.outputs.values() if t.owner.op is not None} | crossing
-        pinned = [n for n in nodes if id(n) in pinned_ids]
+        output_ids = {id(t.owner) for t in self.outputs.values() if t.owner.op is not None}
+        outputs = [n for n in nodes if id(n) in output_ids]
+        crossing -= output_ids
+        own_arena = output_ids | crossing
+
+        def plan_arena(members, offsets) -> int:
+            """Offsets for `members` (in run order) in one arena; each is freed once the run
+            has passed its last consumer (which may be a node outside `members`)."""
+            arena, live = _Arena(), []  # heap of (last use, seq, node)
+            for k, n in enumerate(members):
+                while live and live[0][0] < pos[id(n)]:
+                    dead = heapq.heappop(live)[2]
+                    arena.release(offsets[id(dead)], _align(dead.nbytes))
+                offsets[id(n)] = arena.alloc(_align(n.nbytes))
+                heapq.heappush(live, (last_use[id(n)], k, n))
+            return arena.top
 
         names = [c.cut for c in self.cut_nodes] + [None]
         segments = [Segment(nm, []) for nm in names]
         for n in nodes:
             segments[self.segment_index[id(n)]].nodes.append(n)
         for seg in segments:
-            arena = _Arena()
-            frees: dict[int, list[Tensor]] = {}
-            for n in seg.nodes:
-                if id(n) in pinned_ids:
-                    continue
-                frees.setdefault(last_use[id(n)], []).append(n)
-            for n in seg.nodes:
-                if id(n) not in pinned_ids:
-                    seg.offsets[id(n)] = arena.alloc(_align(n.nbytes))
-                for dead in frees.get(pos[id(n)], ()):
-                    arena.release(seg.offsets[id(dead)], _align(dead.nbytes))
-            seg.arena_bytes = arena.top
+            seg.arena_bytes = plan_arena([n for n in seg.nodes if id(n) not in own_arena], seg.offsets)
+        cross_offsets: dict[int, int] = {}
+        cross_bytes = plan_arena([n for n in nodes if id(n) in crossing], cross_offsets)
         segments = [s for s in segments if s.nodes or s.name is None]
-        return Plan(segments, pinned,
+        return Plan(segments, outputs,
                     arena_bytes=max((s.arena_bytes for s in segments), default=0),
-                    pinned_bytes=sum(_align(n.nbytes) for n in pinned),
+                    cross_offsets=cross_offsets, cross_bytes=cross_bytes,
+                    output_bytes=sum(_align(n.nbytes) for n in outputs),
                     naive_bytes=sum(_align(n.nbytes) for n in nodes))
 
     # ---- running ------------------------------------------------------------------------
@@ -195,14 +204,15 @@ class Graph:
         be = get_backend(backend)
         plan = self.plan()
         debug = int(os.environ.get("SDRT_DEBUG", "0") or 0)
-        arena = np.empty(plan.arena_bytes, np.uint8) if plan.arena_bytes else np.empty(0, np.uint8)
+        arena = np.empty(plan.arena_bytes, np.uint8)
+        cross = np.empty(plan.cross_bytes, np.uint8)
         storage: dict[int, np.ndarray] = {}
-        for n in plan.pinned:
+        for n in plan.outputs:
             storage[id(n)] = np.empty(_align(n.nbytes), np.uint8)
         if debug:
-            log.info("plan: %d nodes, %d segments, arena %.1f MB, pinned %.1f MB (naive %.1f MB)",
-                     len(self.nodes), len(plan.segments), plan.arena_bytes / 2**20,
-                     plan.pinned_bytes / 2**20, plan.naive_bytes / 2**20)
+            log.info("plan: %d nodes, %d segments, arena %.1f MB, cross-segment %.1f MB, outputs %.1f MB "
+                     "(naive %.1f MB)", len(self.nodes), len(plan.segments), plan.arena_bytes / 2**20,
+                     plan.cross_bytes / 2**20, plan.output_bytes / 2**20, plan.naive_bytes / 2**20)
 
         def np_view(t: Tensor) -> np.ndarray:
             o = t.owner
@@ -216,6 +226,9 @@ class Graph:
                 if id(n) in seg.offsets:
                     off = seg.offsets[id(n)]
                     storage[id(n)] = arena[off:off + _align(n.nbytes)]
+                elif id(n) in plan.cross_offsets:
+                    off = plan.cross_offsets[id(n)]
+                    storage[id(n)] = cross[off:off + _align(n.nbytes)]
                 kern = be.find(n)
                 if kern is None:
                     srcs = ", ".join(s.dtype.name for s in n.src)

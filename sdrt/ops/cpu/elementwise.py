@@ -119,6 +119,38 @@ def _gelu_tanh4(x, out):
             ro[i] = g if v != -np.inf else np.float32(np.nan)
 
 
+@njit(parallel=True, fastmath=FM, cache=True)
+def _gelu_tanh_rows(x, s3, s2, s1, out, n3, n2, n1, n0):
+    """_gelu_tanh4 on flat buffers: row (i3, i2, i1) of x starts at i3*s3 + i2*s2 + i1*s1, out
+    is C-contiguous. Numba types a strided 4-D view (GEGLU's gate half) as layout 'A', whose
+    unknown inner stride stops LLVM vectorizing (10x slower measured); flat 1-D 'C' arrays
+    with unit-stride rows vectorize. uint64 indices: no negative-index wraparound branch."""
+    for r in prange(n3 * n2 * n1):
+        i3 = r // (n2 * n1)
+        i2 = (r // n1) % n2
+        i1 = r % n1
+        src = np.uint64(i3 * s3 + i2 * s2 + i1 * s1)
+        dst = np.uint64(r * n0)
+        for i in range(n0):
+            v = x[src + np.uint64(i)]
+            z = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
+            g = v / (np.float32(1.0) + fexp(z))
+            out[dst + np.uint64(i)] = g if v != -np.inf else np.float32(np.nan)
+
+
+def _gelu_tanh(x4, o4):
+    st = x4.strides
+    if (x4.dtype == np.float32 and st[3] == 4 and min(st) >= 0 and all(v % 4 == 0 for v in st)
+            and o4.flags.c_contiguous and x4.size):
+        n3, n2, n1, n0 = x4.shape
+        s3, s2, s1 = st[0] // 4, st[1] // 4, st[2] // 4
+        span = (n3 - 1) * s3 + (n2 - 1) * s2 + (n1 - 1) * s1 + n0
+        flat = np.lib.stride_tricks.as_strided(x4, shape=(span,), strides=(4,))
+        _gelu_tanh_rows(flat, s3, s2, s1, o4.reshape(-1), n3, n2, n1, n0)
+    else:
+        _gelu_tanh4(x4, o4)
+
+
 @njit(parallel=True, cache=True)
 def _copy4(x, out):
     n3, n2, n1, n0 = out.shape
@@ -155,7 +187,7 @@ def _unary(node, xs, out):
     else:
         p0, p1 = p.get("slope", 0.0), 0.0
     if node.op == "gelu_tanh":
-        _gelu_tanh4(x, as4d(o))
+        _gelu_tanh(x, as4d(o))
     else:
         _unary4(x, as4d(o), UNARY_CODES[node.op], p0, p1)
     store(node, out, o)

@@ -44,6 +44,71 @@ def _binary4(a, b, out, op):
                 ro[i] = ra[i] / rb[i]
 
 
+@njit(parallel=True, cache=True)  # no fastmath: it turns / into an approximate reciprocal
+def _binary_rows(a, sa3, sa2, sa1, sa0, b, sb3, sb2, sb1, sb0, out, n3, n2, n1, n0, op):
+    """_binary4 on flat buffers (see _gelu_tanh_rows): row (i3, i2, i1) of a starts at
+    i3*sa3 + i2*sa2 + i1*sa1, its elements sa0 apart (1, or 0 for a broadcast scalar per row);
+    same for b; out C-contiguous. Broadcast operands (a bias row, a per-channel embedding) have
+    zero strides, which made the 4-D kernel's views layout 'A' and its loops scalar."""
+    for r in prange(n3 * n2 * n1):
+        i3 = r // (n2 * n1)
+        i2 = (r // n1) % n2
+        i1 = r % n1
+        pa = np.uint64(i3 * sa3 + i2 * sa2 + i1 * sa1)
+        pb = np.uint64(i3 * sb3 + i2 * sb2 + i1 * sb1)
+        po = np.uint64(r * n0)
+        if sa0 == 1 and sb0 == 1:
+            if op == 0:
+                for i in range(n0):
+                    out[po + np.uint64(i)] = a[pa + np.uint64(i)] + b[pb + np.uint64(i)]
+            elif op == 1:
+                for i in range(n0):
+                    out[po + np.uint64(i)] = a[pa + np.uint64(i)] - b[pb + np.uint64(i)]
+            elif op == 2:
+                for i in range(n0):
+                    out[po + np.uint64(i)] = a[pa + np.uint64(i)] * b[pb + np.uint64(i)]
+            else:
+                for i in range(n0):
+                    out[po + np.uint64(i)] = a[pa + np.uint64(i)] / b[pb + np.uint64(i)]
+        elif sa0 == 1:  # b one value per row
+            bv = b[pb]
+            if op == 0:
+                for i in range(n0):
+                    out[po + np.uint64(i)] = a[pa + np.uint64(i)] + bv
+            elif op == 1:
+                for i in range(n0):
+                    out[po + np.uint64(i)] = a[pa + np.uint64(i)] - bv
+            elif op == 2:
+                for i in range(n0):
+                    out[po + np.uint64(i)] = a[pa + np.uint64(i)] * bv
+            else:
+                for i in range(n0):
+                    out[po + np.uint64(i)] = a[pa + np.uint64(i)] / bv
+        else:
+            for i in range(n0):
+                av = a[pa + np.uint64(i * sa0)]
+                bv = b[pb + np.uint64(i * sb0)]
+                if op == 0:
+                    out[po + np.uint64(i)] = av + bv
+                elif op == 1:
+                    out[po + np.uint64(i)] = av - bv
+                elif op == 2:
+                    out[po + np.uint64(i)] = av * bv
+                else:
+                    out[po + np.uint64(i)] = av / bv
+
+
+def _flat(x4):
+    """(flat 1-D view from x4's first element, element strides) or None when strides are
+    negative or not whole elements."""
+    st = x4.strides
+    if x4.dtype != np.float32 or min(st) < 0 or any(v % 4 for v in st):
+        return None
+    e = [v // 4 for v in st]
+    span = sum((n - 1) * v for n, v in zip(x4.shape, e)) + 1
+    return np.lib.stride_tricks.as_strided(x4, shape=(span,), strides=(4,)), e
+
+
 @njit(fastmath=True, inline="always")
 def _apply(v, op, p0, p1):
     if op == 0:
@@ -172,7 +237,18 @@ def _binary(node, xs, out):
     a, b = (as4d(f32_input(s, x)) for s, x in zip(node.src, xs))
     o = f32_output(node, out)
     o4 = as4d(o)
-    _binary4(np.broadcast_to(a, o4.shape), np.broadcast_to(b, o4.shape), o4, BINARY_CODES[node.op])
+    ab, bb = np.broadcast_to(a, o4.shape), np.broadcast_to(b, o4.shape)
+    fa, fb = _flat(ab), _flat(bb)
+    if (fa is not None and fb is not None and o4.flags.c_contiguous and o4.size
+            and not (ab.flags.c_contiguous and bb.flags.c_contiguous)  # those vectorize already
+            and fa[1][3] in (0, 1) and fb[1][3] in (0, 1)):
+        (xa, ea), (xb, eb) = fa, fb
+        if ea[3] == 0 and eb[3] == 1 and node.op in ("add", "mul"):  # commutative: keep a the row
+            (xa, ea), (xb, eb) = (xb, eb), (xa, ea)
+        _binary_rows(xa, ea[0], ea[1], ea[2], ea[3], xb, eb[0], eb[1], eb[2], eb[3], o4.reshape(-1),
+                     *o4.shape, BINARY_CODES[node.op])
+    else:
+        _binary4(ab, bb, o4, BINARY_CODES[node.op])
     store(node, out, o)
 
 

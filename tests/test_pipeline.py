@@ -570,3 +570,14 @@ def test_real_unet_and_conditioner_through_the_pipeline():
     assert np.all(np.isfinite(a.latent)) and a.latent.std() > 0
     # N=2 batch == two N=1 calls, up to float32 summation order in the GEMMs
     assert np.abs(a.latent - b.latent).max() <= 2e-5 * np.abs(a.latent).max()
+
+
+def test_model_manager_bare_unet_with_clip_l(tmp_path):
+    """sdrt tells a bare UNet is a UNet before any text encoder is loaded (sd-cli fails here)."""
+    from sdrt.engine.model_manager import load_models
+    dm = _st(tmp_path / "unet.safetensors", {"input_blocks.0.0.weight": np.ones((8, 4, 3, 3), np.float32),
+                                             "middle_block.1.proj_in.weight": np.ones((2, 2), np.float32)})
+    clip = _st(tmp_path / "clip.safetensors", {"text_model.embeddings.token_embedding.weight": np.ones((1, 768), np.float32)})
+    m = load_models(ModelParams(diffusion_model=dm, clip_l=clip))
+    assert m.version == "sd1"
+    assert "cond_stage_model.transformer.text_model.embeddings.token_embedding.weight" in m.tensors

@@ -20,7 +20,8 @@ Names and shapes:
   resblocks with fused in_proj, text_projection, logit_scale).
 * `--component` writes one part as a standalone file, named as such files are distributed:
   unet (bare LDM UNet names, for --diffusion-model), vae (encoder./decoder.), clip_l (HF
-  text_model.*), clip_g (HF CLIPTextModelWithProjection names, for --clip_g).
+  text_model.*), clip_g (HF CLIPTextModelWithProjection names, for --clip_g). unet, vae and
+  clip_l hold the same values as the full checkpoint of the same --arch/--seed/--inpaint.
 
 Values (deterministic: each tensor from numpy PCG64 seeded with (seed, crc32(name))): weights of
 rank >= 2 are N(0, 1/fan_in) (variance-preserving, so activations stay O(1) through every block and
@@ -157,17 +158,24 @@ def values(name: str, shape: tuple, seed: int) -> np.ndarray:
     return g.standard_normal(shape, np.float32) * np.float32(1.0 / math.sqrt(fan_in))
 
 
-def plans(table: dict, dtype: str, seed: int):
+# a standalone component takes the values its tensors have in the full checkpoint (same seed),
+# so `--diffusion-model unet --vae vae --clip_l clip` equals `-m full` (clip_g: own values)
+_FULL_PREFIX = {"unet": "model.diffusion_model.", "vae": "first_stage_model.",
+                "clip_l": {"sd15": "cond_stage_model.transformer.", "sdxl": "conditioner.embedders.0.transformer."}}
+
+
+def plans(table: dict, dtype: str, seed: int, key_prefix: str = ""):
     dt = dtypes.get("F16" if dtype == "f16" else "F32")
     out = []
     for name, shape in table.items():
+        key = key_prefix + name
         if name.endswith("position_ids"):
             ne = tuple(reversed(shape))
-            out.append(TensorPlan(name, dtypes.get("I64"), ne, lambda n=name, s=shape: values(n, s, seed)))
+            out.append(TensorPlan(name, dtypes.get("I64"), ne, lambda n=key, s=shape: values(n, s, seed)))
             continue
         ne = tuple(reversed(shape)) if shape else (1,)
         np_dt = np.float16 if dt.name == "F16" else np.float32
-        out.append(TensorPlan(name, dt, ne, lambda n=name, s=shape, d=np_dt: values(n, s, seed).astype(d).reshape(-1)))
+        out.append(TensorPlan(name, dt, ne, lambda n=key, s=shape, d=np_dt: values(n, s, seed).astype(d).reshape(-1)))
     return out
 
 
@@ -190,7 +198,9 @@ def main(argv=None):
             last[0] = time.time()
             print(f"  {i}/{total} tensors {name}", file=sys.stderr)
 
-    size = write_safetensors(a.output, plans(table, a.dtype, a.seed),
+    kp = _FULL_PREFIX.get(a.component, "")
+    kp = kp.get(a.arch, "") if isinstance(kp, dict) else kp
+    size = write_safetensors(a.output, plans(table, a.dtype, a.seed, kp),
                              metadata={"sdrt.random_weights": f"{a.arch} seed={a.seed} (noise, not a trained model)"},
                              progress=progress)
     print(f"wrote {a.output}: {len(table)} tensors, {n:,} parameters, {size / 2**30:.2f} GiB, "

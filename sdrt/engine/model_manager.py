@@ -182,7 +182,9 @@ def load_models(params: ModelParams) -> LoadedModels:
     pre = dict(raw)
     for _, part in roles_given:
         pre.update(part)
-    unet = is_unet(detect_version(pre)) if pre else True
+    # (sdrt: a bare UNet with no text encoder yet is still a UNet; sd.cpp calls it unknown and then
+    # loads --clip_l under the DiT prefix, so `--diffusion-model unet --clip_l clip` fails there)
+    unet = is_unet(detect_version(pre)) or any(k.startswith(DM + "input_blocks.") for k in pre) if pre else True
     for role in ("clip_l", "clip_g", "vae", "taesd"):
         path = getattr(params, role)
         if not path:

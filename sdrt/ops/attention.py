@@ -27,11 +27,10 @@ import math
 
 import numpy as np
 
-from .registry import defop, fail, make_node
+from .registry import FLOATS, defop, fail, make_node
 
 __all__ = ["attention"]
 
-FLOATS = ("F32", "F16", "BF16")
 
 
 def _ne4(ne):

@@ -35,11 +35,10 @@ import numpy as np
 
 from ..errors import OpError
 from . import dtypes
-from .registry import defop, fail, make_node
+from .registry import FLOATS, defop, fail, make_node
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose2d", "pool1d", "pool2d"]
 
-FLOATS = ("F32", "F16", "BF16")
 _F32 = dtypes.F32
 
 

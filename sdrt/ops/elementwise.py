@@ -10,19 +10,13 @@ import math
 import numpy as np
 
 from . import dtypes
-from .registry import defop, fail, make_node
+from .registry import defop, fail, make_node, require_float
 
 __all__ = ["add", "sub", "mul", "div", "neg", "abs", "sqr", "sqrt", "exp", "log", "sin", "cos", "step",
            "relu", "leaky_relu", "silu", "sigmoid", "tanh", "gelu", "gelu_quick", "clamp", "scale",
            "cast", "cont"]
 
-FLOATS = ("F32", "F16", "BF16")
 
-
-def _float_src(op, srcs):
-    for s in srcs:
-        if s.dtype.name not in FLOATS:
-            fail(op, srcs, f"needs F32/F16/BF16 inputs, got {s.dtype.name}")
 
 
 def broadcast_ne(op, srcs):
@@ -44,7 +38,7 @@ BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divid
 
 def _binary_infer(op):
     def infer(srcs, params):
-        _float_src(op, srcs)
+        require_float(op, srcs)
         return broadcast_ne(op, srcs), srcs[0].dtype
     return infer
 
@@ -92,7 +86,7 @@ UNARY = {
 
 def _unary_infer(op):
     def infer(srcs, params):
-        _float_src(op, srcs)
+        require_float(op, srcs)
         return srcs[0].ne, srcs[0].dtype
     return infer
 

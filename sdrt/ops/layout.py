@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import defop, fail, make_node
+from .registry import FLOATS, defop, fail, make_node
 from .tensor import MAX_DIMS, Tensor
 
 __all__ = [
@@ -27,7 +27,6 @@ __all__ = [
 
 UPSCALE_MODES = ("nearest", "bilinear", "bicubic")
 PAD_MODES = ("constant", "circular", "reflect", "replicate")
-FLOATS = ("F32", "F16", "BF16")
 
 
 def _ne4(ne):

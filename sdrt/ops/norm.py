@@ -22,18 +22,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import defop, fail, make_node
+from .registry import defop, fail, make_node, require_float
 
 __all__ = ["softmax", "layer_norm", "layer_norm_affine", "rms_norm", "l2_norm", "group_norm",
            "group_norm_affine", "group_norm_silu"]
 
-FLOATS = ("F32", "F16", "BF16")
 
-
-def _float_src(op, srcs):
-    for s in srcs:
-        if s.dtype.name not in FLOATS:
-            fail(op, srcs, f"needs F32/F16/BF16 inputs, got {s.dtype.name}")
 
 
 def _ne4(ne):
@@ -48,7 +42,7 @@ def _eps(op, srcs, p):
 
 # ---- softmax --------------------------------------------------------------------------------
 def _softmax_infer(srcs, p):
-    _float_src("softmax", srcs)
+    require_float("softmax", srcs)
     x = srcs[0]
     if len(srcs) == 2:
         m = srcs[1]
@@ -95,7 +89,7 @@ def softmax(x, mask=None, scale: float = 1.0):
 # ---- row norms ------------------------------------------------------------------------------
 def _row_infer(op):
     def infer(srcs, p):
-        _float_src(op, srcs)
+        require_float(op, srcs)
         _eps(op, srcs, p)
         x = srcs[0]
         if op == "layer_norm_affine":
@@ -173,7 +167,7 @@ def group_bounds(C: int, n_groups: int):
 
 def _group_infer(op):
     def infer(srcs, p):
-        _float_src(op, srcs)
+        require_float(op, srcs)
         _eps(op, srcs, p)
         x = srcs[0]
         G = p["n_groups"]

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .registry import defop, fail, make_node
+from .registry import defop, fail, make_node, require_float
 from .tensor import Tensor
 
 __all__ = [
@@ -25,15 +25,9 @@ __all__ = [
     "timestep_embedding",
 ]
 
-FLOATS = ("F32", "F16", "BF16")
 # ggml's GGML_ROPE_TYPE_* values
 ROPE_MODES = {"normal": 0, "neox": 2, "mrope": 8, "vision": 24, "imrope": 40}
 
-
-def _float_src(op, srcs, which):
-    for s in which:
-        if s.dtype.name not in FLOATS:
-            fail(op, srcs, f"needs F32/F16/BF16 input, got {s.dtype.name}")
 
 
 # ---- arange ------------------------------------------------------------------------------------
@@ -71,7 +65,7 @@ def arange(start: float, stop: float | None = None, step: float = 1.0) -> Tensor
 # ---- timestep embedding ------------------------------------------------------------------------
 def _tsemb_infer(srcs, p):
     t, = srcs
-    _float_src("timestep_embedding", srcs, srcs)
+    require_float("timestep_embedding", srcs, srcs)
     if t.nelements != t.ne[0]:
         fail("timestep_embedding", srcs, f"timesteps must be 1-D [n], got ne={t.ne}")
     if p["dim"] < 1 or p["max_period"] < 1:
@@ -103,7 +97,7 @@ def timestep_embedding(t: Tensor, dim: int, max_period: int = 10000) -> Tensor:
 # ---- rope with precomputed pe (sd.cpp) -------------------------------------------------------
 def _rope_infer(srcs, p):
     x, pe = srcs
-    _float_src("rope", srcs, (x,))
+    require_float("rope", srcs, (x,))
     if pe.dtype.name != "F32":
         fail("rope", srcs, f"pe must be F32, got {pe.dtype.name}")
     D, H, L, N = x.ne4
@@ -221,7 +215,7 @@ def rope_cache(pos: np.ndarray, n_tokens: int, p: dict, freq_factors: np.ndarray
 
 def _rope_ext_infer(srcs, p):
     x, pos = srcs[0], srcs[1]
-    _float_src("rope_ext", srcs, (x,))
+    require_float("rope_ext", srcs, (x,))
     mode, n_dims, n_offs = p["mode"], p["n_dims"], p["n_offs"]
     if mode not in ROPE_MODES:
         fail("rope_ext", srcs, f"unknown mode {mode!r}; modes: {', '.join(ROPE_MODES)}")

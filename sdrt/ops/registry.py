@@ -87,3 +87,14 @@ def make_node(op: str, srcs, **params):
             raise OpError(f"{op}: inputs must be sdrt Tensors, got {type(s).__name__}")
     ne, dtype = d.infer(srcs, params)
     return Tensor(dtype, ne, op=op, src=srcs, params=params)
+
+
+# dtypes an activation may have; weights may also be F8 or block types (see matmul/conv)
+FLOATS = ("F32", "F16", "BF16")
+
+
+def require_float(op: str, srcs, which=None):
+    """Fail unless every tensor in `which` (default: all srcs) is F32/F16/BF16."""
+    for s in srcs if which is None else which:
+        if s.dtype.name not in FLOATS:
+            fail(op, srcs, f"needs F32/F16/BF16 inputs, got {s.dtype.name}")

@@ -7,7 +7,8 @@
 For every sampler x RNG it runs `sd-cli ... --type f32` and `sdrt ...` (the CLI, in a subprocess,
 `--type f32` too) with identical flags, then prints the PSNR between the two PNGs (8-bit, peak
 255, over all pixels and channels) and both wall times (sd.cpp's own "generate_image completed in"
-line and the whole process). `--make sd15|sdxl` first writes the random-weight checkpoint with
+line and the whole process), and whether the two PNGs' sd-webui infotexts agree apart from the
+generator. `--make sd15|sdxl` first writes the random-weight checkpoint with
 tools/make_sd_checkpoint.py when --model does not exist. `--api` runs sdrt in this process through
 sdrt.load_pipeline / Pipeline.generate instead (one load for all runs; the time is then the
 generation only). `--markdown` prints the table for docs/cli.md.
@@ -38,6 +39,23 @@ def read_png(path) -> np.ndarray:
     from PIL import Image
     with Image.open(path) as im:
         return np.asarray(im.convert("RGB"), np.uint8)
+
+
+def same_infotext(ref_png, our_png) -> bool:
+    """sd-cli's `parameters` text and ours agree except for the generator (Version:, "generator")."""
+    import json
+
+    from sdrt.io.png import read_png_text
+    with open(ref_png, "rb") as f:
+        a = read_png_text(f.read()).get("parameters", "")
+    with open(our_png, "rb") as f:
+        b = read_png_text(f.read()).get("parameters", "")
+    if ", SDCPP: " not in a or ", SDCPP: " not in b:
+        return a == b
+    (ha, ja), (hb, jb) = a.split(", SDCPP: ", 1), b.split(", SDCPP: ", 1)
+    ja, jb = json.loads(ja), json.loads(jb)
+    ja.pop("generator", None), jb.pop("generator", None)
+    return ha.replace("Version: stable-diffusion.cpp", "Version: sdrt") == hb and ja == jb
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -114,10 +132,11 @@ def main(argv=None):
                 t_ours, log_ours = run([sys.executable, "-m", "sdrt"] + common + ["-o", out],
                                        os.path.join(a.out, name + "_sdrt.log"), env)
             p = psnr(read_png(ref), read_png(out))
+            meta = "same" if same_infotext(ref, out) else "DIFFERENT"
             gr, sr, dr = _times(log_ref)
             go, so, do = _times(log_ours)
             rows.append((smp, rng, p, gr, so, sr, do, dr, go, t_ref, t_ours))
-            print(f"{smp:>10} {rng:>5}  PSNR {p:6.2f} dB   sampling sdrt {so:7.2f}s / sd-cli {sr:7.2f}s   "
+            print(f"{smp:>10} {rng:>5}  PSNR {p:6.2f} dB  infotext {meta}   sampling sdrt {so:7.2f}s / sd-cli {sr:7.2f}s   "
                   f"decode {do:6.2f}s / {dr:6.2f}s   generate {go:7.2f}s / {gr:7.2f}s   process {t_ours:7.1f}s / "
                   f"{t_ref:7.1f}s", flush=True)
     if a.markdown:

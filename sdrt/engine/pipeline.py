@@ -415,9 +415,8 @@ class Pipeline:
             log.warning("unconditioned mode, images won't follow the prompt (use cfg-scale=1 for distilled models)"
                         if cfg == 0 else "cfg value out of expected range may produce unexpected results")
         # RNGs: one context RNG, the sampler's own only when --sampler-rng differs
-        rng = make_rng(mp.rng, seed)
-        sampler_rng = make_rng(mp.sampler_rng, seed) if mp.sampler_rng and mp.sampler_rng != mp.rng else rng
-        self._mp_used = mp
+        ctx_rng = make_rng(mp.rng, seed)
+        smp_rng = make_rng(mp.sampler_rng, seed) if mp.sampler_rng and mp.sampler_rng != mp.rng else ctx_rng
         # sample plan
         den = self.denoiser
         method = gp.sampling_method or default_sample_method(self.family)
@@ -450,12 +449,12 @@ class Pipeline:
         if init_t is None:
             init_latent = np.zeros((1, LATENT_CHANNELS, h, w), F32)
         else:
-            init_latent = self.encode_first_stage(init_t, rng, gp)
+            init_latent = self.encode_first_stage(init_t, ctx_rng, gp)
         concat = uncond_concat = None
         if self.version in INPAINT_VERSIONS:
             if init_t is not None:
                 masked = (F32(1.0) - mask_t) * (init_t - F32(0.5)) + F32(0.5)
-                masked_latent = self.encode_first_stage(masked, rng, gp)
+                masked_latent = self.encode_first_stage(masked, ctx_rng, gp)
             else:
                 log.warning("inpainting model requires both an init image and a mask image.")
                 masked_latent = np.zeros_like(init_latent)
@@ -465,7 +464,7 @@ class Pipeline:
             # sd.cpp without -r: an empty (black) reference, and img_cfg falls back to cfg (the
             # img-cond pass decided earlier still runs, as in sd.cpp)
             log.warning("This model needs at least one reference image; using an empty reference")
-            concat = self.encode_first_stage(np.zeros((1, 3, height, width), F32), rng, gp)
+            concat = self.encode_first_stage(np.zeros((1, 3, height, width), F32), ctx_rng, gp)
             uncond_concat = np.zeros_like(concat)
             icfg = cfg
         if init_t is not None:
@@ -489,14 +488,14 @@ class Pipeline:
             cur = seed + b
             log.info("generating image: %d/%d - seed %d", b + 1, gp.batch_count, cur)
             t_b = time.time()
-            rng.manual_seed(cur)
-            if sampler_rng is not rng:
-                sampler_rng.manual_seed(cur)
-            noise = rng.randn(init_latent.shape)
+            ctx_rng.manual_seed(cur)
+            if smp_rng is not ctx_rng:
+                smp_rng.manual_seed(cur)
+            noise = ctx_rng.randn(init_latent.shape)
             x = den.noise_scaling(sigmas[0], noise, init_latent)
             denoise = self._denoise_fn(den, cond, uncond, img_cond, cfg, icfg, init_latent, denoise_mask,
                                        len(sigmas) - 1, bar)
-            x0 = sample(method, denoise, x, sigmas, sampler_rng, eta=eta, is_flow=den.is_flow)
+            x0 = sample(method, denoise, x, sigmas, smp_rng, eta=eta, is_flow=den.is_flow)
             x0 = den.inverse_noise_scaling(sigmas[-1], x0)
             log.info("sampling completed, taking %.2fs", time.time() - t_b)
             results.append((cur, np.asarray(x0, F32)))
@@ -512,7 +511,7 @@ class Pipeline:
             img = self.decode_first_stage(lat, gp, dec_progress)
             log.info("latent %d decoded, taking %.2fs", i + 1, time.time() - t_i)
             info = {"width": meta_w, "height": meta_h, "method": method, "scheduler": scheduler, "seed": cur, "eta": eta}
-            out.append(GeneratedImage(img, cur, self.parameters_text(gp, cur, meta_w, meta_h, method, scheduler),
+            out.append(GeneratedImage(img, cur, self.parameters_text(gp, cur, meta_w, meta_h, method, scheduler, mp),
                                       lat, info))
         log.info("decode_first_stage completed, taking %.2fs", time.time() - t_dec)
         log.info("generate_image completed in %.2fs", time.time() - t_start)
@@ -641,9 +640,9 @@ class Pipeline:
         return decode_to_uint8(img)
 
     def parameters_text(self, gp: GenParams, seed: int, width: int, height: int, method: str,
-                        scheduler: str | None) -> str:
+                        scheduler: str | None, mp: ModelParams | None = None) -> str:
         from ..io.png import parameters_text
-        mp = getattr(self, "_mp_used", self.model_params)
+        mp = mp or self.model_params
         return parameters_text(
             prompt=gp.prompt, negative_prompt=gp.negative_prompt, steps=gp.steps, cfg_scale=gp.cfg_scale,
             guidance=gp.guidance, eta=gp.eta, seed=seed, width=width, height=height, model=mp.model or "",

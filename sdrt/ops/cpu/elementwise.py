@@ -164,12 +164,18 @@ def _unary4(x, out, op, p0, p1):
             ro[i] = _apply(rx[i], op, p0, p1)
 
 
+@njit(fastmath=FM, inline="always")
+def _gelu_tanh1(v):
+    """0.5*v*(1 + tanh(y)) = v / (1 + exp(-2y)), y = sqrt(2/pi)*(v + 0.044715 v^3), with the
+    vectorizable float32 exp of norm.py (libm's tanh is a scalar call: this measured several
+    times faster). NaN stays NaN (fexp(NaN) = 0), -inf gives NaN as the tanh form does."""
+    z = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
+    g = v / (np.float32(1.0) + fexp(z))
+    return g if v != -np.inf else np.float32(np.nan)
+
+
 @njit(parallel=True, fastmath=FM, cache=True)
 def _gelu_tanh4(x, out):
-    """0.5*v*(1 + tanh(y)) = v / (1 + exp(-2y)), y = sqrt(2/pi)*(v + 0.044715 v^3), with the
-    vectorizable float32 exp of norm.py (libm's tanh is a scalar call: this kernel measured
-    several times faster). Rows on prange; NaN stays NaN (fexp(NaN) = 0), -inf gives NaN
-    as the tanh form does (-inf * 0)."""
     n3, n2, n1, n0 = out.shape
     for r in prange(n3 * n2 * n1):
         i3 = r // (n2 * n1)
@@ -178,10 +184,7 @@ def _gelu_tanh4(x, out):
         rx = x[i3, i2, i1]
         ro = out[i3, i2, i1]
         for i in range(n0):
-            v = rx[i]
-            z = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
-            g = v / (np.float32(1.0) + fexp(z))
-            ro[i] = g if v != -np.inf else np.float32(np.nan)
+            ro[i] = _gelu_tanh1(rx[i])
 
 
 @njit(parallel=True, fastmath=FM, cache=True)
@@ -197,10 +200,7 @@ def _gelu_tanh_rows(x, s3, s2, s1, out, n3, n2, n1, n0):
         src = np.uint64(i3 * s3 + i2 * s2 + i1 * s1)
         dst = np.uint64(r * n0)
         for i in range(n0):
-            v = x[src + np.uint64(i)]
-            z = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
-            g = v / (np.float32(1.0) + fexp(z))
-            out[dst + np.uint64(i)] = g if v != -np.inf else np.float32(np.nan)
+            out[dst + np.uint64(i)] = _gelu_tanh1(x[src + np.uint64(i)])
 
 
 def _gelu_tanh(x4, o4):

@@ -32,7 +32,6 @@ Also kept: `metadata["pipeline"]` (model_index `_class_name`), `metadata["compon
 """
 from __future__ import annotations
 
-import json
 import os
 
 from ..errors import ModelFileError
@@ -79,26 +78,8 @@ def find_component_file(folder: str) -> str | None:
 
 
 def _read_json(path: str, what: str):
-    try:
-        size = os.path.getsize(path)
-        if size > MAX_JSON:
-            raise ModelFileError(f"{path}: {what} of {size} bytes is implausibly large")
-        with open(path, "rb") as f:
-            data = f.read(MAX_JSON + 1)
-    except ModelFileError:
-        raise
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
-    try:
-        from .safetensors import parse_json_strict
-    except ImportError:                       # the strict parser lives with the safetensors reader
-        parse_json_strict = None
-    if parse_json_strict is not None:
-        return parse_json_strict(data, path, what)
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError) as e:
-        raise ModelFileError(f"{path}: {what} is not valid JSON ({str(e)[:200]})") from None
+    from .safetensors import read_json_file
+    return read_json_file(path, what, MAX_JSON)
 
 
 def _read_bin_index(path: str) -> ModelFile:

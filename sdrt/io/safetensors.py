@@ -41,7 +41,6 @@ import struct
 import numpy as np
 
 from ..errors import ModelFileError, OpError
-from ..ops import dtypes
 from ..ops.tensor import MAX_DIMS, Tensor
 from .base import ConvertedTensor, ModelFile, map_file
 
@@ -240,6 +239,23 @@ def _converter(path, name, mm, off, shape, st_dtype):
     return fill
 
 
+def read_json_file(path: str, what: str, limit: int = MAX_INDEX_SIZE):
+    """A small JSON file (index, model_index.json, config), size-capped and strictly parsed."""
+    try:
+        size = os.path.getsize(path)
+        if size > limit:
+            raise ModelFileError(f"{path}: {what} of {size} bytes is implausibly large")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except ModelFileError:
+        raise
+    except FileNotFoundError:
+        raise ModelFileError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise ModelFileError(f"{path}: cannot read the {what}: {e}") from None
+    return parse_json_strict(data, path, what)
+
+
 def read_safetensors_index(path) -> ModelFile:
     """Open a sharded set through its `*.safetensors.index.json`.
 
@@ -247,19 +263,7 @@ def read_safetensors_index(path) -> ModelFile:
     no `..` or symlink leaving it, no .json shard) and the tensor must exist in that shard; a
     tensor found in two shards is an error (sd.cpp lets the last one win silently)."""
     path = os.fspath(path)
-    try:
-        size = os.path.getsize(path)
-        if size > MAX_INDEX_SIZE:
-            raise ModelFileError(f"{path}: index file of {size} bytes is implausibly large")
-        with open(path, "rb") as f:
-            data = f.read(MAX_INDEX_SIZE + 1)
-    except ModelFileError:
-        raise
-    except FileNotFoundError:
-        raise ModelFileError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise ModelFileError(f"{path}: cannot read the safetensors index: {e}") from None
-    index = parse_json_strict(data, path, "safetensors index")
+    index = read_json_file(path, "safetensors index")
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
         raise ModelFileError(f"{path}: not a safetensors index (no \"weight_map\" object)")
     wmap = index["weight_map"]

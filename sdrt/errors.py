@@ -19,3 +19,7 @@ class ModelFileError(SdrtError):
 
 class UsageError(SdrtError):
     """A command-line flag or API argument is wrong."""
+
+
+class DeviceOutOfMemoryError(SdrtError):
+    """A device allocation did not fit (the message says how much was asked and what was free)."""

@@ -509,6 +509,21 @@ def test_model_manager_type_override(tmp_path):
     assert np.all(m.tensors["lin.weight"].to_f32() == 1)
 
 
+def test_model_manager_quantized_vectors_load_as_f32(tmp_path):
+    # a q8_0/q4_0 file quantizes norm scales (rows of 32k elements); sd.cpp loads norms as F32
+    from sdrt.engine.model_manager import load_models
+    pytest.importorskip("sdrt.ops.quant._quants")
+    ck = _ckpt(tmp_path)
+    norm = np.linspace(0.5, 1.5, 64, dtype=np.float32)
+    _st(tmp_path / "ckpt.safetensors", {**{k: v.numpy() for k, v in load_models(ModelParams(model=ck)).files[
+        "model"].tensors.items()}, "model.diffusion_model.out.0.weight": norm})
+    m = load_models(ModelParams(model=ck, type="q8_0"))
+    t = m.tensors["model.diffusion_model.out.0.weight"]
+    assert t.dtype.name == "F32" and t.ne == (64,)
+    assert np.abs(t.to_f32() - norm).max() < 0.01 and not np.array_equal(t.to_f32(), norm)   # went through Q8_0
+    assert m.tensors["lin.weight"].dtype.name == "Q8_0"                                     # matrices stay
+
+
 def test_model_manager_errors(tmp_path):
     from sdrt.engine.model_manager import load_models
     from sdrt.errors import ModelFileError

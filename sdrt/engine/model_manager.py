@@ -156,6 +156,21 @@ def _apply_wtype(tensors: dict, wtype: str | None, rules: str | None) -> dict:
     return out
 
 
+def _vectors_to_f32(tensors: dict) -> dict:
+    """Quantized 1-D tensors (norm scales: a q8_0/q4_0 file quantizes every row that is a whole
+    number of blocks) as lazily dequantized F32 leaves. sd.cpp declares norm weights F32 and
+    converts the file's copy on load; sdrt's norm ops take float vectors only."""
+    from ..io.writer import convert_raw
+    from ..ops import dtypes
+    f32 = dtypes.get("F32")
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if t.dtype.is_quantized and len(t.ne) == 1:
+            out[name] = ConvertedTensor(f32, t.ne, lambda t=t: convert_raw(t, f32).reshape(-1).view("uint8"),
+                                        name=name)
+    return out
+
+
 def _stat_line(stats: dict) -> str:
     return "|".join(f"{k:>8}: {v:<5}" for k, v in sorted(stats.items()))
 
@@ -225,6 +240,6 @@ def load_models(params: ModelParams) -> LoadedModels:
     else:
         pred = prediction_type(files.get("model") or files.get("diffusion_model") or tensors, version)
         prediction = {"flow": "sd3_flow"}.get(pred, pred)
-    tensors = _apply_wtype(tensors, params.type, params.tensor_type_rules)
+    tensors = _vectors_to_f32(_apply_wtype(tensors, params.type, params.tensor_type_rules))
     return LoadedModels(tensors=tensors, version=version, prediction=prediction, paths=paths, files=files,
                         wtype=params.type)

@@ -1,0 +1,621 @@
+"""Residency: which weights are on the compute device, brought in segment by segment.
+
+A graph's cut points (F.mark_cut) split it into segments (sdrt.ops.graph.Plan.segments). Before a
+segment runs, every weight it reads must be on the device; the `ResidencyManager` makes it so:
+
+- weights are registered per component (diffusion, te, vae) with where their bytes live:
+  `cpu` (the leaf's host storage: RAM or its file map, kept), `disk` (read from the model
+  file's memory map each time they are staged, the pages dropped right after: no host copy
+  stays) or `device` (staged once and kept: never evicted). Nothing is read at registration.
+- `begin_segment` stages the segment's missing weights in blocks of up to 64 MiB (one device
+  allocation each, sd.cpp's MAX_RESIDENCY_BLOCK_BYTES) and pins every block it needs;
+  `end_segment` unpins. A pinned block is never evicted.
+- When a block does not fit the budget, unpinned blocks are evicted: first those the running
+  graph does not use, least recently used first; then the running graph's own, the one whose
+  next use (segments repeat step after step) is farthest first. Plain LRU would evict exactly
+  the block needed next in a cyclic sweep; this is Belady's choice for it.
+- With the plan known (`begin_graph`), `begin_segment(k)` also prefetches segment k+1 on the
+  copy stream, after the compute stream's work so far (an event), so the uploads overlap
+  segment k; `begin_segment(k+1)` makes the compute stream wait for them. Off with
+  --disable-prefetch. A prefetch never evicts what the next segments need sooner.
+- The budget (`--max-vram`): positive GiB = that many bytes for weights plus the running
+  graph's activations (plan arena + cross-segment + outputs); 0 or unset = the device's live
+  free memory (allocation failure triggers eviction); negative = free memory when the
+  manager was made minus that many GiB. When every weight of a graph fits, nothing is ever
+  evicted and steps upload nothing; when it does not and segmented compute is disabled,
+  `begin_graph` raises DeviceOutOfMemoryError naming the sizes.
+
+The device-memory object (`memory`) is duck-typed: name, mem_get_info() -> (free, total),
+alloc(n) -> ptr (raises DeviceOutOfMemoryError), free(ptr), upload(ptr, host_u8, stream) ->
+event, wait(event, stream), synchronize(), and optionally record(stream) -> event.
+`SimulatedDevice` implements it on the host for tests.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import DeviceOutOfMemoryError, UsageError
+
+__all__ = ["BLOCK_BYTES", "HostPageRelease", "PlacedBackend", "ResidencyManager", "SimulatedDevice",
+           "release_file_pages"]
+
+log = logging.getLogger("sdrt")
+MiB, GiB = 2**20, 2**30
+BLOCK_BYTES = 64 * MiB
+ALIGN = 256
+PARAMS = ("cpu", "disk", "device")
+
+
+def _mb(n: int) -> str:
+    return f"{n / MiB:.1f} MB"
+
+
+# ---- host side -------------------------------------------------------------------------------------
+
+def release_file_pages(storage: np.ndarray, start: int, nbytes: int) -> bool:
+    """Drop this process's pages of a read-only file map (they are re-read from the page cache or
+    the file on the next access). Anything else (RAM arrays, writable maps) is left alone."""
+    if not isinstance(storage, np.memmap) or getattr(storage, "mode", None) != "r" or nbytes <= 0:
+        return False
+    mm = getattr(storage, "_mmap", None)
+    if not isinstance(mm, mmap.mmap) or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    base = np.frombuffer(mm, np.uint8).ctypes.data
+    lo = storage.ctypes.data + start - base
+    hi = lo + nbytes
+    page = mmap.PAGESIZE
+    lo -= lo % page
+    hi = min(-(-hi // page) * page, len(mm))
+    mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return True
+
+
+def _leaf_owners(leaves) -> list:
+    seen, out = set(), []
+    for t in leaves:
+        o = t.owner
+        if o.op is None and id(o) not in seen:
+            seen.add(id(o))
+            out.append(o)
+    return out
+
+
+def _segment_leaves(seg) -> list:
+    return [s for n in seg.nodes for s in n.src if s.owner.op is None]
+
+
+class HostPageRelease:
+    """The residency object of a component that computes on the CPU with `--params-backend disk`:
+    after each segment, the file pages of its disk weights are dropped (compute reads the map)."""
+
+    def __init__(self):
+        self._disk: set[int] = set()
+        self._seg: dict[int, list] = {}
+        self.released_bytes = 0
+
+    def register(self, tensors, component: str = "", params: str = "disk") -> None:
+        if params == "disk":
+            for t in (tensors.values() if hasattr(tensors, "values") else tensors):
+                self._disk.add(id(t.owner))
+
+    def manages(self, leaf) -> bool:
+        return False
+
+    def begin_segment(self, index: int, name, leaves) -> None:
+        self._seg[index] = [o for o in _leaf_owners(leaves) if id(o) in self._disk]
+
+    def end_segment(self, index: int) -> None:
+        for o in self._seg.pop(index, ()):
+            if release_file_pages(o.storage, o.offset, o.span_bytes()):
+                self.released_bytes += o.span_bytes()
+
+
+# ---- the simulated device --------------------------------------------------------------------------
+
+class SimulatedDevice:
+    """The device-memory contract on the host: a byte budget, a first-fit allocator, two streams
+    as an event log. With `store=True` uploads copy into `mem`, and `view(ptr, n)` reads them back
+    (tests run CPU kernels on these bytes). `used_elsewhere` bytes are taken by "other processes"."""
+    BASE = 1 << 20          # device addresses start here: 0 is never a valid pointer
+
+    def __init__(self, total_bytes: int, name: str = "sim0", *, store: bool = True, used_elsewhere: int = 0):
+        self.name, self.total, self.used_elsewhere = name, int(total_bytes), int(used_elsewhere)
+        self.mem = np.zeros(self.total, np.uint8) if store else None
+        self.holes: list[tuple[int, int]] = [(0, self.total)]      # sorted free (offset, size)
+        self.allocs: dict[int, int] = {}                           # ptr -> size
+        self.events: list[tuple] = []
+        self.peak_used = 0
+        self._next_event = 0
+
+    @property
+    def used(self) -> int:
+        return sum(self.allocs.values())
+
+    def mem_get_info(self) -> tuple[int, int]:
+        return max(self.total - self.used - self.used_elsewhere, 0), self.total
+
+    def alloc(self, nbytes: int) -> int:
+        nbytes = -(-int(nbytes) // ALIGN) * ALIGN
+        if self.used + self.used_elsewhere + nbytes <= self.total:
+            for i, (off, size) in enumerate(self.holes):
+                if size >= nbytes:
+                    self.holes[i:i + 1] = [(off + nbytes, size - nbytes)] if size > nbytes else []
+                    ptr = self.BASE + off
+                    self.allocs[ptr] = nbytes
+                    self.peak_used = max(self.peak_used, self.used)
+                    self.events.append(("alloc", ptr, nbytes))
+                    return ptr
+        free, _ = self.mem_get_info()
+        raise DeviceOutOfMemoryError(f"{self.name}: cannot allocate {_mb(nbytes)}: {_mb(free)} free of "
+                                     f"{_mb(self.total)}")
+
+    def free(self, ptr: int) -> None:
+        size = self.allocs.pop(ptr)
+        self.holes.append((ptr - self.BASE, size))
+        self.holes.sort()
+        merged: list[tuple[int, int]] = []
+        for o, n in self.holes:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((o, n))
+        self.holes = merged
+        self.events.append(("free", ptr, size))
+
+    def _check_inside(self, ptr: int, nbytes: int) -> None:
+        for p, n in self.allocs.items():
+            if p <= ptr and ptr + nbytes <= p + n:
+                return
+        raise AssertionError(f"{self.name}: {nbytes} bytes at {ptr:#x} are not inside one allocation")
+
+    def _event(self) -> int:
+        self._next_event += 1
+        return self._next_event
+
+    def upload(self, ptr: int, host_u8: np.ndarray, stream: str = "compute") -> int:
+        n = int(host_u8.nbytes)
+        self._check_inside(ptr, n)
+        if self.mem is not None:
+            self.mem[ptr - self.BASE:ptr - self.BASE + n] = np.asarray(host_u8).reshape(-1).view(np.uint8)
+        ev = self._event()
+        self.events.append(("upload", stream, ptr, n, ev))
+        return ev
+
+    def record(self, stream: str = "compute") -> int:
+        ev = self._event()
+        self.events.append(("record", stream, ev))
+        return ev
+
+    def wait(self, event, stream: str = "compute") -> None:
+        self.events.append(("wait", stream, event))
+
+    def synchronize(self) -> None:
+        self.events.append(("sync",))
+
+    def mark(self, label: str) -> None:
+        """A test's own marker in the event log (e.g. where a segment's compute ends)."""
+        self.events.append(("mark", label))
+
+    def view(self, ptr: int, nbytes: int) -> np.ndarray:
+        return self.mem[ptr - self.BASE:ptr - self.BASE + nbytes]
+
+
+# ---- the manager -----------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class _Entry:
+    """One registered weight (a leaf that owns its bytes) and the byte range graphs read of it."""
+    owner: object
+    component: str
+    params: str
+    lo: int                         # byte range in owner.storage that leaves read
+    hi: int
+    block: _Block | None = None
+    offset: int = 0                 # where `lo` sits in the block
+
+    @property
+    def nbytes(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclass(eq=False)
+class _Block:
+    ptr: int
+    nbytes: int
+    entries: list
+    permanent: bool
+    pins: int = 0
+    last_use: int = 0
+    ready: object = None            # copy-stream event while a prefetch is in flight
+
+
+@dataclass(eq=False)
+class _PlanInfo:
+    plan_ref: object
+    names: list
+    segments: list                  # per segment: its entries
+    activation_bytes: int
+    uses: dict = field(default_factory=dict)   # id(entry) -> segment indices
+    runs: int = 0
+    last_upload: int = -1
+
+    def weight_bytes(self, k: int) -> int:
+        return sum(e.nbytes for e in self.segments[k])
+
+    def entries(self) -> list:
+        return list({id(e): e for s in self.segments for e in s}.values())
+
+
+@dataclass
+class _RunStats:
+    uploaded: int = 0
+    blocks: int = 0
+    prefetched: int = 0
+    evicted: int = 0
+
+
+class ResidencyManager:
+    """Weights of the components that compute on one device (see the module docstring).
+
+    `max_vram`: GiB (positive budget, 0/None live free memory, negative keep that much free);
+    `prefetch`: overlap the next segment's uploads (--disable-prefetch turns it off);
+    `segmented`: False (--disable-segmented-compute) requires a graph's weights to fit at once."""
+
+    def __init__(self, memory, *, max_vram: float | None = None, prefetch: bool = True, segmented: bool = True,
+                 block_bytes: int = BLOCK_BYTES):
+        from .placement import resolve_budget
+        self.memory, self.name = memory, getattr(memory, "name", "device")
+        free = memory.mem_get_info()[0]
+        self.max_vram, self.budget = max_vram, resolve_budget(max_vram, free)
+        if self.budget == 0:
+            raise DeviceOutOfMemoryError(f"{self.name}: --max-vram {max_vram:g} keeps {-max_vram:g} GiB free, but "
+                                         f"only {_mb(free)} is free: nothing is left for sdrt")
+        self.prefetch, self.segmented, self.block_bytes = prefetch, segmented, int(block_bytes)
+        self._entries: dict[int, _Entry] = {}
+        self._blocks: list[_Block] = []
+        self._plans: dict[int, _PlanInfo] = {}
+        self._current: _PlanInfo | None = None
+        self._activation = 0
+        self._pinned: dict[int, list[_Block]] = {}
+        self._epoch = 0
+        self._seg = 0
+        self.resident_bytes = 0
+        self.peak_bytes = 0
+        self.evictions = 0              # changes whenever a device address stops being valid
+        self.stats = _RunStats()
+
+    # ---- registration -------------------------------------------------------------------------
+    def register(self, tensors, component: str, params: str = "cpu") -> int:
+        """Register weights (a name->Tensor mapping or Tensors) of `component`; `params` is cpu,
+        disk or device (or this device's name). Returns the registered bytes. Reads nothing."""
+        if params == self.name:
+            params = "device"
+        if params not in PARAMS:
+            raise UsageError(f"residency on {self.name}: params backend '{params}' for {component}; "
+                             f"valid: cpu, disk, {self.name}")
+        total = 0
+        for t in (tensors.values() if hasattr(tensors, "values") else tensors):
+            o = t.owner
+            if o.op is not None or id(o) in self._entries:
+                continue
+            self._entries[id(o)] = _Entry(o, component, params, o.offset, o.offset + o.span_bytes())
+            total += o.span_bytes()
+        return total
+
+    def manages(self, leaf) -> bool:
+        """True for a registered weight leaf (or a view of one): its address comes from device_ptr."""
+        return id(leaf.owner) in self._entries
+
+    def is_resident(self, leaf) -> bool:
+        e = self._entries.get(id(leaf.owner))
+        return e is not None and e.block is not None
+
+    def _entry(self, leaf) -> _Entry | None:
+        e = self._entries.get(id(leaf.owner))
+        if e is not None and (leaf.offset < e.lo or leaf.offset + leaf.span_bytes() > e.hi):
+            # a view reaching outside the range staged so far: widen it (restaged on next use)
+            if e.block is not None and e.block.pins == 0:
+                self._evict(e.block)
+            if e.block is None:
+                e.lo, e.hi = min(e.lo, leaf.offset), max(e.hi, leaf.offset + leaf.span_bytes())
+        return e
+
+    # ---- the graph ----------------------------------------------------------------------------
+    def _plan_info(self, plan) -> _PlanInfo:
+        info = self._plans.get(id(plan))
+        if info is not None and info.plan_ref() is plan:
+            return info
+        segs = []
+        for seg in plan.segments:
+            segs.append(list({id(e): e for e in map(self._entry, _segment_leaves(seg)) if e is not None}.values()))
+        info = _PlanInfo(weakref.ref(plan), [s.name for s in plan.segments], segs,
+                         plan.arena_bytes + plan.cross_bytes + plan.output_bytes)
+        for k, ents in enumerate(segs):
+            for e in ents:
+                info.uses.setdefault(id(e), []).append(k)
+        self._plans = {k: v for k, v in self._plans.items() if v.plan_ref() is not None}
+        self._plans[id(plan)] = info
+        return info
+
+    def begin_graph(self, plan, extra_bytes: int = 0) -> bool:
+        """Announce the graph about to run (its Plan; call before allocating its arenas): checks
+        the budget, logs the segment split the first time, enables prefetch. `extra_bytes`: device
+        scratch the backend adds to the plan's arenas. True when all its weights are resident."""
+        self._unpin(list(self._pinned))    # a run that raised midway left its pins
+        info = self._plan_info(plan)
+        self._current, self._activation = info, info.activation_bytes + int(extra_bytes)
+        self._seg = -1
+        self.stats = _RunStats()
+        ents = info.entries()
+        in_plan = {id(e) for e in ents}
+        kept_other = sum(b.nbytes for b in self._blocks if b.permanent and not any(
+            id(e) in in_plan for e in b.entries))
+        total = sum(e.nbytes for e in ents)
+        largest = max(range(len(info.segments)), key=info.weight_bytes, default=0)
+        seg_max = info.weight_bytes(largest) if info.segments else 0
+        limit = self.budget
+        capacity = (self.memory.mem_get_info()[0] + self.resident_bytes if limit is None else limit) - kept_other
+        segmented = self.segmented and len(info.segments) > 1
+        fits = self._activation + total <= capacity
+        budget_txt = f"--max-vram budget {_mb(limit)}" if limit is not None else f"{_mb(capacity)} free"
+        if limit is not None and not fits and self._activation + (seg_max if segmented else total) > capacity:
+            what = (f"its largest segment '{info.names[largest]}' needs {_mb(seg_max)} of weights" if segmented
+                    else f"its weights need {_mb(total)} at once" +
+                    (" (--disable-segmented-compute)" if not self.segmented else " (no cut points)"))
+            raise DeviceOutOfMemoryError(
+                f"{self.name}: the graph does not fit: {what} + {_mb(self._activation)} of activations, over the "
+                f"{budget_txt}" + (f" ({_mb(kept_other)} held by weights kept on the device)" if kept_other else "")
+                + "; raise --max-vram, or use --vae-tiling / a smaller image")
+        if info.runs == 0:
+            comps = sorted({e.component for e in ents})
+            log.info("residency %s: %s graph, %d segments, weights %s + activations %s, %s: %s", self.name,
+                     "/".join(comps) or "weightless", len(info.segments), _mb(total), _mb(self._activation),
+                     budget_txt, "fits, weights stay resident" if fits else
+                     f"streams segment by segment (largest {_mb(seg_max)})")
+            log.info("residency %s: segment weights (MB): %s", self.name, ", ".join(
+                f"{n or 'final'} {info.weight_bytes(k) / MiB:.1f}" for k, n in enumerate(info.names)))
+        return all(e.block is not None for e in ents)
+
+    def all_resident(self, plan) -> bool:
+        return all(e.block is not None for e in self._plan_info(plan).entries())
+
+    # ---- segments -----------------------------------------------------------------------------
+    def begin_segment(self, index: int, name, leaves) -> None:
+        """Make every registered weight among `leaves` resident and pin it until end_segment.
+        With segmented compute off, segment 0 brings in and pins the whole graph's weights."""
+        info = self._current
+        known = info is not None and index < len(info.segments) and info.names[index] == name
+        if known:
+            for leaf in leaves:            # views the plan did not show (cheap: dict lookups)
+                self._entry(leaf)
+            ents = info.segments[index]
+            if not self.segmented:
+                ents = [] if index else list({id(e): e for s in info.segments for e in s}.values())
+        else:
+            ents = list({id(e): e for e in map(self._entry, leaves) if e is not None}.values())
+        self._unpin([index])               # stale: that segment of an aborted run never ended
+        self._seg = index
+        self._epoch += 1
+        pinned: list[_Block] = []
+        for b in {id(e.block): e.block for e in ents if e.block is not None}.values():
+            if b.ready is not None:         # prefetched: compute waits for the copy stream
+                self.memory.wait(b.ready, "compute")
+                b.ready = None
+            b.pins += 1
+            b.last_use = self._epoch
+            pinned.append(b)
+        for group in self._pack([e for e in ents if e.block is None]):
+            b = self._stage(group, "compute", protect=pinned)
+            b.pins += 1
+            pinned.append(b)
+        hold = -1 if known and not self.segmented else index     # -1: the whole graph's pins
+        self._pinned.setdefault(hold, []).extend(pinned)
+        if self.prefetch and self.segmented and known and index + 1 < len(info.segments):
+            self._prefetch(info, index + 1, pinned)
+
+    def device_ptr(self, leaf) -> int:
+        """Device address of the leaf's first byte (leaf.offset in its owner's storage)."""
+        e = self._entries.get(id(leaf.owner))
+        if e is None or e.block is None:
+            raise UsageError(f"residency {self.name}: weight {leaf.owner.name or leaf!r} is not resident "
+                             f"(begin_segment was not called for a segment that reads it)")
+        return e.block.ptr + e.offset + (leaf.offset - e.lo)
+
+    def _unpin(self, indices) -> None:
+        for k in indices:
+            for b in self._pinned.pop(k, ()):
+                b.pins -= 1
+
+    def end_segment(self, index: int) -> None:
+        """Unpin the segment's blocks (they stay resident until evicted)."""
+        self._unpin([index])
+        info = self._current
+        if info is not None and index == len(info.segments) - 1:
+            self._unpin([-1])
+            self._finish_run(info)
+            self._current, self._activation = None, 0
+
+    def _finish_run(self, info: _PlanInfo) -> None:
+        s = self.stats
+        first = info.runs == 0
+        info.runs += 1
+        level = logging.INFO if first or s.uploaded != info.last_upload else logging.DEBUG
+        info.last_upload = s.uploaded
+        log.log(level, "residency %s: run %d uploaded %s in %d blocks (%s prefetched), evicted %s; "
+                "peak %s (weights + activations), %s resident", self.name, info.runs, _mb(s.uploaded), s.blocks,
+                _mb(s.prefetched), _mb(s.evicted), _mb(self.peak_bytes), _mb(self.resident_bytes))
+
+    # ---- staging ------------------------------------------------------------------------------
+    def _pack(self, entries: list[_Entry]) -> list[list[_Entry]]:
+        """Group entries (in order) into blocks of at most block_bytes (a bigger one alone);
+        weights kept on the device never share a block with evictable ones."""
+        groups, cur, size, perm = [], [], 0, None
+        for e in entries:
+            n = -(-e.nbytes // ALIGN) * ALIGN
+            p = e.params == "device"
+            if cur and (size + n > self.block_bytes or p != perm):
+                groups.append(cur)
+                cur, size = [], 0
+            cur.append(e)
+            size += n
+            perm = p
+        if cur:
+            groups.append(cur)
+        return groups
+
+    def _stage(self, group: list[_Entry], stream: str, protect, optional: bool = False) -> _Block | None:
+        offsets, size = [], 0
+        for e in group:
+            offsets.append(size)
+            size += -(-e.nbytes // ALIGN) * ALIGN
+        ptr = self._alloc(size, protect, optional)
+        if ptr is None:
+            return None
+        b = _Block(ptr, size, list(group), permanent=all(e.params == "device" for e in group),
+                   last_use=self._epoch)
+        self._blocks.append(b)
+        self.resident_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.resident_bytes + self._activation)
+        ev = None
+        for e, off in zip(group, offsets):
+            st = e.owner.storage
+            ev = self.memory.upload(ptr + off, st[e.lo:e.hi], stream)
+            if e.params == "disk":
+                release_file_pages(st, e.lo, e.nbytes)
+            e.block, e.offset = b, off
+        if stream == "copy":
+            b.ready = ev
+            self.stats.prefetched += size
+        self.stats.uploaded += size
+        self.stats.blocks += 1
+        return b
+
+    def _prefetch(self, info: _PlanInfo, k: int, pinned: list[_Block]) -> None:
+        missing = [e for e in info.segments[k] if e.block is None]
+        if not missing:
+            return
+        protect = list(pinned) + [e.block for e in info.segments[k] if e.block is not None]
+        record = getattr(self.memory, "record", None)
+        # the copy stream may reuse memory freed from blocks earlier segments read: it starts
+        # after the compute stream's work so far (this segment's kernels are not enqueued yet)
+        if record is not None:
+            self.memory.wait(record("compute"), "copy")
+        else:
+            self.memory.synchronize()
+        for group in self._pack(missing):
+            if self._stage(group, "copy", protect, optional=True) is None:
+                break
+
+    # ---- memory -------------------------------------------------------------------------------
+    def _fits_budget(self, nbytes: int) -> bool:
+        limit = self.budget
+        if limit is None:
+            return nbytes <= self.memory.mem_get_info()[0]
+        return self.resident_bytes + self._activation + nbytes <= limit
+
+    def _alloc(self, nbytes: int, protect, optional: bool) -> int | None:
+        protected = {id(b) for b in protect}
+        while True:
+            if self._fits_budget(nbytes):
+                try:
+                    return self.memory.alloc(nbytes)
+                except DeviceOutOfMemoryError:
+                    pass
+            victim = self._victim(protected, optional)
+            if victim is None:
+                if optional:
+                    return None
+                raise DeviceOutOfMemoryError(self._oom_message(nbytes))
+            self._evict(victim)
+
+    def _oom_message(self, nbytes: int) -> str:
+        free, total = self.memory.mem_get_info()
+        held = sum(b.nbytes for b in self._blocks if b.pins or b.permanent)
+        msg = (f"{self.name}: cannot make room for {_mb(nbytes)} of weights: {_mb(self.resident_bytes)} resident "
+               f"({_mb(held)} pinned by the running segment or kept on the device), ")
+        msg += (f"activations {_mb(self._activation)}, --max-vram budget {_mb(self.budget)}" if self.budget is not None
+                else f"{_mb(free)} free of {_mb(total)}")
+        info = self._current
+        if info is not None and not self.segmented:
+            msg += (f"; with --disable-segmented-compute all {_mb(sum(e.nbytes for e in info.entries()))} of the "
+                    f"graph's weights must be resident at once")
+        return msg
+
+    def _victim(self, protected: set, optional: bool) -> _Block | None:
+        """Unused-by-this-graph blocks LRU first, then this graph's by farthest next use. For a
+        prefetch (optional), never a block the graph needs before the segment being fetched."""
+        info, cur = self._current, self._seg
+        n = len(info.segments) if info is not None else 0
+        best, best_key = None, None
+        for b in self._blocks:
+            if b.pins or b.permanent or id(b) in protected:
+                continue
+            dist = None
+            if info is not None:
+                for e in b.entries:
+                    for s in info.uses.get(id(e), ()):
+                        d = (s - cur) % n if n else 0
+                        dist = d if dist is None else min(dist, d)
+            if dist is None:
+                key = (0, b.last_use)
+            else:
+                if optional and dist <= 1:
+                    continue
+                key = (1, -dist)
+            if best_key is None or key < best_key:
+                best, best_key = b, key
+        return best
+
+    def _evict(self, b: _Block) -> None:
+        if b.ready is not None:     # a prefetch still writing it: later users of the memory wait
+            self.memory.wait(b.ready, "compute")
+            b.ready = None
+        self.memory.free(b.ptr)
+        self._blocks.remove(b)
+        self.resident_bytes -= b.nbytes
+        self.stats.evicted += b.nbytes
+        self.evictions += 1
+        for e in b.entries:
+            e.block = None
+
+    def make_room(self, nbytes: int) -> None:
+        """Evict unpinned weights until `nbytes` more fit on the device (the backend calls this
+        when its own allocation, e.g. activation arenas, failed)."""
+        while self.memory.mem_get_info()[0] < nbytes:
+            victim = self._victim(set(), False)
+            if victim is None:
+                return
+            self._evict(victim)
+
+    def release_all(self) -> None:
+        """Free every device copy (pinned ones included: call between runs only)."""
+        self.memory.synchronize()
+        for b in list(self._blocks):
+            b.pins = 0
+            self._evict(b)
+
+
+class PlacedBackend:
+    """A backend bound to a residency object: `Graph.run(PlacedBackend(be, res))` runs on `be`
+    with `res` bringing the weights in (models take it where they take a backend name)."""
+
+    def __init__(self, backend, residency):
+        from ..ops.backend import get_backend
+        self.backend, self.residency = get_backend(backend), residency
+        self.name = self.backend.name
+
+    def find(self, node):
+        return self.backend.find(node)
+
+    def run_graph(self, graph, plan, on_segment=None, residency=None):
+        return graph.run(self.backend, on_segment=on_segment, residency=residency or self.residency)
+
+    def __getattr__(self, item):       # memory, devices ... of the wrapped backend
+        if item in ("backend", "residency"):
+            raise AttributeError(item)
+        return getattr(self.backend, item)

@@ -1,0 +1,447 @@
+"""Residency manager on a simulated device (no GPU): LRU eviction, pinning, prefetch ordering,
+segment streaming of a real tiny UNet under a small budget (outputs equal to the plain CPU run,
+with every weight read from the simulated device's bytes), --max-vram arithmetic, disk params
+(file pages dropped after staging), errors for impossible budgets."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from sdrt.engine.placement import resolve_budget
+from sdrt.engine.residency import (
+    HostPageRelease,
+    ResidencyManager,
+    SimulatedDevice,
+    release_file_pages,
+)
+from sdrt.errors import DeviceOutOfMemoryError, UsageError
+from sdrt.ops import api as F
+from sdrt.ops.registry import Kernel
+from sdrt.ops.tensor import Tensor
+
+GiB = 2**30
+U = 64 * 1024            # one weight unit: 64 KiB (16384 float32)
+N = U // 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    from sdrt.ops.threads import get_threads, set_threads
+    before = get_threads()
+    set_threads(1)
+    yield
+    set_threads(before)
+
+
+def weight(units: int, seed: int, name: str = "") -> Tensor:
+    rng = np.random.default_rng(seed)
+    return Tensor.from_numpy(rng.standard_normal(units * N).astype(np.float32), name=name or f"w{seed}")
+
+
+def chain(units: list[int], seed: int = 0):
+    """x -> cut(x + w_i[:N]) for each weight: one segment per weight (a view of a bigger one)."""
+    x = Tensor.from_numpy(np.linspace(-1, 1, N, dtype=np.float32), name="x")
+    ws = [weight(u, seed + i) for i, u in enumerate(units)]
+    h = x
+    for i, w in enumerate(ws):
+        h = F.mark_cut(F.add(h, w.slice(0, 0, N)), f"l{i}")
+    g = F.Graph({"out": F.scale(h, 1.0)})
+    g._plan = g.plan()
+    return g, ws, x
+
+
+def mib(n):
+    return n / 2**20
+
+
+def manager(sim, budget_bytes=None, **kw):
+    return ResidencyManager(sim, max_vram=None if budget_bytes is None else budget_bytes / GiB, **kw)
+
+
+class DeviceReadingCPU:
+    """The CPU kernels, reading every managed weight from the simulated device's bytes at
+    device_ptr(leaf), as the CUDA backend does with DevTensor.of(leaf, ptr)."""
+    name = "sim-cpu"
+
+    def __init__(self, sim, mgr):
+        from sdrt.ops.cpu import CPU
+        self.cpu, self.sim, self.mgr = CPU, sim, mgr
+
+    def find(self, node):
+        k = self.cpu.find(node)
+        if k is None:
+            return None
+
+        def fn(n, xs, out):
+            xs = [self.device_view(s) if s.owner.op is None and self.mgr.manages(s) else x
+                  for s, x in zip(n.src, xs)]
+            k.fn(n, xs, out)
+        return Kernel(node.op, fn, None)
+
+    def device_view(self, leaf):
+        off = self.mgr.device_ptr(leaf) - self.sim.BASE
+        return Tensor(leaf.dtype, leaf.ne, leaf.nb, storage=self.sim.mem, offset=off).numpy()
+
+
+def run_segments(graph, mgr, backend, sim=None):
+    """Graph.run with the manager driven from the on_segment hook (one graph run)."""
+    plan = graph._plan
+    mgr.begin_graph(plan)
+    cur = []
+
+    def on_segment(k, name, nodes):
+        if cur:
+            if sim is not None:
+                sim.mark(f"end {cur[-1]}")
+            mgr.end_segment(cur[-1])
+        mgr.begin_segment(k, name, [s for n in nodes for s in n.src if s.owner.op is None])
+        cur.append(k)
+
+    out = graph.run(backend, on_segment=on_segment)
+    if sim is not None:
+        sim.mark(f"end {cur[-1]}")
+    mgr.end_segment(cur[-1])
+    return out["out"].to_f32()
+
+
+def uploads(sim, stream=None):
+    return [e for e in sim.events if e[0] == "upload" and (stream is None or e[1] == stream)]
+
+
+# ---- eviction and pinning -------------------------------------------------------------------------
+
+def test_lru_eviction_order():
+    sim = SimulatedDevice(3 * U)
+    mgr = manager(sim)
+    a, b, c, d = (weight(1, i) for i in range(4))
+    for comp, w in zip("abcd", (a, b, c, d)):
+        mgr.register([w], comp)
+    for k, w in enumerate((a, b, c, a)):       # a is used again: b is now the least recent
+        mgr.begin_segment(k, None, [w])
+        mgr.end_segment(k)
+    assert len(uploads(sim)) == 3                # the second use of a uploads nothing
+    mgr.begin_segment(4, None, [d])
+    assert not mgr.is_resident(b) and all(mgr.is_resident(w) for w in (a, c, d))
+    mgr.end_segment(4)
+    mgr.begin_segment(5, None, [b])              # now c is the least recent
+    assert not mgr.is_resident(c) and all(mgr.is_resident(w) for w in (a, b, d))
+    np.testing.assert_array_equal(sim.view(mgr.device_ptr(b), U), b.storage[:U])
+
+
+def test_pinned_block_is_never_evicted():
+    sim = SimulatedDevice(3 * U)
+    mgr = manager(sim)
+    a, b, c, d = (weight(1, i) for i in range(4))
+    mgr.register([a, b, c, d], "diffusion")
+    mgr.begin_segment(0, None, [a])              # a stays pinned: its segment never ends here
+    for k, w in ((1, b), (2, c)):
+        mgr.begin_segment(k, None, [w])
+        mgr.end_segment(k)
+    mgr.begin_segment(3, None, [d])              # a is the oldest, but pinned: b goes
+    assert mgr.is_resident(a) and not mgr.is_resident(b)
+    # everything pinned: nothing can make room, and the error names the sizes
+    mgr.begin_segment(4, None, [c])
+    with pytest.raises(DeviceOutOfMemoryError, match=r"cannot make room for 0\.1 MB.*0\.2 MB pinned"):
+        mgr.begin_segment(5, None, [b])
+    mgr.end_segment(0)
+    mgr.begin_segment(5, None, [b])
+    assert not mgr.is_resident(a)
+
+
+def test_blocks_pack_up_to_block_bytes_and_views_read_the_right_bytes():
+    sim = SimulatedDevice(16 * U)
+    mgr = manager(sim, block_bytes=2 * U)
+    ws = [weight(1, i) for i in range(5)]
+    mgr.register(ws, "te")
+    mgr.begin_segment(0, None, [w.slice(0, 100, 200) for w in ws])
+    allocs = [e for e in sim.events if e[0] == "alloc"]
+    assert [e[2] for e in allocs] == [2 * U, 2 * U, U]
+    for w in ws:
+        v = w.slice(0, 100, 200)
+        got = sim.view(mgr.device_ptr(v), 100 * 4).view(np.float32)
+        np.testing.assert_array_equal(got, w.numpy()[100:200])
+
+
+def test_weights_kept_on_device_are_never_evicted():
+    sim = SimulatedDevice(3 * U)
+    mgr = manager(sim)
+    kept, a, b, c = (weight(1, i) for i in range(4))
+    mgr.register([kept], "vae", params="sim0")
+    mgr.register([a, b, c], "diffusion", params="cpu")
+    for k, w in enumerate((kept, a, b, c)):
+        mgr.begin_segment(k, None, [w])
+        mgr.end_segment(k)
+    assert mgr.is_resident(kept) and not mgr.is_resident(a)
+    with pytest.raises(UsageError, match="params backend 'cuda1'"):
+        mgr.register([weight(1, 9)], "te", params="cuda1")
+
+
+# ---- plans: fit, streaming, prefetch --------------------------------------------------------------
+
+def test_everything_fits_stays_resident_across_runs():
+    g, ws, _ = chain([1, 2, 1, 3])
+    act = g._plan.arena_bytes + g._plan.cross_bytes + g._plan.output_bytes
+    sim = SimulatedDevice(64 * U)
+    mgr = manager(sim, act + 8 * U)
+    mgr.register(ws, "diffusion")
+    ref = g.run("cpu")["out"].to_f32()
+    be = DeviceReadingCPU(sim, mgr)
+    for run in range(3):
+        assert mgr.begin_graph(g._plan) == (run > 0)
+        out = run_segments(g, mgr, be)
+        np.testing.assert_array_equal(out, ref)
+        assert mgr.stats.uploaded == (7 * U if run == 0 else 0)
+    assert mgr.evictions == 0 and mgr.peak_bytes <= act + 8 * U
+
+
+def test_prefetch_issues_next_segment_on_copy_stream_before_current_ends():
+    g, ws, _ = chain([1, 1, 1, 1])
+    act = g._plan.arena_bytes + g._plan.cross_bytes + g._plan.output_bytes
+    sim = SimulatedDevice(64 * U)
+    mgr = manager(sim, act + 2 * U)          # two weights at a time: must stream
+    mgr.register(ws, "diffusion")
+    ref = g.run("cpu")["out"].to_f32()
+    for run in range(2):
+        sim.events.clear()
+        np.testing.assert_array_equal(run_segments(g, mgr, DeviceReadingCPU(sim, mgr), sim), ref)
+        ev = sim.events
+        marks = {e[1]: i for i, e in enumerate(ev) if e[0] == "mark"}
+        copies = [(i, e) for i, e in enumerate(ev) if e[0] == "upload" and e[1] == "copy"]
+        assert len(copies) == 3                              # segments 1, 2, 3 prefetched
+        for k, (i, up) in enumerate(copies):
+            # issued while segment k runs (after its begin, before its end mark) ...
+            assert (marks.get(f"end {k - 1}", -1)) < i < marks[f"end {k}"]
+            # ... into memory the compute stream is done with ...
+            rec = [j for j, e in enumerate(ev[:i]) if e[0] == "record"]
+            assert rec and ev[rec[-1] + 1][:2] == ("wait", "copy")
+            # ... and the compute stream waits for it before segment k + 1
+            w = [j for j, e in enumerate(ev) if e[0] == "wait" and e[1] == "compute" and e[2] == up[4]]
+            assert w and marks[f"end {k}"] < w[0] < marks[f"end {k + 1}"]
+        assert sim.peak_used <= 2 * U
+    # --disable-prefetch: the same streaming, all on the compute stream
+    sim2 = SimulatedDevice(64 * U)
+    mgr2 = manager(sim2, act + 2 * U, prefetch=False)
+    mgr2.register(ws, "diffusion")
+    np.testing.assert_array_equal(run_segments(g, mgr2, DeviceReadingCPU(sim2, mgr2), sim2), ref)
+    assert uploads(sim2, "copy") == [] and len(uploads(sim2, "compute")) == 4
+
+
+def test_streaming_evicts_the_block_needed_last():
+    """Cyclic sweeps: with room for 3 of 4 weights, a run reloads one or two of them, not all four
+    (LRU would evict exactly the next one every time: 4 uploads per run)."""
+    g, ws, _ = chain([1, 1, 1, 1])
+    act = g._plan.arena_bytes + g._plan.cross_bytes + g._plan.output_bytes
+    sim = SimulatedDevice(64 * U)
+    mgr = manager(sim, act + 3 * U, prefetch=False)
+    mgr.register(ws, "diffusion")
+    be = DeviceReadingCPU(sim, mgr)
+    ref = g.run("cpu")["out"].to_f32()
+    later = []
+    for run in range(4):
+        np.testing.assert_array_equal(run_segments(g, mgr, be), ref)
+        if run:
+            later.append(mgr.stats.uploaded // U)
+    assert later == [1, 1, 2]            # Belady on a 4-cycle with 3 slots: 4 misses in 3 sweeps
+
+
+def tiny_unet():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_unet import load, model
+    m = model("sd1")
+    table, a, _ = load("sd1")
+    leaves = [Tensor.from_numpy(np.ascontiguousarray(a[k], dtype=np.float32)) for k in ("x", "t", "context")]
+    x = leaves[0]
+    g = F.Graph({"out": m.forward(x, leaves[1], leaves[2])})
+    g._plan = g.plan()
+    return g, table
+
+
+def test_unet_streams_under_a_small_budget_with_identical_output():
+    g, table = tiny_unet()
+    plan = g._plan
+    act = plan.arena_bytes + plan.cross_bytes + plan.output_bytes
+    sim = SimulatedDevice(act + 8 * 2**20)
+    probe = manager(sim)
+    probe.register(table, "diffusion")
+    info = probe._plan_info(plan)
+    seg_bytes = [info.weight_bytes(k) for k in range(len(plan.segments))]
+    total, largest = sum(seg_bytes), max(seg_bytes)
+    assert len(plan.segments) > 10 and total > 3 * largest
+    budget = act + max(largest + 4096, total // 3)      # about a third of the weights at a time
+    ref = g.run("cpu")["out"].to_f32()
+    for prefetch in (True, False):
+        sim = SimulatedDevice(act + 8 * 2**20)
+        mgr = manager(sim, budget, prefetch=prefetch)
+        mgr.register(table, "diffusion")
+        be = DeviceReadingCPU(sim, mgr)
+        for run in range(2):
+            out = run_segments(g, mgr, be)
+            np.testing.assert_array_equal(out, ref)
+            assert mgr.stats.uploaded > 0 and mgr.stats.evicted > 0        # it streamed
+            assert sim.peak_used <= budget - act
+        assert mgr.peak_bytes <= budget
+    # an ample budget: second run uploads nothing
+    sim = SimulatedDevice(act + 8 * 2**20)
+    mgr = manager(sim, act + total + 2**20)
+    mgr.register(table, "diffusion")
+    be = DeviceReadingCPU(sim, mgr)
+    run_segments(g, mgr, be)
+    np.testing.assert_array_equal(run_segments(g, mgr, be), ref)
+    assert mgr.stats.uploaded == 0
+
+
+def test_segment_split_is_logged(caplog):
+    g, ws, _ = chain([1, 2])
+    sim = SimulatedDevice(64 * U)
+    mgr = manager(sim)
+    mgr.register(ws, "diffusion")
+    with caplog.at_level("INFO", logger="sdrt"):
+        run_segments(g, mgr, DeviceReadingCPU(sim, mgr))
+    text = caplog.text
+    assert "diffusion graph, 3 segments, weights 0.2 MB" in text
+    assert "segment weights (MB): l0 0.1, l1 0.1, final 0.0" in text
+    assert "run 1 uploaded 0.2 MB in 2 blocks" in text and "peak" in text
+
+
+# ---- budgets ----------------------------------------------------------------------------------------
+
+def test_max_vram_arithmetic():
+    assert resolve_budget(6, 10 * GiB) == 6 * GiB                 # positive: that budget
+    assert resolve_budget(0, 10 * GiB) is None                    # 0: live free memory
+    assert resolve_budget(None, 10 * GiB) is None
+    assert resolve_budget(-1, 10 * GiB) == 9 * GiB                # negative: keep that much free
+    assert resolve_budget(-1.5, 1 * GiB) == 0
+    sim = SimulatedDevice(8 * U, used_elsewhere=2 * U)
+    mgr = manager(sim, budget_bytes=None)
+    assert mgr.budget is None
+    neg = ResidencyManager(sim, max_vram=-(2 * U) / GiB)         # 6U free now, keep 2U: budget 4U
+    assert neg.budget == 4 * U
+    with pytest.raises(DeviceOutOfMemoryError, match="keeps .* GiB free, but only 0.4 MB is free"):
+        ResidencyManager(sim, max_vram=-1)
+
+
+def test_live_free_memory_budget_follows_other_users():
+    sim = SimulatedDevice(5 * U, used_elsewhere=U)
+    mgr = ResidencyManager(sim, max_vram=0)
+    ws = [weight(1, i) for i in range(5)]
+    mgr.register(ws, "diffusion")
+    for k, w in enumerate(ws[:4]):
+        mgr.begin_segment(k, None, [w])
+        mgr.end_segment(k)
+    assert all(mgr.is_resident(w) for w in ws[:4])
+    sim.used_elsewhere = 2 * U                                    # someone else took more
+    mgr.begin_segment(4, None, [ws[4]])
+    assert sum(mgr.is_resident(w) for w in ws) == 3 and mgr.is_resident(ws[4])
+    assert not mgr.is_resident(ws[0]) and not mgr.is_resident(ws[1])  # the two least recent
+
+
+def test_positive_budget_caps_below_free_memory():
+    sim = SimulatedDevice(64 * U)
+    mgr = manager(sim, 2 * U)
+    ws = [weight(1, i) for i in range(3)]
+    mgr.register(ws, "te")
+    for k, w in enumerate(ws):
+        mgr.begin_segment(k, None, [w])
+        mgr.end_segment(k)
+    assert sum(mgr.is_resident(w) for w in ws) == 2 and sim.peak_used == 2 * U
+
+
+def test_impossible_budgets_raise_with_sizes():
+    g, ws, _ = chain([1, 4, 1])
+    plan = g._plan
+    act = plan.arena_bytes + plan.cross_bytes + plan.output_bytes
+    sim = SimulatedDevice(64 * U)
+    mgr = manager(sim, act + 3 * U)
+    mgr.register(ws, "diffusion")
+    with pytest.raises(DeviceOutOfMemoryError, match=r"largest segment 'l1' needs 0\.2 MB of weights \+ .* of "
+                                                     r"activations, over the --max-vram budget"):
+        mgr.begin_graph(plan)
+    g, ws, _ = chain([1, 1, 1])
+    plan = g._plan
+    sim = SimulatedDevice(64 * U)
+    mgr = manager(sim, act + 2 * U, segmented=False)
+    mgr.register(ws, "diffusion")
+    with pytest.raises(DeviceOutOfMemoryError, match=r"weights need 0\.2 MB at once \(--disable-segmented-compute\)"):
+        mgr.begin_graph(plan)
+    mgr = manager(SimulatedDevice(64 * U), act + 2 * U)            # segmented: the same budget works
+    mgr.register(ws, "diffusion")
+    mgr.begin_graph(plan)
+
+
+def test_disabled_segmentation_pins_the_whole_graph():
+    g, ws, _ = chain([1, 1, 1])
+    sim = SimulatedDevice(3 * U)                                   # live memory: exactly the weights
+    mgr = ResidencyManager(sim, max_vram=0, segmented=False)
+    mgr.register(ws, "diffusion")
+    ref = g.run("cpu")["out"].to_f32()
+    np.testing.assert_array_equal(run_segments(g, mgr, DeviceReadingCPU(sim, mgr), sim), ref)
+    ev = sim.events
+    end0 = ev.index(("mark", "end 0"))
+    assert [e[3] for e in uploads(sim)] == [U] * 3 and all(ev.index(u) < end0 for u in uploads(sim))
+    assert uploads(sim, "copy") == [] and not any(e[0] == "free" for e in ev)
+    sim2 = SimulatedDevice(2 * U)                                  # live memory too small: clear error
+    mgr2 = ResidencyManager(sim2, max_vram=0, segmented=False)
+    mgr2.register(ws, "diffusion")
+    with pytest.raises(DeviceOutOfMemoryError, match=r"cannot make room for 0\.2 MB of weights.*0\.1 MB free of 0\.1 MB; "
+                                                     r"with --disable-segmented-compute all 0\.2 MB"):
+        run_segments(g, mgr2, DeviceReadingCPU(sim2, mgr2))
+
+
+# ---- disk params ------------------------------------------------------------------------------------
+
+def _rss_of_mapping(storage) -> int:
+    """Resident bytes of the process mapping that holds `storage` (Linux /proc/self/smaps)."""
+    addr = storage.ctypes.data
+    rss, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "Rss:":
+                rss = int(line.split()[1]) * 1024
+    return rss
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc/self/smaps")
+def test_disk_params_drop_file_pages_cpu_params_keep_them(tmp_path):
+    from sdrt.io.base import map_file
+    data = {}
+    maps = {}
+    for kind in ("disk", "cpu"):
+        p = tmp_path / f"{kind}.bin"
+        data[kind] = np.random.default_rng(len(kind)).integers(0, 255, 32 * U, dtype=np.uint8)
+        p.write_bytes(data[kind].tobytes())
+        maps[kind] = map_file(str(p))[0]
+    sim = SimulatedDevice(64 * U)
+    mgr = manager(sim)
+    leaves = {}
+    for kind, mm in maps.items():
+        leaves[kind] = [Tensor.from_buffer(mm, "F32", (4 * N,), offset=i * 4 * U, name=f"{kind}{i}")
+                        for i in range(8)]
+        mgr.register(leaves[kind], "diffusion", params=kind)
+    assert _rss_of_mapping(maps["disk"]) == 0                       # registering reads nothing
+    mgr.begin_segment(0, None, leaves["disk"] + leaves["cpu"])
+    for kind in maps:
+        for i, t in enumerate(leaves[kind]):
+            np.testing.assert_array_equal(sim.view(mgr.device_ptr(t), 4 * U), data[kind][i * 4 * U:(i + 1) * 4 * U])
+    assert _rss_of_mapping(maps["disk"]) < U                        # dropped right after staging
+    assert _rss_of_mapping(maps["cpu"]) >= 32 * U - 4096            # host copy kept
+    # CPU compute with disk params: pages are dropped after each segment
+    host = HostPageRelease()
+    host.register(leaves["cpu"][:4], "te", params="disk")
+    host.begin_segment(0, None, leaves["cpu"])
+    for i, t in enumerate(leaves["cpu"]):                          # the CPU kernels read the map
+        np.testing.assert_array_equal(t.numpy().view(np.uint8), data["cpu"][i * 4 * U:(i + 1) * 4 * U])
+    host.end_segment(0)
+    assert host.released_bytes == 16 * U
+    # (at least the released half is gone: the kernel may unmap a whole large folio, which is
+    # still correct: pages fault back in from the page cache)
+    assert _rss_of_mapping(maps["cpu"]) <= 16 * U + 4096
+    # RAM arrays are never touched
+    ram = np.ones(U, np.uint8)
+    assert not release_file_pages(ram, 0, U) and ram.sum() == U

@@ -42,6 +42,16 @@ class ModelParams:
     sampler_rng: str | None = None       # --sampler-rng (None: same as --rng)
     prediction: str | None = None        # --prediction (None: from the weights)
     threads: int = -1                    # -t/--threads
+    # placement and residency (sdrt.engine.placement / residency; sd-cli's syntax)
+    backend: str | None = None           # --backend: "cuda0", or "diffusion=cuda0,te=cpu,vae=cuda0"
+    params_backend: str | None = None    # --params-backend: where weights live: cpu, disk, cudaN (same syntax)
+    offload_to_cpu: bool = False         # --offload-to-cpu: weights in RAM, streamed to the device
+    max_vram: str | float | None = None  # --max-vram: GiB (0: live free memory, < 0: keep that much free), or "cuda0=6"
+    disable_prefetch: bool = False       # --disable-prefetch
+    disable_segmented_compute: bool = False  # --disable-segmented-compute
+    auto_fit: bool = True                # --auto-fit on|off (off by itself with any placement above)
+    clip_on_cpu: bool = False            # --clip-on-cpu (deprecated: te=cpu)
+    vae_on_cpu: bool = False             # --vae-on-cpu (deprecated: vae=cpu)
 
     def validate(self) -> ModelParams:
         if not (self.model or self.diffusion_model):
@@ -54,6 +64,7 @@ class ModelParams:
         if self.embd_dir and not os.path.isdir(self.embd_dir):
             raise UsageError(f"--embd-dir: not a directory: '{self.embd_dir}'")
         self.validate_rngs()
+        self.validate_placement()
         if self.prediction is not None:
             from .denoisers import PREDICTIONS
             if self.prediction not in PREDICTIONS:
@@ -64,6 +75,14 @@ class ModelParams:
             if self.type.lower() not in {t.lower() for t in CONVERT_TYPES}:
                 raise UsageError(f"--type: invalid weight type '{self.type}'; valid: {', '.join(CONVERT_TYPES)}")
         return self
+
+    def validate_placement(self) -> None:
+        """The syntax of --backend, --params-backend and --max-vram (devices are resolved when the
+        pipeline loads: a missing GPU is an UnsupportedError there)."""
+        from .placement import parse_assignments, parse_max_vram
+        parse_assignments(self.backend, "--backend")
+        parse_assignments(self.params_backend, "--params-backend", allow_disk=True)
+        parse_max_vram(self.max_vram)
 
     def validate_rngs(self) -> None:
         from .rng import RNGS

@@ -27,9 +27,9 @@ _SDCLI_ONLY = (
     "--t5xxl", "--llm", "--llm_vision", "--qwen2vl", "--qwen2vl_vision", "--clip_vision", "--high-noise-diffusion-model",
     "--uncond-diffusion-model", "--embeddings-connectors", "--audio-vae", "--control-net", "--ip-adapter",
     "--motion-module", "--lora-model-dir", "--hires-upscalers-dir", "--photo-maker", "--pulid-weights",
-    "--upscale-model", "--vae-format", "--model-args", "--backend", "--params-backend", "--split-mode",
-    "--rpc-servers", "--max-vram", "--disable-prefetch", "--disable-segmented-compute", "--auto-fit", "--eager-load",
-    "--offload-to-cpu", "--mmap", "--clip-on-cpu", "--vae-on-cpu", "--control-net-cpu", "--fa", "--diffusion-fa",
+    "--upscale-model", "--vae-format", "--model-args", "--split-mode",
+    "--rpc-servers", "--eager-load",
+    "--mmap", "--control-net-cpu", "--fa", "--diffusion-fa",
     "--diffusion-conv-direct", "--vae-conv-direct", "--force-sdxl-vae-conv-scale", "--lora-apply-mode",
     "--prompt-file", "--negative-prompt-file", "--end-img", "--control-image", "--control-video", "--ip-adapter-image",
     "-r", "--ref-image", "--ref-video", "--ref-audio", "--ref-image-args", "--increase-ref-index",
@@ -102,6 +102,27 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--prediction", choices=tuple(PREDICTIONS), default=None, metavar="PRED",
                    help="prediction type override: " + "; ".join(f"{k}: {v[1]}" for k, v in PREDICTIONS.items())
                    + " (default: from the weights)")
+
+    d = p.add_argument_group("placement and memory (docs/residency.md)")
+    d.add_argument("--backend", default=None,
+                   help='where graphs run: a device for every module ("cuda0", "cpu") or per module '
+                        '("diffusion=cuda0,te=cpu,vae=cuda0"); default: auto-fit')
+    d.add_argument("--params-backend", default=None,
+                   help='where weights live: cpu (RAM, streamed to the GPU), disk (read from the model file '
+                        'when needed), or the compute device; same syntax as --backend (default: the compute device)')
+    d.add_argument("--offload-to-cpu", action="store_true",
+                   help="keep weights in RAM and stream them to the GPU (same as prepending *=cpu to --params-backend)")
+    d.add_argument("--max-vram", default=None, metavar="GIB",
+                   help="GPU memory budget for weights and activations in GiB, or per device (cuda0=6,cuda1=4); "
+                        "0: live free memory (default), negative: keep that much free")
+    d.add_argument("--disable-prefetch", action="store_true",
+                   help="load the next segment's weights when it starts instead of during the current one")
+    d.add_argument("--disable-segmented-compute", action="store_true",
+                   help="never stream a graph's weights segment by segment: fail if they do not fit at once")
+    d.add_argument("--auto-fit", choices=("on", "off"), default="on",
+                   help="choose --backend/--params-backend from free memory when neither is given (default: on)")
+    d.add_argument("--clip-on-cpu", action="store_true", help="deprecated: same as --backend te=cpu")
+    d.add_argument("--vae-on-cpu", action="store_true", help="deprecated: same as --backend vae=cpu")
 
     g = p.add_argument_group("generation")
     g.add_argument("-p", "--prompt", default="", help="the prompt to render")
@@ -214,7 +235,10 @@ def params_from_args(args):
     mp = ModelParams(model=args.model, diffusion_model=args.diffusion_model, vae=args.vae, taesd=args.taesd,
                      clip_l=args.clip_l, clip_g=args.clip_g, embd_dir=args.embd_dir, type=args.type,
                      tensor_type_rules=args.tensor_type_rules or None, rng=args.rng, sampler_rng=args.sampler_rng,
-                     prediction=args.prediction, threads=args.threads)
+                     prediction=args.prediction, threads=args.threads, backend=args.backend,
+                     params_backend=args.params_backend, offload_to_cpu=args.offload_to_cpu, max_vram=args.max_vram,
+                     disable_prefetch=args.disable_prefetch, disable_segmented_compute=args.disable_segmented_compute,
+                     auto_fit=args.auto_fit == "on", clip_on_cpu=args.clip_on_cpu, vae_on_cpu=args.vae_on_cpu)
     sigmas = None
     if args.sigmas is not None:
         try:

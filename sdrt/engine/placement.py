@@ -273,6 +273,14 @@ def gpu_devices() -> list[GpuInfo]:
     return out
 
 
+def _cuda_reason() -> str:
+    try:
+        from ..gpu import cuda
+        return cuda.unavailable_reason() or "no CUDA device found"
+    except ImportError as e:
+        return str(e)
+
+
 def resolve_placement(mp, sizes: dict[str, tuple[int, int]], gpus: list[GpuInfo] | None = None,
                       ram: int | None = None) -> Placement:
     """The placement of every component in `sizes` for ModelParams `mp`. `gpus` defaults to the
@@ -305,9 +313,7 @@ def resolve_placement(mp, sizes: dict[str, tuple[int, int]], gpus: list[GpuInfo]
                                        f"(devices: cpu)")
             return names[0]
         if d.startswith("cuda") and d not in names:
-            have = ", ".join(["cpu"] + names)
-            why = "no CUDA device is available (no NVIDIA driver, or pycuda is not installed: pip install pycuda)" \
-                if not names else f"devices: {have}"
+            why = f"devices: {', '.join(['cpu'] + names)}" if names else f"no CUDA device is usable: {_cuda_reason()}"
             raise UnsupportedError(f"{flag}: device '{d}' not found; {why}")
         return d
 

@@ -381,13 +381,13 @@ class AutoencoderKL:
         return self.quant_conv(h) if self.quant_conv is not None else h
 
     # numpy conveniences
-    def decode(self, z: np.ndarray) -> np.ndarray:
+    def decode(self, z: np.ndarray, backend="cpu") -> np.ndarray:
         """z [N, embed_dim, h, w] -> image [N, out_channels, h*f, w*f] (model values, ~[-1, 1])."""
-        return F.compute(self.decode_graph(_input(z, "latent")))
+        return F.compute(self.decode_graph(_input(z, "latent")), backend=backend)
 
-    def encode(self, x: np.ndarray) -> np.ndarray:
+    def encode(self, x: np.ndarray, backend="cpu") -> np.ndarray:
         """image [N, in_channels, H, W] in [-1, 1] -> moments [N, 2*embed_dim, H/f, W/f]."""
-        return F.compute(self.encode_graph(_input(x, "image")))
+        return F.compute(self.encode_graph(_input(x, "image")), backend=backend)
 
     def encode_mean(self, x: np.ndarray) -> np.ndarray:
         return gaussian_sample(self.encode(x))

@@ -229,13 +229,13 @@ class TinyAutoencoder:
             h = layer(h)
         return patchify(h, 2) if patchified else h
 
-    def decode(self, z: np.ndarray) -> np.ndarray:
+    def decode(self, z: np.ndarray, backend="cpu") -> np.ndarray:
         """z [N, z or 4z, h, w] -> image [N, 3, 8h, 8w] (x2 for patchified latents), ~[0, 1]."""
-        return F.compute(self.decode_graph(_input(z, "latent")))
+        return F.compute(self.decode_graph(_input(z, "latent")), backend=backend)
 
-    def encode(self, x: np.ndarray, patchified: bool = False) -> np.ndarray:
+    def encode(self, x: np.ndarray, patchified: bool = False, backend="cpu") -> np.ndarray:
         """image [N, 3, H, W] in [0, 1] -> latent [N, z, H/8, W/8] (or patchified)."""
-        return F.compute(self.encode_graph(_input(x, "image"), patchified))
+        return F.compute(self.encode_graph(_input(x, "image"), patchified), backend=backend)
 
 
 def _input(a: np.ndarray, what: str) -> Tensor:

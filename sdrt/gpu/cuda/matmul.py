@@ -1,0 +1,171 @@
+"""CUDA kernels for mul_mat and get_rows (cuBLAS, kernels/matmul.cu, kernels/quant.cu).
+
+mul_mat(w, x), ggml semantics (sdrt/ops/matmul.py): w ne=[K, M, w2, w3] (any float or block
+type), x ne=[K, N, b2, b3] (F32/F16/BF16, any view) -> out F32 ne=[M, N, b2, b3]; x batch
+(i2, i3) uses w batch (i2 // (b2 // w2), i3 // (b3 // w3)).
+
+- Block-type weights with few columns (N per weight batch <= MMV_MAX_COLS): mmv_<type> decodes the
+  weight inside the kernel, a warp per output row, up to 8 columns per pass over the weight.
+- Everything else is a cuBLAS GEMM (F32 compute) in the "GEMM dtype": the weight's own dtype for
+  F32/F16/BF16 weights (read in place when its rows are unit-stride), F16 for block/F8 weights,
+  which are decoded into scratch first (in row chunks of DEQUANT_CHUNK_BYTES when bigger). The
+  activations are read in place when they already are that dtype with unit-stride rows, otherwise
+  packed (cast/transposed) into scratch. F32 x F32 runs in pedantic FP32 (no TF32), so it matches
+  the CPU backend to ~1e-5; F16/BF16 GEMMs carry the rounding of x to that dtype.
+- Row-major out[N][M] = x[N][K] . w[M][K]^T is cuBLAS column-major C(MxN) = op(A)=W^T... i.e.
+  gemm(transa=True, transb=False, m=M, n=N, k=K, A=w (lda = w row stride), B=x (ldb = x row
+  stride), C=out (ldc=M)). Batch dims become strided-batched GEMMs; when w is one matrix and x's
+  rows are evenly spaced, all batches fold into one GEMM with N*b2*b3 columns.
+
+get_rows(table, ids): every float (but F64) and block table type, ids I32/I64, rows decoded to F32
+by get_rows_<type>; an id outside [0, V) yields a NaN row (the CPU op raises; a kernel cannot).
+"""
+from __future__ import annotations
+
+from ...ops.registry import FLOATS
+from . import quant
+from .quant import weight_as  # noqa: F401  (public: other families import it from here)
+from .table import CUDA
+
+MODULE = "matmul"
+MMV_MAX_COLS = 16          # columns per weight batch up to which block weights use mmv_<type>
+MMV_ROWS_PER_BLOCK = 4     # warps (output rows) per thread block of mmv
+DEQUANT_CHUNK_BYTES = 256 << 20  # the largest decoded weight piece kept in scratch at once
+GET_ROWS_MAX_BLOCKS = 1 << 16
+MAX_GRID_Y = 65535
+
+
+def _even_rows(ne, nb) -> bool:
+    """Whether all rows (over dims 1..3) are spaced by the same stride nb[1]."""
+    span = nb[1] * ne[1]
+    for d in (2, 3):
+        if ne[d] > 1 and nb[d] != span:
+            return False
+        span *= ne[d]
+    return True
+
+
+def _gemm_ready(dtype: str, ne, nb, want: str, es: int) -> bool:
+    """Whether cuBLAS can read the tensor in place as `want`: same dtype, unit element stride,
+    row/batch strides in whole elements and rows at least ne0 apart."""
+    return (dtype == want and nb[0] == es and all(s % es == 0 for s in nb[1:])
+            and nb[1] >= ne[0] * es)
+
+
+def _supports_mul_mat(node) -> bool:
+    return quant.decodable(node.src[0].dtype)
+
+
+@CUDA.register("mul_mat", supports=_supports_mul_mat)
+def mul_mat(node, xs, out, rt):
+    w, x = xs
+    K, M, w2, w3 = w.ne
+    _, N, b2, b3 = x.ne
+    x_ne, x_nb = x.ne, x.nb
+    if w2 == 1 and w3 == 1 and (b2 > 1 or b3 > 1) and _even_rows(x_ne, x_nb):
+        # one weight for every batch and evenly spaced rows: one matrix of N*b2*b3 columns
+        N, b2, b3 = N * b2 * b3, 1, 1
+        x_ne, x_nb = (K, N, 1, 1), (x_nb[0], x_nb[1], x_nb[1] * N, x_nb[1] * N)
+    shape = (K, M, N, w2, w3, b2, b3)
+    if w.dtype.is_quantized and N * (b2 // w2) * (b3 // w3) <= MMV_MAX_COLS:
+        _mul_mat_vec(rt, w, x, x_ne, x_nb, out, shape)
+    else:
+        _mul_mat_gemm(rt, w, x, x_ne, x_nb, out, shape)
+
+
+def _fold_packed(shape):
+    """The shape of a product whose x was just packed contiguous: with one weight matrix, every
+    batch folds into the columns."""
+    K, M, N, w2, w3, b2, b3 = shape
+    return (K, M, N * b2 * b3, 1, 1, 1, 1) if w2 == 1 and w3 == 1 else shape
+
+
+def _mul_mat_vec(rt, w, x, x_ne, x_nb, out, shape):
+    K, M, N, w2, w3, b2, b3 = shape
+    if _gemm_ready(x.dtype.name, x_ne, x_nb, "F32", 4):
+        xp, xs1, xs2, xs3 = x.ptr, x_nb[1] // 4, x_nb[2] // 4, x_nb[3] // 4
+    else:
+        xp = rt.scratch(K * N * b2 * b3 * 4)
+        quant.to_dense(rt, x.ptr, x.dtype, x_ne, x_nb, "F32", xp)
+        xs1, xs2, xs3 = K, K * N, K * N * b2
+        K, M, N, w2, w3, b2, b3 = _fold_packed(shape)
+    grid = ((M + MMV_ROWS_PER_BLOCK - 1) // MMV_ROWS_PER_BLOCK, min(b2 * b3, MAX_GRID_Y), 1)
+    rt.fn(MODULE, f"mmv_{quant.kernel_suffix(w.dtype)}", "PqqqPqqqPiiiiiii")(
+        grid, (32, MMV_ROWS_PER_BLOCK, 1), w.ptr, w.nb[1], w.nb[2], w.nb[3], xp, xs1, xs2, xs3,
+        out.ptr, K, M, N, b2, b3, b2 // w2, b3 // w3)
+
+
+def _mul_mat_gemm(rt, w, x, x_ne, x_nb, out, shape):
+    K, M, N, w2, w3, b2, b3 = shape
+    gd = w.dtype.name if w.dtype.name in FLOATS else "F16"
+    es = quant.dense_itemsize(gd)
+    # activations: (address, ldb, batch strides) in elements of gd
+    if _gemm_ready(x.dtype.name, x_ne, x_nb, gd, es):
+        act = (x.ptr, x_nb[1] // es, x_nb[2] // es, x_nb[3] // es)
+    else:
+        xp = rt.scratch(K * N * b2 * b3 * es)
+        quant.to_dense(rt, x.ptr, x.dtype, x_ne, x_nb, gd, xp)
+        act = (xp, K, K * N, K * N * b2)
+        shape = _fold_packed(shape)
+        K, M, N, w2, w3, b2, b3 = shape
+    if _gemm_ready(w.dtype.name, w.ne, w.nb, gd, es):
+        wt = (w.ptr, w.nb[1] // es, w.nb[2] // es, w.nb[3] // es)
+        _gemms(rt, gd, es, wt, act, out.ptr, shape, 0, M)
+        return
+    if M * K * w2 * w3 * es <= DEQUANT_CHUNK_BYTES:
+        wp = rt.scratch(M * K * w2 * w3 * es)
+        quant.to_dense(rt, w.ptr, w.dtype, w.ne, w.nb, gd, wp)
+        _gemms(rt, gd, es, (wp, K, M * K, M * K * w2), act, out.ptr, shape, 0, M)
+        return
+    # a weight too big to decode at once: row chunks, each multiplied before the next is decoded
+    # (stream order makes reusing one scratch buffer safe)
+    rows = max(16, DEQUANT_CHUNK_BYTES // (K * es) // 16 * 16)
+    buf = rt.scratch(min(rows, M) * K * es)
+    for j3 in range(w3):
+        for j2 in range(w2):
+            for m0 in range(0, M, rows):
+                mc = min(rows, M - m0)
+                src = w.ptr + j3 * w.nb[3] + j2 * w.nb[2] + m0 * w.nb[1]
+                quant.to_dense(rt, src, w.dtype, (K, mc, 1, 1), w.nb, gd, buf)
+                _gemms(rt, gd, es, (buf, K, 0, 0), act, out.ptr, shape, m0, mc, only=(j2, j3))
+
+
+def _gemms(rt, gd, es, wt, act, c, shape, m0, mc, only=None):
+    """cuBLAS calls for output rows [m0, m0+mc) of every x batch (or, with only=(j2, j3), of the
+    x batches that use weight batch (j2, j3), whose rows m0.. are at wt's address)."""
+    K, M, N, w2, w3, b2, b3 = shape
+    r2, r3 = b2 // w2, b3 // w3
+    a, lda, sa2, sa3 = wt
+    b, ldb, sb2, sb3 = act
+    for i3 in range(b3):
+        j3 = i3 // r3
+        if only is not None and j3 != only[1]:
+            continue
+        if w2 == 1 or (r2 == 1 and only is None):
+            runs = [(0, b2, sa2 if w2 > 1 else 0)]  # every i2 in one strided-batched call
+        else:
+            runs = [(j2 * r2, r2, 0) for j2 in range(w2) if only is None or j2 == only[0]]
+        for i2, nbatch, stride_a in runs:
+            a_ptr = a + ((i2 // r2) * sa2 + j3 * sa3) * es if only is None else a
+            b_ptr = b + (i3 * sb3 + i2 * sb2) * es
+            c_ptr = c + ((i3 * b2 + i2) * N * M + m0) * 4
+            rt.gemm(True, False, mc, N, K, a_ptr, gd, lda, b_ptr, gd, ldb, c_ptr, M, c_dtype="F32",
+                    batch=nbatch, stride_a=stride_a, stride_b=sb2, stride_c=M * N)
+
+
+# ---- get_rows ------------------------------------------------------------------------------------
+def _supports_get_rows(node) -> bool:
+    return quant.decodable(node.src[0].dtype)
+
+
+@CUDA.register("get_rows", supports=_supports_get_rows)
+def get_rows(node, xs, out, rt):
+    t, ids = xs
+    D, V = t.ne[0], t.ne[1]
+    n, b2, b3 = ids.ne[0], ids.ne[1], ids.ne[2]
+    per_row = D // 8 if t.dtype.is_quantized else D  # work items of one output row
+    block = min(256, max(32, (per_row + 31) // 32 * 32))
+    grid = (max(1, min(n * b2 * b3, GET_ROWS_MAX_BLOCKS)), 1, 1)
+    rt.fn(quant.MODULE, f"get_rows_{quant.kernel_suffix(t.dtype)}", "PqqqqPiqqqiiiiiP")(
+        grid, (block, 1, 1), t.ptr, t.nb[0], t.nb[1], t.nb[2], t.nb[3], ids.ptr,
+        int(ids.dtype.name == "I64"), ids.nb[0], ids.nb[1], ids.nb[2], D, V, n, b2, b3, out.ptr)

@@ -192,8 +192,9 @@ def _setup_logging(level: str):
 
 
 def list_devices() -> list[tuple[str, str]]:
+    from ..gpu import cuda
     from ..ops.threads import default_threads
-    return [("cpu", f"CPU ({default_threads()} threads, numpy BLAS + Numba)")]
+    return [("cpu", f"CPU ({default_threads()} threads, numpy BLAS + Numba)")] + cuda.devices()
 
 
 def run(argv=None) -> int:

@@ -2,6 +2,8 @@
 runs on numpy buffers, the reference one runs each op's numpy definition."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ..errors import UnsupportedError
@@ -46,6 +48,23 @@ def get_backend(name):
             _BACKENDS[name] = CPU
         elif name == "reference":
             _BACKENDS[name] = ReferenceBackend()
+        elif re.fullmatch(r"cuda\d+", name):
+            _BACKENDS[name] = _cuda_backend(int(name[4:]))
         else:
-            raise UnsupportedError(f"unknown backend {name!r}; available: cpu, reference")
+            raise UnsupportedError(f"unknown backend {name!r}; available: {', '.join(available_backends())}")
     return _BACKENDS[name]
+
+
+def available_backends() -> list[str]:
+    """Names get_backend accepts on this machine."""
+    from ..gpu import cuda
+    return ["cpu", "reference"] + [n for n, _ in cuda.devices()]
+
+
+def _cuda_backend(index: int):
+    from ..gpu import cuda
+    why = cuda.unavailable_reason()
+    if why is not None:
+        raise UnsupportedError(f"backend 'cuda{index}' is not available: {why}")
+    from ..gpu.cuda.backend import get
+    return get(index)

@@ -197,14 +197,19 @@ class Graph:
                     naive_bytes=sum(_align(n.nbytes) for n in nodes))
 
     # ---- running ------------------------------------------------------------------------
-    def run(self, backend="cpu", on_segment=None) -> dict[str, Tensor]:
+    def run(self, backend="cpu", on_segment=None, residency=None) -> dict[str, Tensor]:
         """Execute; returns {name: leaf Tensor with data}. `on_segment(index, name, nodes)` is
-        called before each segment runs (residency managers bring weights in there)."""
+        called before each segment runs. `residency` (sdrt.engine.residency) gets
+        begin_segment(index, name, leaf srcs) before and end_segment(index) after each segment.
+        A backend with `run_graph` (a device backend) runs the whole graph itself."""
         from .backend import get_backend
         be = get_backend(backend)
         plan = self.__dict__.get("_plan")
         if plan is None:  # planning the SD1.5 UNet's 765 nodes takes ~23 ms: once per graph
             plan = self._plan = self.plan()
+        run_graph = getattr(be, "run_graph", None)
+        if run_graph is not None:
+            return run_graph(self, plan, on_segment, residency)
         debug = int(os.environ.get("SDRT_DEBUG", "0") or 0)
         arena = np.empty(plan.arena_bytes, np.uint8)
         cross = np.empty(plan.cross_bytes, np.uint8)
@@ -224,6 +229,8 @@ class Graph:
         for k, seg in enumerate(plan.segments):
             if on_segment is not None:
                 on_segment(k, seg.name, seg.nodes)
+            if residency is not None:
+                residency.begin_segment(k, seg.name, [s for n in seg.nodes for s in n.src if s.owner.op is None])
             for n in seg.nodes:
                 if id(n) in seg.offsets:
                     off = seg.offsets[id(n)]
@@ -242,6 +249,8 @@ class Graph:
                 if debug >= 2:
                     log.info("%-16s %-28s %s %8.3f ms", n.op, n.name or "", list(n.ne),
                              (time.perf_counter() - t0) * 1e3)
+            if residency is not None:
+                residency.end_segment(k)
         result = {}
         for name, t in self.outputs.items():
             o = t.owner

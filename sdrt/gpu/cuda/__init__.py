@@ -1,0 +1,59 @@
+"""The CUDA backend (NVIDIA GPUs through PyCUDA, cuBLAS by ctypes, CUDA graphs); docs/cuda.md.
+
+This package's __init__ imports nothing heavy: `available()` and `devices()` probe the driver
+through ctypes and import pycuda only when a driver and a device exist. The backend itself is
+`sdrt.ops.backend.get_backend("cuda0")` (sdrt.gpu.cuda.backend).
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+
+_REASON: list = []   # [reason or None], probed once
+
+
+def unavailable_reason() -> str | None:
+    """None when a CUDA device can be used, else why not (never raises)."""
+    if not _REASON:
+        _REASON.append(_probe())
+    return _REASON[0]
+
+
+def _probe() -> str | None:
+    try:
+        if importlib.util.find_spec("pycuda") is None:
+            return "pycuda is not installed (pip install 'sdrt[cuda]')"
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return "no NVIDIA driver (libcuda.so.1 cannot be loaded)"
+        res = lib.cuInit(0)
+        if res != 0:
+            return f"cuInit failed with CUDA error {res} (no usable GPU or driver)"
+        count = ctypes.c_int()
+        if lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+            return "no CUDA device found"
+        from .driver import pycuda_driver
+        pycuda_driver()
+    except Exception as e:  # an ImportError of a broken pycuda, an UnsupportedError, ...
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def available() -> bool:
+    """True when pycuda imports, the driver loads and at least one CUDA device exists."""
+    return unavailable_reason() is None
+
+
+def devices() -> list[tuple[str, str]]:
+    """[(name, description)] such as ("cuda0", "NVIDIA H200, 139.8 GiB, sm_90"); [] without CUDA."""
+    if not available():
+        return []
+    from .driver import pycuda_driver
+    cuda = pycuda_driver()
+    out = []
+    for i in range(cuda.Device.count()):
+        d = cuda.Device(i)
+        major, minor = d.compute_capability()
+        out.append((f"cuda{i}", f"{d.name()}, {d.total_memory() / 2**30:.1f} GiB, sm_{major}{minor}"))
+    return out

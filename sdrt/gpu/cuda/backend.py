@@ -1,0 +1,408 @@
+"""CudaBackend ("cuda0", "cuda1", ...): runs a planned Graph on one GPU.
+
+`Graph.run("cuda0")` calls `run_graph(graph, plan, on_segment, residency)`:
+
+- Device memory per graph, from the same Plan as the CPU runner: one arena for every segment's
+  intermediates (plan.arena_bytes), one for tensors crossing segments (plan.cross_bytes), one
+  buffer per output; kept with the graph (freed when the Graph is garbage) so later runs reuse
+  the same addresses.
+- Leaves. A leaf is an INPUT when its storage is a writeable numpy array that was not registered
+  as a weight (`register_weights`): the UNet's holders (np.empty arrays refilled every call),
+  timesteps, positions. Inputs are copied to the device on every run (host -> pinned -> device).
+  Every other leaf is a WEIGHT: read-only storage (model files are read-only memory maps) or
+  registered. Weights are uploaded once and cached on the device, keyed by (storage, offset,
+  span), and dropped when their host storage is garbage; after changing registered weights in
+  place (say, merging a LoRA) call `refresh_weights`. With a residency object
+  (`Graph.run(be, residency=res)`), the weights it manages come from `res.device_ptr` between
+  its `begin_segment` and `end_segment` calls.
+- Outputs are copied back into fresh host numpy buffers; the return value is the CPU runner's.
+- First run eager (sizes rt.scratch, uploads weights). Later runs: the whole launch sequence
+  (input copies, kernels, cuBLAS, output copies) is captured once into a CUDA graph and replayed,
+  so a run costs one driver call plus the host copies of inputs and outputs. Runs stay eager with
+  a residency object or an on_segment callback (weights can move between runs), with
+  SDRT_CUDA_GRAPHS=0, and at SDRT_DEBUG>=2 (per-node GPU times). A capture that fails falls back
+  to eager for that graph, with a warning.
+- SDRT_DEBUG=1 logs the plan and each run's path and time; 2 adds every node's GPU time.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pkgutil
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from ...errors import UnsupportedError
+from ...ops.graph import ALIGN
+from . import cudagraph
+from .devtensor import DevTensor
+from .driver import CudaDevice, PinnedBuffer
+from .runtime import CudaRuntime, ScratchOverflow
+from .table import CUDA
+
+log = logging.getLogger("sdrt.cuda")
+
+# modules of this package that are infrastructure, not op families
+_INFRA = {"backend", "cublas", "cudagraph", "devtensor", "driver", "runtime", "table"}
+
+
+def import_families() -> list[str]:
+    """Import every op-family module of sdrt.gpu.cuda (each registers its kernels into CUDA)."""
+    pkg = importlib.import_module(__package__)
+    names = [m.name for m in pkgutil.iter_modules(pkg.__path__)
+             if not m.name.startswith("_") and m.name not in _INFRA]
+    for name in names:
+        importlib.import_module(f"{__package__}.{name}")
+    return names
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _manages(residency, leaf) -> bool:
+    """Whether the residency object places this weight (all weights when it cannot say)."""
+    m = getattr(residency, "manages", None)
+    return True if m is None else bool(m(leaf))
+
+
+def _span(leaf) -> tuple[int, int]:
+    return leaf.offset, leaf.span_bytes()
+
+
+class _GraphState:
+    """What one Graph keeps on one device between runs."""
+
+    def __init__(self, backend: "CudaBackend", graph, plan):
+        self.backend = backend
+        self.plan = plan
+        self.blocks: list[int] = []
+        self.pinned: list[PinnedBuffer] = []
+        self.arena = self._alloc(plan.arena_bytes)
+        self.cross = self._alloc(plan.cross_bytes)
+        self.node_ptr: dict[int, int] = {id(n): self._alloc(_align(n.nbytes)) for n in plan.outputs}
+        for seg in plan.segments:
+            for n in seg.nodes:
+                if id(n) in seg.offsets:
+                    self.node_ptr[id(n)] = self.arena + seg.offsets[id(n)]
+                elif id(n) in plan.cross_offsets:
+                    self.node_ptr[id(n)] = self.cross + plan.cross_offsets[id(n)]
+        # leaves: owners in first-use order, split into inputs and weights
+        self.leaves: dict[int, object] = {}
+        for n in graph.nodes:
+            for s in n.src:
+                o = s.owner
+                if o.op is None:
+                    self.leaves.setdefault(id(o), o)
+                    lo, size = _span(o)
+                    if s.offset < lo or s.offset + s.span_bytes() > lo + size:
+                        raise UnsupportedError(f"{backend.name}: view {s!r} reaches outside its leaf {o!r}")
+        self.inputs: list[tuple[object, int, PinnedBuffer]] = []   # (leaf, device ptr, pinned)
+        self.input_ptr: dict[int, int] = {}
+        self.weight_ptr: dict[int, int] = {}     # backend-cached weights, resolved on first use
+        for o in self.leaves.values():
+            if backend.is_input(o):
+                ptr = self._alloc(o.span_bytes())
+                pin = PinnedBuffer(backend.device, o.span_bytes())
+                self.pinned.append(pin)
+                self.inputs.append((o, ptr, pin))
+                self.input_ptr[id(o)] = ptr
+        self.outputs: list[tuple[object, int, PinnedBuffer]] = []  # (node, device ptr, pinned)
+        for n in plan.outputs:
+            pin = PinnedBuffer(backend.device, _align(n.nbytes))
+            self.pinned.append(pin)
+            self.outputs.append((n, self.node_ptr[id(n)], pin))
+        # every node's kernel, before anything runs
+        self.kernels = []
+        for seg in plan.segments:
+            ks = []
+            for n in seg.nodes:
+                k = backend.find(n)
+                if k is None:
+                    srcs = ", ".join(s.dtype.name for s in n.src)
+                    raise UnsupportedError(f"backend {backend.name!r} has no kernel for {n.op}({srcs}) -> "
+                                           f"{n.dtype.name}" + (f" (node {n.name})" if n.name else ""))
+                ks.append(k.fn)
+            self.kernels.append(ks)
+        self.launches: list | None = None    # [(fn, node, xs, out)] once weights have fixed addresses
+        self.captured: cudagraph.CapturedGraph | None = None
+        self.capture_ok = True
+        self.runs = 0
+
+    def _alloc(self, nbytes: int) -> int:
+        p = self.backend.device.allocator.alloc(nbytes)
+        self.blocks.append(p)
+        return p
+
+    def ptr(self, t, residency=None) -> int:
+        """Device address of tensor `t` (a node, a leaf or a view of either)."""
+        o = t.owner
+        if o.op is not None:
+            return self.node_ptr[id(o)] + t.offset
+        base = self.input_ptr.get(id(o))
+        if base is None:
+            if residency is not None and _manages(residency, t):
+                return residency.device_ptr(t)
+            base = self.weight_ptr.get(id(o))
+            if base is None:
+                base = self.weight_ptr[id(o)] = self.backend.weight_ptr(o)
+        return base + (t.offset - o.offset)
+
+    def release(self) -> None:
+        dev = self.backend.device
+        if self.captured is not None:
+            self.captured.destroy()
+            self.captured = None
+        blocks, self.blocks = self.blocks, []
+        for p in blocks:
+            dev.defer(lambda p=p: dev.allocator.free(p))
+        for pin in self.pinned:
+            pin.close()
+        self.pinned = []
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+class CudaBackend:
+    """The CUDA backend of one device; `get_backend("cudaN")` makes one per device."""
+
+    def __init__(self, index: int = 0):
+        self.name = f"cuda{index}"
+        self.device = CudaDevice(index)
+        self.rt = CudaRuntime(self.device)
+        self.memory = self.rt.memory
+        self.families = import_families()
+        self._weights: dict[tuple[int, int, int], int] = {}   # (id(storage), offset, span) -> ptr
+        self._weight_keys: dict[int, list] = {}                # id(storage) -> its keys
+        self._registered: dict[int, weakref.ref] = {}          # id(storage) -> storage
+        self._states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._lock = threading.RLock()
+        self._pending_upload = None   # event of the last weight upload on the copy stream
+
+    def __repr__(self):
+        return f"CudaBackend({self.name}: {self.device.info.describe()})"
+
+    def find(self, node):
+        return CUDA.find(node)
+
+    # ---- weights -------------------------------------------------------------------------------
+    def register_weights(self, tensors) -> None:
+        """Mark the storages of these tensors (a dict or iterable of Tensors) as weights, so they
+        are cached on the device even when their numpy storage is writeable."""
+        for t in (tensors.values() if hasattr(tensors, "values") else tensors):
+            st = t.owner.storage
+            if st is not None:
+                self._registered[id(st)] = weakref.ref(st, lambda _r, k=id(st): self._registered.pop(k, None))
+
+    def is_input(self, leaf) -> bool:
+        """The input rule: writeable numpy storage that is not a registered weight."""
+        st = leaf.storage
+        if not st.flags.writeable:
+            return False
+        ref = self._registered.get(id(st))
+        return ref is None or ref() is not st
+
+    def weight_ptr(self, leaf) -> int:
+        """Device address of the cached copy of weight leaf `leaf` (uploaded on first use on
+        the copy stream; the compute stream waits for it before its next launch)."""
+        st = leaf.storage
+        key = (id(st), *_span(leaf))
+        ptr = self._weights.get(key)
+        if ptr is None:
+            off, size = _span(leaf)
+            ptr = self.device.allocator.alloc(size)
+            self._pending_upload = self.memory.upload(ptr, st[off:off + size], "copy")
+            self._weights[key] = ptr
+            if id(st) not in self._weight_keys:
+                self._weight_keys[id(st)] = []
+                weakref.finalize(st, self._storage_gone, id(st))
+            self._weight_keys[id(st)].append(key)
+        return ptr
+
+    def refresh_weights(self, tensors) -> int:
+        """Re-upload the cached device copies of these tensors' storages in place (same
+        addresses, so captured graphs stay valid). Returns the bytes uploaded."""
+        with self._lock:
+            self.device.activate()
+            done = 0
+            for t in (tensors.values() if hasattr(tensors, "values") else tensors):
+                st = t.owner.storage
+                for key in self._weight_keys.get(id(st), ()):
+                    _, off, size = key
+                    self._pending_upload = self.memory.upload(self._weights[key], st[off:off + size], "copy")
+                    done += size
+            self._wait_uploads()
+            return done
+
+    def _wait_uploads(self) -> None:
+        if self._pending_upload is not None:
+            self.device.compute.wait_for_event(self._pending_upload)
+            self._pending_upload = None
+
+    def _storage_gone(self, sid: int) -> None:
+        for key in self._weight_keys.pop(sid, ()):
+            ptr = self._weights.pop(key, None)
+            if ptr is not None:
+                self.device.defer(lambda p=ptr: self.device.allocator.free(p))
+
+    def weight_bytes(self) -> int:
+        return sum(k[2] for k in self._weights)
+
+    # ---- running -------------------------------------------------------------------------------
+    def run_graph(self, graph, plan, on_segment=None, residency=None) -> dict:
+        with self._lock:
+            self.device.activate()
+            return self._run(graph, plan, on_segment, residency)
+
+    def _run(self, graph, plan, on_segment, residency):
+        debug = int(os.environ.get("SDRT_DEBUG", "0") or 0)
+        t0 = time.perf_counter()
+        if residency is not None and hasattr(residency, "begin_graph"):
+            residency.begin_graph(plan, self.rt.scratch_capacity)
+        state = self._states.get(graph)
+        if state is None or state.plan is not plan:
+            state = self._states[graph] = _GraphState(self, graph, plan)
+            if debug:
+                log.info("%s plan: %d nodes, %d segments, arena %.1f MB, cross-segment %.1f MB, outputs %.1f MB, "
+                         "%d inputs, %d weight leaves", self.name, len(graph.nodes), len(plan.segments),
+                         plan.arena_bytes / 2**20, plan.cross_bytes / 2**20, plan.output_bytes / 2**20,
+                         len(state.inputs), len(state.leaves) - len(state.inputs))
+        state.runs += 1
+        for leaf, _, pin in state.inputs:     # host -> pinned (the copies to the device are enqueued)
+            off, size = _span(leaf)
+            pin.array[:] = leaf.storage[off:off + size]
+        graphs = (os.environ.get("SDRT_CUDA_GRAPHS", "1") != "0" and residency is None and on_segment is None
+                  and debug < 2 and state.capture_ok)
+        stream = self.device.compute
+        if state.captured is not None:
+            state.captured.launch(stream)
+            how = "replayed CUDA graph"
+        elif graphs and state.launches is not None:
+            how = self._try_capture(state, stream)
+        else:
+            self._run_eager(state, graph, on_segment, residency, debug)
+            how = "eager"
+        stream.synchronize()
+        result = self._collect(graph, state)
+        log.log(logging.INFO if debug else logging.DEBUG, "%s: run %d of %d nodes: %s, %.2f ms", self.name,
+                state.runs, len(graph.nodes), how, (time.perf_counter() - t0) * 1e3)
+        return result
+
+    def _try_capture(self, state: _GraphState, stream) -> str:
+        try:
+            state.captured = cudagraph.capture(self.device, stream, lambda: self._enqueue(state))
+        except ScratchOverflow as e:
+            log.debug("%s: %s; running eagerly, capturing next run", self.name, e)
+            self._enqueue(state)
+            return "eager (scratch grew)"
+        except Exception as e:
+            state.capture_ok = False
+            log.warning("%s: CUDA graph capture failed (%s); this graph runs eagerly from now on", self.name, e)
+            self._enqueue(state)
+            return "eager (capture failed)"
+        c = state.captured
+        log.debug("%s: captured a CUDA graph of %d nodes (capture %.1f ms, instantiate %.1f ms)", self.name,
+                  c.nodes, c.capture_s * 1e3, c.instantiate_s * 1e3)
+        c.launch(stream)
+        return f"captured CUDA graph ({c.nodes} nodes)"
+
+    def _enqueue(self, state: _GraphState) -> None:
+        """The whole run on the compute stream (eager or while capturing), addresses fixed."""
+        dev, stream, rt = self.device, self.device.compute, self.rt
+        for _, ptr, pin in state.inputs:
+            dev.htod_async(ptr, pin.ptr, pin.nbytes, stream)
+        for fn, node, xs, out in state.launches:
+            rt.begin_kernel()
+            fn(node, xs, out, rt)
+        rt.begin_kernel()
+        for _, ptr, pin in state.outputs:
+            dev.dtoh_async(pin.ptr, ptr, pin.nbytes, stream)
+
+    def _run_eager(self, state: _GraphState, graph, on_segment, residency, debug: int) -> None:
+        dev, stream, rt = self.device, self.device.compute, self.rt
+        for _, ptr, pin in state.inputs:
+            dev.htod_async(ptr, pin.ptr, pin.nbytes, stream)
+        fixed = residency is None     # weight addresses stay put: keep the launch list for capture
+        launches = [] if fixed else None
+        timings = []
+        for k, seg in enumerate(state.plan.segments):
+            if on_segment is not None:
+                on_segment(k, seg.name, seg.nodes)
+            if residency is not None:
+                residency.begin_segment(k, seg.name, [s for n in seg.nodes for s in n.src if s.owner.op is None])
+            for fn, n in zip(state.kernels[k], seg.nodes):
+                xs = [DevTensor.of(s, state.ptr(s, residency)) for s in n.src]
+                out = DevTensor.of(n, state.node_ptr[id(n)])
+                self._wait_uploads()
+                if debug >= 2:
+                    ev0 = self._timing_event()
+                rt.begin_kernel()
+                fn(n, xs, out, rt)
+                if debug >= 2:
+                    timings.append((n, ev0, self._timing_event()))
+                if fixed:
+                    launches.append((fn, n, xs, out))
+            if residency is not None:
+                residency.end_segment(k)
+        rt.begin_kernel()
+        for _, ptr, pin in state.outputs:
+            dev.dtoh_async(pin.ptr, ptr, pin.nbytes, stream)
+        if fixed and state.launches is None:
+            state.launches = launches
+        if timings:
+            stream.synchronize()
+            for n, a, b in timings:
+                log.info("%-16s %-28s %s %8.3f ms", n.op, n.name or "", list(n.ne), b.time_since(a))
+
+    def _timing_event(self):
+        from .driver import pycuda_driver
+        return pycuda_driver().Event().record(self.device.compute)
+
+    def _collect(self, graph, state: _GraphState) -> dict:
+        from ...ops.tensor import Tensor
+        host: dict[int, np.ndarray] = {}
+        for n, _, pin in state.outputs:
+            host[id(n)] = pin.array.copy()
+        result = {}
+        for name, t in graph.outputs.items():
+            o = t.owner
+            st = o.storage if o.op is None else host[id(o)]
+            result[name] = Tensor(t.dtype, t.ne, t.nb, storage=st, offset=t.offset, name=t.name or name)
+        return result
+
+    # ---- housekeeping ------------------------------------------------------------------------
+    def forget(self, graph) -> None:
+        """Free what `graph` holds on the device now (otherwise when the Graph is garbage)."""
+        with self._lock:
+            state = self._states.pop(graph, None)
+            if state is not None:
+                state.release()
+                self.device.activate()
+
+    def synchronize(self) -> None:
+        self.device.synchronize()
+
+    def memory_stats(self) -> dict:
+        s = self.memory.stats()
+        s["weights"] = self.weight_bytes()
+        s["scratch"] = self.rt.scratch_capacity
+        return s
+
+
+_BACKENDS: dict[int, CudaBackend] = {}
+
+
+def get(index: int = 0) -> CudaBackend:
+    """The backend of device `index` (made once)."""
+    be = _BACKENDS.get(index)
+    if be is None:
+        be = _BACKENDS[index] = CudaBackend(index)
+    return be

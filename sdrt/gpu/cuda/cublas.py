@@ -1,0 +1,174 @@
+"""A thin ctypes binding to cuBLAS: one handle per stream with a preallocated workspace (so the
+calls can be captured into a CUDA graph), and strided-batched GEMM in any of the F32/F16/BF16
+type combinations the backend uses.
+
+The library is found, in order: $SDRT_CUBLAS (a path), the nvidia-cublas wheel
+(`nvidia/cu13/lib/libcublas.so.13`, `nvidia/cublas/lib/libcublas.so.12`), the CUDA toolkit
+($CUDA_HOME, /usr/local/cuda), then the dynamic linker's own search path.
+
+Types and compute (cublasGemmStridedBatchedEx):
+| a, b | c | compute type |
+|---|---|---|
+| F32 | F32 | CUBLAS_COMPUTE_32F_PEDANTIC (plain FP32), or CUBLAS_COMPUTE_32F_FAST_TF32 with allow_tf32 |
+| F16 | F16 or F32 | CUBLAS_COMPUTE_32F (tensor cores, F32 accumulation) |
+| BF16 | BF16 or F32 | CUBLAS_COMPUTE_32F (tensor cores, F32 accumulation) |
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+from ctypes import POINTER, c_float, c_int, c_longlong, c_size_t, c_void_p
+from pathlib import Path
+
+from ...errors import OpError, UnsupportedError
+
+CUDA_TYPES = {"F32": 0, "F16": 2, "BF16": 14}   # cudaDataType: CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
+C_TYPES = {"F32": ("F32",), "F16": ("F16", "F32"), "BF16": ("BF16", "F32")}   # a/b dtype -> allowed c
+COMPUTE_32F, COMPUTE_32F_PEDANTIC, COMPUTE_32F_FAST_TF32 = 68, 69, 77
+GEMM_DEFAULT_ALGO = -1
+OP_N, OP_T = 0, 1
+WORKSPACE_BYTES = 32 << 20   # what cuBLAS asks for on Hopper; preallocated so capture works
+STATUS_NAMES = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
+                7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH",
+                11: "CUBLAS_STATUS_MAPPING_ERROR", 13: "CUBLAS_STATUS_EXECUTION_FAILED",
+                14: "CUBLAS_STATUS_INTERNAL_ERROR", 15: "CUBLAS_STATUS_NOT_SUPPORTED",
+                16: "CUBLAS_STATUS_LICENSE_ERROR"}
+_INT32_MAX = 2**31 - 1
+
+
+def _candidates() -> list[str]:
+    out = []
+    if os.environ.get("SDRT_CUBLAS"):
+        out.append(os.environ["SDRT_CUBLAS"])
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        out += [os.path.join(base, "cu13", "lib", "libcublas.so.13"),
+                os.path.join(base, "cublas", "lib", "libcublas.so.12")]
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            for sub in ("lib64", "lib"):
+                out += [os.path.join(root, sub, "libcublas.so.13"), os.path.join(root, sub, "libcublas.so.12")]
+    return out + ["libcublas.so.13", "libcublas.so.12"]
+
+
+_LIB = None
+
+
+def library():
+    """The loaded libcublas (UnsupportedError listing where it looked when there is none)."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    tried = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            continue
+        try:
+            lt = Path(path).with_name(Path(path).name.replace("libcublas", "libcublasLt"))
+            if lt.exists():  # its sibling first, so the loader does not pick an older one
+                ctypes.CDLL(str(lt), mode=ctypes.RTLD_GLOBAL)
+            lib = ctypes.CDLL(path)
+            break
+        except OSError as e:
+            tried.append(f"{path}: {e}")
+    else:
+        raise UnsupportedError("cuBLAS not found (install nvidia-cublas or the CUDA toolkit, or set "
+                               f"SDRT_CUBLAS); tried: {'; '.join(tried) or ', '.join(_candidates())}")
+    sig = {
+        "cublasCreate_v2": (POINTER(c_void_p),),
+        "cublasDestroy_v2": (c_void_p,),
+        "cublasSetStream_v2": (c_void_p, c_void_p),
+        "cublasSetWorkspace_v2": (c_void_p, c_void_p, c_size_t),
+        "cublasGetVersion_v2": (c_void_p, POINTER(c_int)),
+        "cublasGemmStridedBatchedEx": (c_void_p, c_int, c_int, c_int, c_int, c_int, c_void_p,
+                                       c_void_p, c_int, c_int, c_longlong,
+                                       c_void_p, c_int, c_int, c_longlong, c_void_p,
+                                       c_void_p, c_int, c_int, c_longlong, c_int, c_int, c_int),
+    }
+    for name, args in sig.items():
+        f = getattr(lib, name)
+        f.argtypes, f.restype = args, c_int
+    lib.cublasGetStatusName.argtypes, lib.cublasGetStatusName.restype = (c_int,), ctypes.c_char_p
+    lib.sdrt_path = path
+    _LIB = lib
+    return lib
+
+
+def status_name(code: int) -> str:
+    try:
+        s = library().cublasGetStatusName(code)
+        if s:
+            return s.decode()
+    except (AttributeError, UnsupportedError):
+        pass
+    return STATUS_NAMES.get(code, f"cuBLAS status {code}")
+
+
+def check(code: int, what: str) -> None:
+    if code == 0:
+        return
+    name = status_name(code)
+    if code in (8, 15):  # ARCH_MISMATCH, NOT_SUPPORTED
+        raise UnsupportedError(f"cuBLAS {what}: {name}")
+    raise OpError(f"cuBLAS {what}: {name}")
+
+
+class Cublas:
+    """cuBLAS handles of one device: one per stream, each with its own workspace."""
+
+    def __init__(self, device):
+        self.device = device
+        self.lib = library()
+        self._handles: dict[int, c_void_p] = {}
+        self._workspaces: list[int] = []
+        v = c_int()
+        h = self.handle(device.compute)
+        check(self.lib.cublasGetVersion_v2(h, ctypes.byref(v)), "cublasGetVersion")
+        self.version = v.value
+
+    def handle(self, stream) -> c_void_p:
+        h = self._handles.get(stream.handle)
+        if h is None:
+            self.device.activate()
+            h = c_void_p()
+            check(self.lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
+            check(self.lib.cublasSetStream_v2(h, c_void_p(stream.handle)), "cublasSetStream")
+            ws = self.device.allocator.alloc(WORKSPACE_BYTES)
+            self._workspaces.append(ws)
+            check(self.lib.cublasSetWorkspace_v2(h, c_void_p(ws), WORKSPACE_BYTES), "cublasSetWorkspace")
+            self._handles[stream.handle] = h
+        return h
+
+    def gemm(self, stream, transa: bool, transb: bool, m: int, n: int, k: int,
+             a: int, a_dtype: str, lda: int, b: int, b_dtype: str, ldb: int, c: int, ldc: int, *,
+             alpha: float = 1.0, beta: float = 0.0, c_dtype: str = "F32", batch: int = 1,
+             stride_a: int = 0, stride_b: int = 0, stride_c: int = 0, allow_tf32: bool = False) -> None:
+        """Column-major C[m,n] = alpha * op(A)[m,k] op(B)[k,n] + beta * C, `batch` times with
+        element strides; enqueued on `stream`."""
+        what = (f"gemm({'T' if transa else 'N'}{'T' if transb else 'N'} m={m} n={n} k={k} batch={batch} "
+                f"{a_dtype}x{b_dtype}->{c_dtype})")
+        if a_dtype != b_dtype or a_dtype not in C_TYPES:
+            raise UnsupportedError(f"cuBLAS {what}: a and b must share one of F32/F16/BF16 (cast first)")
+        if c_dtype not in C_TYPES[a_dtype]:
+            raise UnsupportedError(f"cuBLAS {what}: {a_dtype} inputs give {' or '.join(C_TYPES[a_dtype])} outputs")
+        if min(m, n, k, batch) < 1 or max(m, n, k, lda, ldb, ldc, batch) > _INT32_MAX:
+            raise OpError(f"cuBLAS {what}: dims must be in 1..2^31-1 (lda={lda} ldb={ldb} ldc={ldc})")
+        if a_dtype == "F32":
+            compute = COMPUTE_32F_FAST_TF32 if allow_tf32 else COMPUTE_32F_PEDANTIC
+        else:
+            compute = COMPUTE_32F
+        one, zero = c_float(alpha), c_float(beta)
+        check(self.lib.cublasGemmStridedBatchedEx(
+            self.handle(stream), OP_T if transa else OP_N, OP_T if transb else OP_N, m, n, k,
+            ctypes.byref(one), c_void_p(a), CUDA_TYPES[a_dtype], lda, stride_a,
+            c_void_p(b), CUDA_TYPES[b_dtype], ldb, stride_b, ctypes.byref(zero),
+            c_void_p(c), CUDA_TYPES[c_dtype], ldc, stride_c, batch, compute, GEMM_DEFAULT_ALGO), what)
+
+    def close(self) -> None:
+        for h in self._handles.values():
+            self.lib.cublasDestroy_v2(h)
+        self._handles.clear()
+        for ws in self._workspaces:
+            self.device.allocator.free(ws)
+        self._workspaces.clear()

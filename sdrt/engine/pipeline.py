@@ -28,6 +28,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -279,6 +280,7 @@ class Pipeline:
         self.batch_cfg = batch_cfg
         self._prediction = prediction
         self._denoiser = None
+        self.executors: dict = {}     # component -> backend its model runs on (absent: cpu); see load()
 
     # ---- construction from files ----------------------------------------------------------------
     @classmethod
@@ -288,6 +290,11 @@ class Pipeline:
         t0 = time.time()
         models = load_models(params)
         pipe = cls(version=models.version, prediction=models.prediction, model_params=params, models=models)
+        from .placement import component_sizes, resolve_placement
+        from .residency import bind_components
+        placement = resolve_placement(params, component_sizes(models.tensors))
+        pipe.executors = bind_components(placement, models.tensors, prefetch=not params.disable_prefetch,
+                                         segmented=not params.disable_segmented_compute)
         log.info("loading tensors completed, taking %.2fs (lazy: weights are read on first use)", time.time() - t0)
         return pipe
 
@@ -327,7 +334,8 @@ class Pipeline:
     def conditioner(self):
         if self._cond is None:
             from .conditioning import build_conditioner
-            self._cond = build_conditioner(self.models.tensors, self.version, embd_dir=self.model_params.embd_dir)
+            self._cond = build_conditioner(self.models.tensors, self.version, embd_dir=self.model_params.embd_dir,
+                                           backend=self.executors.get("te", "cpu"))
         return self._cond
 
     @property
@@ -352,7 +360,7 @@ class Pipeline:
         x = np.full((1, 4, 8, 8), 0.5, F32)
         ctx = np.full((1, 2, 1024), 0.5, F32)
         cc = np.zeros((1, 5, 8, 8), F32) if self.version in INPAINT_VERSIONS else None
-        out = self.unet(x, np.array([999.0], F32), ctx, None, cc)
+        out = self.unet(x, np.array([999.0], F32), ctx, None, cc, **self._on("diffusion"))
         v = float(np.mean((out - x).astype(F32), dtype=np.float64)) < -1
         log.debug("check is_using_v_parameterization_for_sd2, taking %.2fs", time.time() - t0)
         return "v" if v else "eps"
@@ -578,9 +586,14 @@ class Pipeline:
             ctx = np.concatenate([c.context for c in passes], 0)
             y = None if passes[0].y is None else np.concatenate([c.y for c in passes], 0)
             cc = None if passes[0].c_concat is None else np.concatenate([c.c_concat for c in passes], 0)
-            out = unet(np.concatenate([x] * n, 0), np.repeat(tt, n), ctx, y, cc)
+            out = unet(np.concatenate([x] * n, 0), np.repeat(tt, n), ctx, y, cc, **self._on("diffusion"))
             return [np.asarray(out[i:i + 1], F32) for i in range(n)]
-        return [np.asarray(unet(x, tt, c.context, c.y, c.c_concat), F32) for c in passes]
+        return [np.asarray(unet(x, tt, c.context, c.y, c.c_concat, **self._on("diffusion")), F32) for c in passes]
+
+    def _on(self, component: str) -> dict:
+        """backend= for a component's model call (nothing for cpu: custom components need not take it)."""
+        be = self.executors.get(component, "cpu")
+        return {} if be == "cpu" else {"backend": be}
 
     def _latent_scale(self):
         from ..models.vae.autoencoder_kl import latent_scale_shift
@@ -606,9 +619,9 @@ class Pipeline:
         if gp.vae_tiling:
             size, ov = self._tiling(gp, x.shape[3] // VAE_SCALE_FACTOR, x.shape[2] // VAE_SCALE_FACTOR, True)
             from .vae_tiling import tiled_apply
-            out = tiled_apply(model.encode, x, -VAE_SCALE_FACTOR, size, ov)
+            out = tiled_apply(partial(model.encode, **self._on("vae")), x, -VAE_SCALE_FACTOR, size, ov)
         else:
-            out = model.encode(x)
+            out = model.encode(x, **self._on("vae"))
         out = np.asarray(out, F32)
         if tae:
             return out
@@ -631,9 +644,10 @@ class Pipeline:
         if gp.vae_tiling:
             from .vae_tiling import tiled_apply
             size, ov = self._tiling(gp, z.shape[3], z.shape[2], False)
-            img = tiled_apply(model.decode, z, VAE_SCALE_FACTOR, size, ov, progress=progress)
+            img = tiled_apply(partial(model.decode, **self._on("vae")), z, VAE_SCALE_FACTOR, size, ov,
+                              progress=progress)
         else:
-            img = model.decode(z)
+            img = model.decode(z, **self._on("vae"))
         img = np.asarray(img, F32)
         if not tae:
             img = np.clip((img + F32(1.0)) * F32(0.5), F32(0.0), F32(1.0))

@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import DeviceOutOfMemoryError, UsageError
 
 __all__ = ["BLOCK_BYTES", "HostPageRelease", "PlacedBackend", "ResidencyManager", "SimulatedDevice",
-           "release_file_pages"]
+           "bind_components", "release_file_pages"]
 
 log = logging.getLogger("sdrt")
 MiB, GiB = 2**20, 2**30
@@ -619,3 +619,38 @@ class PlacedBackend:
         if item in ("backend", "residency"):
             raise AttributeError(item)
         return getattr(self.backend, item)
+
+
+def bind_components(placement, tensors: dict, *, prefetch: bool = True, segmented: bool = True) -> dict:
+    """{component: what its model runs on}: "cpu", or a PlacedBackend carrying the residency
+    object (one ResidencyManager per GPU, shared by the components computing there; a
+    HostPageRelease for CPU compute with disk params). `tensors`: the canonical weight table."""
+    from ..ops.backend import get_backend
+    from .placement import classify_tensor, max_vram_for
+    parts: dict[str, dict] = {c: {} for c in placement.backend}
+    for name, t in tensors.items():
+        c = classify_tensor(name)
+        if c in parts:
+            parts[c][name] = t
+    managers: dict[str, ResidencyManager] = {}
+    out: dict = {}
+    for c, dev in placement.backend.items():
+        where = placement.params[c]
+        if dev == "cpu":
+            if where == "disk":
+                host = HostPageRelease()
+                host.register(parts[c], c, "disk")
+                out[c] = PlacedBackend("cpu", host)
+            else:
+                out[c] = "cpu"
+            continue
+        be = get_backend(dev)
+        mgr = managers.get(dev)
+        if mgr is None:
+            mgr = managers[dev] = ResidencyManager(be.memory, max_vram=max_vram_for(placement.max_vram, dev),
+                                                   prefetch=prefetch, segmented=segmented)
+        size = mgr.register(parts[c], c, "device" if where == dev else where)
+        out[c] = PlacedBackend(be, mgr)
+        log.info("%s computes on %s, weights (%s) %s", c, dev, _mb(size),
+                 "kept there" if where == dev else f"staged from {'RAM' if where == 'cpu' else 'the model file'}")
+    return out

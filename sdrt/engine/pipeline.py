@@ -286,7 +286,9 @@ class Pipeline:
     @classmethod
     def load(cls, params: ModelParams) -> Pipeline:
         from .model_manager import load_models
+        from .placement import check_devices
         params.validate()
+        check_devices(params)
         t0 = time.time()
         models = load_models(params)
         pipe = cls(version=models.version, prediction=models.prediction, model_params=params, models=models)

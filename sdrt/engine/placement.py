@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UnsupportedError, UsageError
 
-__all__ = ["COMPONENTS", "Placement", "auto_fit", "canonical_module", "classify_tensor", "component_sizes",
+__all__ = ["COMPONENTS", "Placement", "auto_fit", "canonical_module", "check_devices", "classify_tensor", "component_sizes",
            "parse_assignments", "parse_max_vram", "ram_budget", "resolve_budget", "resolve_placement"]
 
 log = logging.getLogger("sdrt")
@@ -271,6 +271,13 @@ def gpu_devices() -> list[GpuInfo]:
         free, total = get_backend(name).memory.mem_get_info()
         out.append(GpuInfo(name, int(free), int(total)))
     return out
+
+
+def check_devices(mp) -> None:
+    """Fail fast (before any model file is read) when an explicit placement names a device this
+    machine lacks; auto-fit only looks at devices that exist."""
+    if mp.backend or mp.params_backend or mp.offload_to_cpu or mp.clip_on_cpu or mp.vae_on_cpu or not mp.auto_fit:
+        resolve_placement(mp, dict.fromkeys(COMPONENTS, (0, 0)))
 
 
 def _cuda_reason() -> str:

@@ -1,0 +1,186 @@
+"""CUDA kernels for attention (op definition: sdrt/ops/attention.py; CPU: sdrt/ops/cpu/attention.py;
+device code: kernels/attention.cu).
+
+Paths, chosen per node by `plan()`:
+- "flash": our flash attention on tensor cores (wmma, half inputs, float accumulators and
+  online softmax). q, k and v are first staged (read through their ne/nb strides, converted
+  from F32/F16/BF16) into contiguous half scratch buffers [batch][head][row][DP], DP the head
+  dim padded with zeros to a compiled size (FLASH_DIMS); q is multiplied by scale*log2(e) on
+  the way so the kernel's softmax is exp2. The kernel then reads K/V tiles with 16-byte loads
+  and never holds more than a 64-row score tile per warp. Half staging is also what keeps the
+  kernel's re-reads of K/V (once per block of queries) at 2 bytes an element.
+- "gemm": S = Q K^T with cuBLAS, a row softmax kernel, O = P V with cuBLAS, over chunks of
+  queries so that the scores stay under SCORE_BYTES. With compute "F32" the GEMMs run pedantic
+  FP32 (no tensor cores): the full-precision path, taken when the node carries
+  `precision="F32"` (ggml's GGML_PREC_F32; build it with
+  `make_node("attention", srcs, scale=s, precision="F32")`). With compute "F16" it serves head
+  dims above the largest flash tile (the VAE's single 512-wide head), where the GEMMs are large
+  enough for cuBLAS to run well. bench/bench_cuda_attention.py uses it as the cuBLAS reference.
+
+Both paths accept every node the CPU kernel accepts (F32/F16/BF16 inputs, any strides, GQA and
+batch broadcast, masks of every broadcast form). A kernel function only enqueues work on
+rt.stream (CUDA-graph capturable); scratch comes from rt.scratch.
+"""
+from __future__ import annotations
+
+import math
+
+from ...errors import UnsupportedError
+from ...ops.registry import FLOATS
+from .table import CUDA
+
+MODULE = "attention"
+DTYPE_CODE = {"F32": 0, "F16": 1, "BF16": 2}  # kernels/attention.cu DT_*
+_SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+
+WARPS = 4                 # warps per flash block (FLASH_WARPS in the .cu)
+FLASH_DIMS = (16, 32, 48, 64, 80, 96, 128, 160)  # compiled padded head dims
+# rows per warp / 16 for each head dim: the variants compiled are (dp, 1) for every dp and
+# (dp, 2) for FLASH_RF2_DIMS; 2 halves the K/V fragment loads per product but needs more registers.
+FLASH_RF2_DIMS = (32, 48, 64, 80)
+FLASH_RF = {16: 1, 32: 2, 48: 2, 64: 1, 80: 1, 96: 1, 128: 1, 160: 1}
+SCORE_BYTES = 64 << 20    # gemm path: scores + probabilities of one query chunk
+FORCE_PATH: str | None = None  # tests/bench: "flash", "gemm16" or "gemm32" (default: plan())
+
+_BLOCK = 256              # threads of the staging kernel's blocks
+_MAX_GRID_X = 1 << 20     # grid-stride kernels: enough blocks to fill any GPU
+_MAX_GRID_YZ = 65535
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _cdiv(a, b) * b
+
+
+def flash_dim(D: int, Dv: int) -> int | None:
+    """The compiled padded head dim that holds both D and Dv, or None when too large."""
+    need = _round_up(max(D, Dv), 16)
+    return next((d for d in FLASH_DIMS if d >= need), None)
+
+
+def wants_f32(node) -> bool:
+    return str(node.params.get("precision", "")).upper() == "F32"
+
+
+def plan(node) -> tuple:
+    """("flash", DP, RF) or ("gemm", compute dtype name)."""
+    q, v = node.src[0], node.src[2]
+    dp = flash_dim(q.ne4[0], v.ne4[0])
+    path = FORCE_PATH
+    if path is None:
+        path = "gemm32" if wants_f32(node) else "flash" if dp is not None else "gemm16"
+    if path == "flash":
+        if dp is None:
+            raise UnsupportedError(f"attention: head dims D={q.ne4[0]}, Dv={v.ne4[0]} exceed the flash "
+                                   f"tiles (at most {FLASH_DIMS[-1]}); use the gemm path")
+        return ("flash", dp, FLASH_RF[dp])
+    return ("gemm", "F32" if path == "gemm32" else "F16")
+
+
+def _supports(node) -> bool:
+    return all(s.dtype.name in FLOATS for s in node.src) and node.dtype.name == "F32"
+
+
+@CUDA.register("attention", supports=_supports)
+def attention(node, xs, out, rt) -> None:
+    p = plan(node)
+    if p[0] == "flash":
+        flash_attention(node, xs, out, rt, p[1], p[2])
+    else:
+        gemm_attention(node, xs, out, rt, p[1])
+
+
+# ---- shared pieces ------------------------------------------------------------------------
+
+def _scratch(rt, nbytes: int) -> int:
+    """A scratch region aligned to 256 bytes (wmma loads need 32, uint4 loads 16)."""
+    return _round_up(rt.scratch(nbytes + 256), 256)
+
+
+def _stage(rt, src, out_dtype: str, dst: int, Dpad: int, Lpad: int, H: int, N: int,
+           rh: int, rn: int, scale: float) -> None:
+    """src (a strided DevTensor ne [D, L, Hs, Ns]) -> dst[N][H][Lpad][Dpad] in out_dtype,
+    times scale, zero padded; head h of batch n reads source head h/rh of batch n/rn."""
+    D, L = src.ne[0], src.ne[1]
+    total = N * H * Lpad * Dpad
+    fn = rt.fn(MODULE, f"attn_stage_{_SUFFIX[src.dtype.name]}_{_SUFFIX[out_dtype]}",
+               "PqqqqP" + "i" * 8 + "f")
+    grid = (min(_cdiv(total, _BLOCK), _MAX_GRID_X), 1, 1)
+    fn(grid, (_BLOCK, 1, 1), src.ptr, *src.nb, dst, D, L, H, N, rh, rn, Dpad, Lpad, float(scale))
+
+
+def _mask_args(mask) -> tuple:
+    """(ptr, dtype code, nb0..nb3, Mq, M2, M3) for the kernels; a null mask when absent."""
+    if mask is None:
+        return (0, 0, 0, 0, 0, 0, 1, 1, 1)
+    return (mask.ptr, DTYPE_CODE[mask.dtype.name], *mask.nb, mask.ne[1], mask.ne[2], mask.ne[3])
+
+
+def _shapes(xs):
+    q, k, v = xs[:3]
+    D, Lq, H, N = q.ne
+    Lk, Hkv, Nk = k.ne[1], k.ne[2], k.ne[3]
+    return D, v.ne[0], Lq, Lk, H, N, H // Hkv, N // Nk
+
+
+# ---- flash path ---------------------------------------------------------------------------
+
+def flash_attention(node, xs, out, rt, dp: int, rf: int) -> None:
+    q, k, v = xs[:3]
+    mask = xs[3] if len(xs) == 4 else None
+    D, Dv, Lq, Lk, H, N, rh, rn = _shapes(xs)
+    Hkv, Nk = H // rh, N // rn
+    bq = WARPS * 16 * rf
+    Lqp = _round_up(Lq, bq)
+    qh = _scratch(rt, N * H * Lqp * dp * 2)
+    kh = _scratch(rt, Nk * Hkv * Lk * dp * 2)
+    vh = _scratch(rt, Nk * Hkv * Lk * dp * 2)
+    scale = node.params["scale"] * math.log2(math.e)
+    _stage(rt, q, "F16", qh, dp, Lqp, H, N, 1, 1, scale)
+    _stage(rt, k, "F16", kh, dp, Lk, Hkv, Nk, 1, 1, 1.0)
+    _stage(rt, v, "F16", vh, dp, Lk, Hkv, Nk, 1, 1, 1.0)
+    fn = rt.fn(MODULE, f"attn_flash_d{dp}_r{rf}", "PPPPi" + "qqqq" + "iii" + "P" + "i" * 8)
+    grid = (Lqp // bq, min(H, _MAX_GRID_YZ), min(N, _MAX_GRID_YZ))
+    fn(grid, (WARPS * 32, 1, 1), qh, kh, vh, *_mask_args(mask), out.ptr, Dv, Lq, Lk, Lqp, H, N, rh, rn)
+
+
+# ---- gemm path (cuBLAS + row softmax) -----------------------------------------------------
+
+def gemm_attention(node, xs, out, rt, compute: str) -> None:
+    """softmax(Q K^T + mask) V with cuBLAS per chunk of queries; compute "F16" (tensor cores,
+    F32 accumulation and scores) or "F32" (pedantic FP32 GEMMs, the full-precision path)."""
+    q, k, v = xs[:3]
+    mask = xs[3] if len(xs) == 4 else None
+    D, Dv, Lq, Lk, H, N, rh, rn = _shapes(xs)
+    esz = 2 if compute == "F16" else 4
+    Dc, Dvc = _round_up(D, 8), _round_up(Dv, 8)  # 16-byte aligned rows for the GEMMs
+    B = N * H
+    # K/V expanded to one per query head, so both GEMMs are plain strided batches over B
+    qc = _scratch(rt, B * Lq * Dc * esz)
+    kc = _scratch(rt, B * Lk * Dc * esz)
+    vc = _scratch(rt, B * Lk * Dvc * esz)
+    _stage(rt, q, compute, qc, Dc, Lq, H, N, 1, 1, node.params["scale"])
+    _stage(rt, k, compute, kc, Dc, Lk, H, N, rh, rn, 1.0)
+    _stage(rt, v, compute, vc, Dvc, Lk, H, N, rh, rn, 1.0)
+    per_row = B * Lk * (4 + (esz if compute == "F16" else 0))  # F32 softmax runs in place
+    cq = max(1, min(Lq, SCORE_BYTES // per_row))
+    s_buf = _scratch(rt, B * cq * Lk * 4)
+    p_buf = _scratch(rt, B * cq * Lk * esz) if compute == "F16" else s_buf
+    softmax = rt.fn(MODULE, f"attn_softmax_{_SUFFIX[compute]}", "PPiiiiiPiqqqqiii")
+    margs = _mask_args(mask)
+    for i0 in range(0, Lq, cq):
+        rows = min(cq, Lq - i0)
+        # S[b][i][j] = sum_d Q[b][i0+i][d] K[b][j][d]  (column-major: S^T = K^T-op . Q)
+        rt.gemm(True, False, Lk, rows, Dc, kc, compute, Dc, qc + i0 * Dc * esz, compute, Dc,
+                s_buf, Lk, c_dtype="F32", batch=B, stride_a=Lk * Dc, stride_b=Lq * Dc,
+                stride_c=rows * Lk)
+        nrows = B * rows
+        softmax((min(_cdiv(nrows, 4), _MAX_GRID_X), 1, 1), (128, 1, 1), s_buf, p_buf, B, rows,
+                Lk, H, i0, *margs)
+        # out[b][i0+i][c] = sum_j P[b][i][j] V[b][j][c]
+        rt.gemm(False, False, Dv, rows, Lk, vc, compute, Dvc, p_buf, compute, Lk,
+                out.ptr + i0 * Dv * 4, Dv, c_dtype="F32", batch=B, stride_a=Lk * Dvc,
+                stride_b=rows * Lk, stride_c=Lq * Dv)

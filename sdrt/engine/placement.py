@@ -88,19 +88,15 @@ def check_device(name: str, flag: str, allow_disk: bool) -> str:
 def parse_assignments(spec: str | None, flag: str, *, allow_disk: bool = False) -> dict[str, str]:
     """`cuda0` -> {'*': 'cuda0'}; `diffusion=cuda0,te=cpu` -> {'diffusion': 'cuda0', 'te': 'cpu'}."""
     out: dict[str, str] = {}
-    if spec is None or not str(spec).strip():
-        return out
-    for part in str(spec).split(","):
-        part = part.strip()
-        if not part:
-            continue
+    parts = [p.strip() for p in str(spec or "").split(",") if p.strip()]
+    for part in parts:
         if "=" in part:
             mod, dev = part.split("=", 1)
             out[canonical_module(mod, flag)] = check_device(dev, flag, allow_disk)
+        elif len(parts) > 1:
+            raise UsageError(f"{flag}: '{part}' in a list needs a module (module=device), e.g. "
+                             f"diffusion=cuda0,te=cpu")
         else:
-            if len(str(spec).split(",")) > 1:
-                raise UsageError(f"{flag}: '{part}' in a list needs a module (module=device), e.g. "
-                                 f"diffusion=cuda0,te=cpu")
             out["*"] = check_device(part, flag, allow_disk)
     return out
 
@@ -293,11 +289,11 @@ def resolve_placement(mp, sizes: dict[str, tuple[int, int]], gpus: list[GpuInfo]
     """The placement of every component in `sizes` for ModelParams `mp`. `gpus` defaults to the
     machine's CUDA devices (queried only when needed). Raises UsageError for bad specs and
     UnsupportedError for devices this machine or sdrt lacks."""
-    be_spec = ",".join(p for p in (("te=cpu" if mp.clip_on_cpu else ""), ("vae=cpu" if mp.vae_on_cpu else ""),
-                                   mp.backend or "") if p)
-    pa_spec = ",".join(p for p in (("*=cpu" if mp.offload_to_cpu else ""), mp.params_backend or "") if p)
-    backend = parse_assignments(be_spec, "--backend")
-    params = parse_assignments(pa_spec, "--params-backend", allow_disk=True)
+    # the compatibility flags come first, so the explicit specs override them entry by entry
+    backend = {**({"te": "cpu"} if mp.clip_on_cpu else {}), **({"vae": "cpu"} if mp.vae_on_cpu else {}),
+               **parse_assignments(mp.backend, "--backend")}
+    params = {**({"*": "cpu"} if mp.offload_to_cpu else {}),
+              **parse_assignments(mp.params_backend, "--params-backend", allow_disk=True)}
     max_vram = parse_max_vram(mp.max_vram)
     comps = [c for c in COMPONENTS if c in sizes]
     if mp.auto_fit and not backend and not params:

@@ -248,6 +248,16 @@ def test_unet_runs_through_a_placed_backend(fake_cuda0, params):
         assert mgr.stats.uploaded == 0 and mgr.evictions == 0 and mgr.resident_bytes >= weights
 
 
+def test_weights_kept_on_the_gpu_without_a_budget_need_no_manager(fake_cuda0):
+    _, table = tiny_unet()
+    p = Placement(backend={"diffusion": "cuda0", "vae": "cpu"}, params={"diffusion": "cuda0", "vae": "cpu"})
+    assert bind_components(p, table) == {"diffusion": "cuda0", "vae": "cpu"}     # the backend's own cache
+    p.max_vram = {"cuda1": 2}
+    assert bind_components(p, table)["diffusion"] == "cuda0"
+    p.max_vram = {"*": 2}
+    assert isinstance(bind_components(p, table)["diffusion"], PlacedBackend)
+
+
 def test_cpu_compute_with_disk_params_runs_through_page_release():
     from sdrt.engine.residency import HostPageRelease
     from sdrt.ops.threads import get_threads, set_threads

@@ -151,6 +151,19 @@ def test_pinned_block_is_never_evicted():
     assert not mgr.is_resident(a)
 
 
+def test_make_room_evicts_unpinned_weights_for_the_backend():
+    sim = SimulatedDevice(4 * U)
+    mgr = manager(sim)
+    a, b, c = (weight(1, i) for i in range(3))
+    mgr.register([a, b, c], "diffusion")
+    for k, w in enumerate((a, b, c)):
+        mgr.begin_segment(k, None, [w])
+    mgr.end_segment(0)
+    mgr.end_segment(1)                     # c stays pinned
+    assert mgr.make_room(U + 1) == 2 * U and mgr.resident_bytes == U and mgr.is_resident(c)
+    assert mgr.make_room(U) == 0
+
+
 def test_blocks_pack_up_to_block_bytes_and_views_read_the_right_bytes():
     sim = SimulatedDevice(16 * U)
     mgr = manager(sim, block_bytes=2 * U)

@@ -513,10 +513,9 @@ class ResidencyManager:
 
     # ---- memory -------------------------------------------------------------------------------
     def _fits_budget(self, nbytes: int) -> bool:
-        limit = self.budget
-        if limit is None:
-            return nbytes <= self.memory.mem_get_info()[0]
-        return self.resident_bytes + self._activation + nbytes <= limit
+        # live free memory (no budget): the allocation itself decides, since a caching allocator
+        # can serve it from blocks mem_get_info does not count as free
+        return self.budget is None or self.resident_bytes + self._activation + nbytes <= self.budget
 
     def _alloc(self, nbytes: int, protect, optional: bool) -> int | None:
         protected = {id(b) for b in protect}
@@ -583,14 +582,18 @@ class ResidencyManager:
         for e in b.entries:
             e.block = None
 
-    def make_room(self, nbytes: int) -> None:
-        """Evict unpinned weights until `nbytes` more fit on the device (the backend calls this
-        when its own allocation, e.g. activation arenas, failed)."""
-        while self.memory.mem_get_info()[0] < nbytes:
+    def make_room(self, nbytes: int) -> int:
+        """Evict unpinned weights, at least `nbytes` of them if there are, and return how many
+        bytes were freed (the backend calls this when its own allocation, e.g. an activation
+        arena, failed, and then retries it)."""
+        freed = 0
+        while freed < nbytes:
             victim = self._victim(set(), False)
             if victim is None:
-                return
+                break
+            freed += victim.nbytes
             self._evict(victim)
+        return freed
 
     def release_all(self) -> None:
         """Free every device copy (pinned ones included: call between runs only)."""
@@ -634,6 +637,10 @@ def bind_components(placement, tensors: dict, *, prefetch: bool = True, segmente
             parts[c][name] = t
     managers: dict[str, ResidencyManager] = {}
     out: dict = {}
+    # a GPU whose components all keep their weights there, with no --max-vram, needs no manager:
+    # the backend caches the weights itself and can replay its runs as CUDA graphs
+    managed = {dev for c, dev in placement.backend.items() if dev != "cpu" and (
+        placement.params[c] != dev or max_vram_for(placement.max_vram, dev) is not None)}
     for c, dev in placement.backend.items():
         where = placement.params[c]
         if dev == "cpu":
@@ -645,6 +652,10 @@ def bind_components(placement, tensors: dict, *, prefetch: bool = True, segmente
                 out[c] = "cpu"
             continue
         be = get_backend(dev)
+        if dev not in managed:
+            out[c] = dev
+            log.info("%s computes on %s, weights (%s) kept there", c, dev, _mb(sum(t.nbytes for t in parts[c].values())))
+            continue
         mgr = managers.get(dev)
         if mgr is None:
             mgr = managers[dev] = ResidencyManager(be.memory, max_vram=max_vram_for(placement.max_vram, dev),

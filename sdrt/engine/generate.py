@@ -8,7 +8,9 @@
 
 Keyword arguments are sd-cli's flags in snake_case: model files and context settings go to
 `ModelParams` (model, diffusion_model, vae, taesd, clip_l, clip_g, embd_dir, type,
-tensor_type_rules, rng, sampler_rng, prediction, threads), everything else to `GenParams`
+tensor_type_rules, rng, sampler_rng, prediction, threads; placement: backend, params_backend,
+offload_to_cpu, max_vram, disable_prefetch, disable_segmented_compute, auto_fit, clip_on_cpu,
+vae_on_cpu — docs/residency.md), everything else to `GenParams`
 (prompt, negative_prompt, width, height, steps, cfg_scale, img_cfg_scale, sampling_method,
 scheduler, sigmas, eta, seed, batch_count, clip_skip, init_image, strength, mask_image,
 vae_tiling, vae_tile_size, vae_tile_overlap, vae_relative_tile_size). `init_image` /

@@ -257,6 +257,7 @@ class _RunStats:
     blocks: int = 0
     prefetched: int = 0
     evicted: int = 0
+    device_peak: int = 0            # the device's used memory (all users), sampled at segment starts
 
 
 class ResidencyManager:
@@ -413,6 +414,8 @@ class ResidencyManager:
             b = self._stage(group, "compute", protect=pinned)
             b.pins += 1
             pinned.append(b)
+        free, total = self.memory.mem_get_info()
+        self.stats.device_peak = max(self.stats.device_peak, total - free)
         hold = -1 if known and not self.segmented else index     # -1: the whole graph's pins
         self._pinned.setdefault(hold, []).extend(pinned)
         if self.prefetch and self.segmented and known and index + 1 < len(info.segments):
@@ -447,8 +450,9 @@ class ResidencyManager:
         level = logging.INFO if first or s.uploaded != info.last_upload else logging.DEBUG
         info.last_upload = s.uploaded
         log.log(level, "residency %s: run %d uploaded %s in %d blocks (%s prefetched), evicted %s; "
-                "peak %s (weights + activations), %s resident", self.name, info.runs, _mb(s.uploaded), s.blocks,
-                _mb(s.prefetched), _mb(s.evicted), _mb(self.peak_bytes), _mb(self.resident_bytes))
+                "peak %s managed (weights + activations), device peak %s used; %s resident", self.name,
+                info.runs, _mb(s.uploaded), s.blocks, _mb(s.prefetched), _mb(s.evicted), _mb(self.peak_bytes),
+                _mb(s.device_peak), _mb(self.resident_bytes))
 
     # ---- staging ------------------------------------------------------------------------------
     def _pack(self, entries: list[_Entry]) -> list[list[_Entry]]:

@@ -77,7 +77,13 @@ template <class S, class O>
 __device__ void convert(const uint8_t* __restrict__ src, int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
                         int ne0, int ne1, int ne2, int ne3, void* __restrict__ dst) {
     const int64_t n = (int64_t)ne0 * ne1 * ne2 * ne3;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    if (nb1 == nb0 * ne0 && nb2 == nb1 * ne1 && nb3 == nb2 * ne2) {  // evenly strided: no index split
+        for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
+            O::put(dst, i, S::load(src + i * nb0));
+        return;
+    }
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
         int64_t r = i / ne0;
         const int64_t i0 = i - r * ne0;
         const int64_t i1 = r % ne1;
@@ -107,8 +113,17 @@ __device__ void dequant(const uint8_t* __restrict__ src, int64_t nb1, int64_t nb
     constexpr int GPB = B::BS / 8;  // groups per block
     const int64_t gpr = ne0 / 8;    // groups per row
     const int64_t ngroups = gpr * ne1 * ne2 * ne3;
-    for (int64_t gid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; gid < ngroups;
-         gid += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t row_bytes = (int64_t)(ne0 / B::BS) * B::TS;
+    if (nb1 == row_bytes && nb2 == nb1 * ne1 && nb3 == nb2 * ne2) {  // contiguous: one run of blocks
+        for (int64_t gid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; gid < ngroups; gid += stride) {
+            float v[8];
+            B::dq8(src + (gid / GPB) * B::TS, (int)(gid % GPB) * 8, v);
+            O::put8(dst, gid * 8, v);
+        }
+        return;
+    }
+    for (int64_t gid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; gid < ngroups; gid += stride) {
         int64_t r = gid / gpr;
         const int g = (int)(gid - r * gpr);
         const int64_t i1 = r % ne1;

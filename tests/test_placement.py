@@ -271,3 +271,40 @@ def test_cpu_compute_with_disk_params_runs_through_page_release():
         np.testing.assert_array_equal(g.run(on["diffusion"])["out"].to_f32(), g.run("cpu")["out"].to_f32())
     finally:
         set_threads(before)
+
+
+def test_pipeline_passes_each_component_its_backend():
+    from test_pipeline import StubCond, StubUNet, StubVAE
+
+    from sdrt.engine.params import GenParams
+    from sdrt.engine.pipeline import Pipeline
+    seen = []
+
+    class UNet(StubUNet):
+        def __call__(self, x, t, context, y=None, c_concat=None, backend="cpu"):
+            seen.append(("unet", backend))
+            return super().__call__(x, t, context, y, c_concat)
+
+    class VAE(StubVAE):
+        def encode(self, x, backend="cpu"):
+            seen.append(("encode", backend))
+            return super().encode(x)
+
+        def decode(self, z, backend="cpu"):
+            seen.append(("decode", backend))
+            return super().decode(z)
+
+    pipe = Pipeline(version="sd1", prediction="eps", unet=UNet(), vae=VAE(), conditioner=StubCond())
+    pipe.executors = {"diffusion": "dev-d", "vae": "dev-v"}
+    init = np.full((64, 64, 3), 128, np.uint8)
+    for tiling in (False, True):
+        seen.clear()
+        pipe.generate(GenParams(prompt="a cat", steps=2, init_image=init, vae_tiling=tiling,
+                                vae_tile_size=(4, 4)), show_progress=False)
+        assert {b for w, b in seen if w == "unet"} == {"dev-d"}
+        assert {b for w, b in seen if w != "unet"} == {"dev-v"}
+        assert {w for w, _ in seen} == {"unet", "encode", "decode"}
+    pipe.executors = {}                                   # cpu: the components are called as before
+    seen.clear()
+    pipe.generate(GenParams(prompt="a cat", steps=1), show_progress=False)
+    assert {b for _, b in seen} == {"cpu"}

@@ -178,6 +178,22 @@ def test_blocks_pack_up_to_block_bytes_and_views_read_the_right_bytes():
         np.testing.assert_array_equal(got, w.numpy()[100:200])
 
 
+def test_a_view_beyond_its_weight_widens_the_staged_range():
+    buf = np.arange(4 * N, dtype=np.float32)
+    w = Tensor.from_buffer(buf, "F32", (N,), name="w")                # owns the first quarter
+    wide = w.view((2 * N,), offset=N * 4)                              # reads the 2nd and 3rd quarters
+    sim = SimulatedDevice(16 * U)
+    mgr = manager(sim)
+    mgr.register([w], "te")
+    mgr.begin_segment(0, None, [w])
+    with pytest.raises(UsageError, match="reaches outside the bytes staged for it while they are in use"):
+        mgr.begin_segment(1, None, [wide])
+    mgr.end_segment(0)
+    mgr.begin_segment(1, None, [wide])
+    np.testing.assert_array_equal(sim.view(mgr.device_ptr(wide), 2 * U).view(np.float32), buf[N:3 * N])
+    np.testing.assert_array_equal(sim.view(mgr.device_ptr(w), U).view(np.float32), buf[:N])
+
+
 def test_weights_kept_on_device_are_never_evicted():
     sim = SimulatedDevice(3 * U)
     mgr = manager(sim)

@@ -320,10 +320,12 @@ class ResidencyManager:
         e = self._entries.get(id(leaf.owner))
         if e is not None and (leaf.offset < e.lo or leaf.offset + leaf.span_bytes() > e.hi):
             # a view reaching outside the range staged so far: widen it (restaged on next use)
-            if e.block is not None and e.block.pins == 0:
+            if e.block is not None and e.block.pins:
+                raise UsageError(f"residency {self.name}: a view of {e.owner.name or e.owner!r} reaches outside "
+                                 f"the bytes staged for it while they are in use")
+            if e.block is not None:
                 self._evict(e.block)
-            if e.block is None:
-                e.lo, e.hi = min(e.lo, leaf.offset), max(e.hi, leaf.offset + leaf.span_bytes())
+            e.lo, e.hi = min(e.lo, leaf.offset), max(e.hi, leaf.offset + leaf.span_bytes())
         return e
 
     # ---- the graph ----------------------------------------------------------------------------

@@ -74,6 +74,39 @@ def _span(leaf) -> tuple[int, int]:
     return leaf.offset, leaf.span_bytes()
 
 
+def _address(storage: np.ndarray) -> int:
+    return storage.__array_interface__["data"][0]
+
+
+class _LiveStorages:
+    """Numpy storages grouped by the address of their first byte, alive ones only: several
+    Tensor.from_numpy wrappers of one array share an address (and one device copy). When the last
+    storage of an address is garbage, `on_gone(address)` runs."""
+
+    def __init__(self, on_gone=None):
+        self.on_gone = on_gone
+        self._by_addr: dict[int, dict[int, weakref.ref]] = {}
+
+    def add(self, storage: np.ndarray) -> int:
+        addr = _address(storage)
+        refs = self._by_addr.setdefault(addr, {})
+        if id(storage) not in refs:
+            refs[id(storage)] = weakref.ref(storage, lambda _r, a=addr, i=id(storage): self._drop(a, i))
+        return addr
+
+    def holds(self, storage: np.ndarray) -> bool:
+        return _address(storage) in self._by_addr
+
+    def _drop(self, addr: int, sid: int) -> None:
+        refs = self._by_addr.get(addr)
+        if refs is not None:
+            refs.pop(sid, None)
+            if not refs:
+                del self._by_addr[addr]
+                if self.on_gone is not None:
+                    self.on_gone(addr)
+
+
 class _GraphState:
     """What one Graph keeps on one device between runs."""
 
@@ -180,9 +213,9 @@ class CudaBackend:
         self.rt = CudaRuntime(self.device)
         self.memory = self.rt.memory
         self.families = import_families()
-        self._weights: dict[tuple[int, int, int], int] = {}   # (id(storage), offset, span) -> ptr
-        self._weight_keys: dict[int, list] = {}                # id(storage) -> its keys
-        self._registered: dict[int, weakref.ref] = {}          # id(storage) -> storage
+        self._weights: dict[tuple[int, int, int], int] = {}   # (storage address, offset, span) -> ptr
+        self._weight_storages = _LiveStorages(self._storage_gone)
+        self._registered = _LiveStorages()
         self._states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._lock = threading.RLock()
         self._pending_upload = None   # event of the last weight upload on the copy stream
@@ -198,33 +231,26 @@ class CudaBackend:
         """Mark the storages of these tensors (a dict or iterable of Tensors) as weights, so they
         are cached on the device even when their numpy storage is writeable."""
         for t in (tensors.values() if hasattr(tensors, "values") else tensors):
-            st = t.owner.storage
-            if st is not None:
-                self._registered[id(st)] = weakref.ref(st, lambda _r, k=id(st): self._registered.pop(k, None))
+            if t.owner.storage is not None:
+                self._registered.add(t.owner.storage)
 
     def is_input(self, leaf) -> bool:
         """The input rule: writeable numpy storage that is not a registered weight."""
         st = leaf.storage
-        if not st.flags.writeable:
-            return False
-        ref = self._registered.get(id(st))
-        return ref is None or ref() is not st
+        return bool(st.flags.writeable) and not self._registered.holds(st)
 
     def weight_ptr(self, leaf) -> int:
         """Device address of the cached copy of weight leaf `leaf` (uploaded on first use on
         the copy stream; the compute stream waits for it before its next launch)."""
         st = leaf.storage
-        key = (id(st), *_span(leaf))
+        addr = self._weight_storages.add(st)
+        off, size = _span(leaf)
+        key = (addr, off, size)
         ptr = self._weights.get(key)
         if ptr is None:
-            off, size = _span(leaf)
             ptr = self.device.allocator.alloc(size)
             self._pending_upload = self.memory.upload(ptr, st[off:off + size], "copy")
             self._weights[key] = ptr
-            if id(st) not in self._weight_keys:
-                self._weight_keys[id(st)] = []
-                weakref.finalize(st, self._storage_gone, id(st))
-            self._weight_keys[id(st)].append(key)
         return ptr
 
     def refresh_weights(self, tensors) -> int:
@@ -232,10 +258,12 @@ class CudaBackend:
         addresses, so captured graphs stay valid). Returns the bytes uploaded."""
         with self._lock:
             self.device.activate()
-            done = 0
+            done, seen = 0, set()
             for t in (tensors.values() if hasattr(tensors, "values") else tensors):
                 st = t.owner.storage
-                for key in self._weight_keys.get(id(st), ()):
+                addr = _address(st)
+                for key in [k for k in self._weights if k[0] == addr and k not in seen]:
+                    seen.add(key)
                     _, off, size = key
                     self._pending_upload = self.memory.upload(self._weights[key], st[off:off + size], "copy")
                     done += size
@@ -247,11 +275,11 @@ class CudaBackend:
             self.device.compute.wait_for_event(self._pending_upload)
             self._pending_upload = None
 
-    def _storage_gone(self, sid: int) -> None:
-        for key in self._weight_keys.pop(sid, ()):
-            ptr = self._weights.pop(key, None)
-            if ptr is not None:
-                self.device.defer(lambda p=ptr: self.device.allocator.free(p))
+    def _storage_gone(self, addr: int) -> None:
+        """The last live storage over `addr` is garbage: its device copies go too."""
+        for key in [k for k in self._weights if k[0] == addr]:
+            ptr = self._weights.pop(key)
+            self.device.defer(lambda p=ptr: self.device.allocator.free(p))
 
     def weight_bytes(self) -> int:
         return sum(k[2] for k in self._weights)

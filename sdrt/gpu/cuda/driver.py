@@ -190,15 +190,15 @@ class CudaDevice:
             self._dev.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK),
             self._dev.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
         self.lib = libcuda()
+        self._modules: dict[str, object] = {}
+        self._deferred: list = []
+        self._deferred_lock = threading.Lock()
+        self.capturing = False
         self.activate()
         # non-blocking streams: nothing on the legacy default stream can join a capture
         self.compute = cuda.Stream(flags=1)
         self.copy = cuda.Stream(flags=1)
         self.allocator = CachingAllocator(self)
-        self._modules: dict[str, object] = {}
-        self._deferred: list = []
-        self._deferred_lock = threading.Lock()
-        self.capturing = False
         _DEVICES.append(self)
 
     def __repr__(self):

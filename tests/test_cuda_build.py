@@ -1,0 +1,58 @@
+"""CUDA backend pieces that need no GPU: the shipped fatbins match their sources (a .cu edited
+without `python tools/build_cuda_kernels.py` fails here), `import sdrt` stays free of pycuda,
+the backend says why it is unavailable, the allocator's size classes."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_fatbins_match_sources():
+    # the check only hashes files: it needs no nvcc and no GPU
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "build_cuda_kernels.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, "stale CUDA kernels; run `python tools/build_cuda_kernels.py`:\n" + r.stdout + r.stderr
+
+
+def test_import_sdrt_does_not_import_pycuda():
+    code = ("import sys, sdrt, sdrt.ops.api, sdrt.gpu.cuda, sdrt.cli.main; "
+            "sdrt.gpu.cuda.available(); "
+            "print('pycuda.driver' in sys.modules, sdrt.gpu.cuda.available())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    loaded, available = r.stdout.split()
+    assert loaded == available   # pycuda.driver is imported only when a GPU is there to use
+
+
+def test_unavailable_backend_says_why():
+    from sdrt.errors import UnsupportedError
+    from sdrt.gpu import cuda
+    from sdrt.ops.backend import available_backends, get_backend
+    if cuda.available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(UnsupportedError, match="cuda0' is not available: .+"):
+        get_backend("cuda0")
+    with pytest.raises(UnsupportedError, match="available: cpu, reference"):
+        get_backend("cuda")
+    assert available_backends() == ["cpu", "reference"]
+
+
+def test_allocator_size_classes():
+    from sdrt.gpu.cuda.driver import CachingAllocator
+    r = CachingAllocator.round_size
+    assert r(1) == r(512) == 512 and r(513) == 1024 and r(1 << 20) == 1 << 20
+    for n in [1000, 5000, 123_457, 10**9 + 7]:
+        assert n <= r(n) <= max(512, n * 1.125) and r(r(n)) == r(n)
+
+
+def test_kernel_source_digest_covers_local_headers(tmp_path):
+    from sdrt.gpu.cuda.driver import source_digest
+    (tmp_path / "common.cuh").write_text("#define X 1\n")
+    cu = tmp_path / "k.cu"
+    cu.write_text('#include "common.cuh"\n#include <cuda_fp16.h>\n')
+    d0 = source_digest(cu)
+    (tmp_path / "common.cuh").write_text("#define X 2\n")
+    assert source_digest(cu) != d0

@@ -658,6 +658,9 @@ def bind_components(placement, tensors: dict, *, prefetch: bool = True, segmente
                 out[c] = "cpu"
             continue
         be = get_backend(dev)
+        register = getattr(be, "register_weights", None)
+        if register is not None:    # weights in writeable RAM (--type conversions) are not inputs
+            register(parts[c])
         if dev not in managed:
             out[c] = dev
             log.info("%s computes on %s, weights (%s) kept there", c, dev, _mb(sum(t.nbytes for t in parts[c].values())))

@@ -1,0 +1,253 @@
+"""CUDA kernels for conv1d, conv2d, conv3d, conv_transpose2d, pool1d and pool2d (kernels/conv.cu
++ cuBLAS).
+
+Convolutions: an im2col kernel writes the column matrix of a chunk of batch items and output
+rows into rt.scratch, col[n][K][rows*OW] with K = C/g*KD*KH*KW in the weight's row-major
+[OC][K] order, and one strided-batched cuBLAS GEMM per chunk computes
+    out_n[OC, P] = W[OC, K] . col_n[K, P]
+straight into the F32 output, which is already ggml's [OW, OH, (OD,) OC, N] (in column-major
+terms C[P, OC] = col[P, K] . W^T, so no transpose is ever materialized). Groups are one more
+batched dimension (weight stride og*K). The GEMM runs in F32 (pedantic, as the CPU's F32 BLAS)
+when the weight is F32, else in F16 with F32 accumulation: F16 weights are used in place,
+BF16/F8/block weights through matmul.weight_as, and the activation is narrowed to F16 while
+gathering. A 1x1, stride-1, unpadded conv whose input is already contiguous in the GEMM dtype
+skips im2col (the input is the column matrix). Columns are chunked over batch items, then
+output rows, so the scratch stays under COL_BYTES (the VAE's 512x512x128ch 3x3 conv would need
+604 MB of F16 columns at once).
+The bias (OC elements, any view) is added by a small epilogue kernel after the GEMM, the CPU
+kernel's order, rather than by beta=1 over a pre-broadcast output: both cost one extra pass
+over the output, and the epilogue keeps the GEMM a plain overwrite.
+
+conv_transpose2d is the adjoint: cols[M = OC*KH*KW, rows*W] = W^T[M, C] . x[C, rows*W] per
+chunk of input rows (one batched GEMM), then col2im_add gathers each output pixel's entries
+(one thread per pixel: no atomics); the output is first set to the bias (or zero).
+
+Pooling is one direct kernel (pool1d = pool2d with a 1-row kernel). Inputs of every op may be
+any view (read through byte strides) in F32/F16/BF16; outputs are F32.
+"""
+from __future__ import annotations
+
+from ...ops.conv import conv2d_weight_ne
+from .layout import grid_1d
+from .table import CUDA
+
+MODULE = "conv"
+COL_BYTES = 256 << 20  # cap of one chunk's column matrix (and of a packed transposed-conv input)
+_SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+_ESIZE = {"F32": 4, "F16": 2}
+_IM2COL_ARGS = "PP" + "q" * 5 + "i" * 20 + "q" * 4
+
+
+def _launch(rt, kernel: str, argtypes: str, n: int, *args) -> None:
+    if n <= 0:
+        return
+    grid, block = grid_1d(n)
+    rt.fn(MODULE, kernel, argtypes)(grid, block, *args)
+
+
+def _balanced(n: int, cap: int) -> int:
+    """Items per chunk: at most `cap` (>= 1), chunks of near-equal size (no tiny last GEMM)."""
+    chunks = -(-n // max(1, min(n, cap)))
+    return -(-n // chunks)
+
+
+def _chunks(nbatch: int, nrows: int, row_bytes: int) -> tuple[int, int]:
+    """(batch items, rows) per chunk so that a chunk's columns fit COL_BYTES: whole batch items
+    while they fit, else one item and as many rows as fit (at least one)."""
+    item = row_bytes * nrows
+    if item * nbatch <= COL_BYTES:
+        return nbatch, nrows
+    if item <= COL_BYTES:
+        return _balanced(nbatch, COL_BYTES // item), nrows
+    return 1, _balanced(nrows, COL_BYTES // max(row_bytes, 1))
+
+
+def gemm_dtype(w) -> str:
+    """The GEMM's input dtype for weight `w`: F32 weights stay F32, everything else runs F16."""
+    return "F32" if w.dtype.name == "F32" else "F16"
+
+
+def weight_ptr(rt, w, dtype: str) -> int:
+    """Device address of a contiguous copy of `w` in `dtype` (the weight itself when it is)."""
+    if w.dtype.name == dtype:
+        return w.ptr
+    from .matmul import weight_as  # kernels-Q's converter (BF16, F8, block types -> F16)
+    return weight_as(rt, w, dtype)
+
+
+def _conv_ok(node) -> bool:
+    return node.src[0].dtype.name in _SUFFIX and node.src[1].is_contiguous() \
+        and all(s.dtype.name in _SUFFIX for s in node.src[2:])
+
+
+def add_bias(rt, out_ptr: int, bias, oc: int, per_channel: int, total: int, add: bool = True) -> None:
+    """out (F32 [..][OC][per_channel], `total` elements) = (out if add else 0) + bias[oc]."""
+    _launch(rt, f"bias_store_{_SUFFIX[bias.dtype.name]}", "PP" + "q" * 10 + "i", total,
+            out_ptr, bias.ptr, bias.ne[0], bias.ne[1], bias.ne[2], *bias.nb, oc, per_channel, total, int(add))
+
+
+def im2col(rt, col: int, col_dtype: str, x, strides, dims, kernel, stride, pad, dil, circ, out_hw,
+           n0: int, nbatch: int, r0: int, rows: int) -> None:
+    """Enqueue col[b][k][p] for batch items n0.. and output rows r0.. (see conv.cu).
+    strides: byte strides (n, c, z, y, x); dims (C, D, H, W); kernel/stride/pad/dil (d, h, w);
+    circ (y, x); out_hw (OH, OW)."""
+    C, D, H, W = dims
+    kd, kh, kw = kernel
+    total = nbatch * C * kd * kh * kw * rows * out_hw[1]
+    _launch(rt, f"im2col_{_SUFFIX[x.dtype.name]}_{_SUFFIX[col_dtype]}", _IM2COL_ARGS, total,
+            col, x.ptr, *strides, C, D, H, W, kd, kh, kw, *stride, *pad, *dil, int(circ[0]), int(circ[1]),
+            *out_hw, n0, nbatch, r0, rows)
+
+
+def conv_forward(rt, x, w, bias, out, *, N, strides, dims, OC, kernel, out_dims, stride, pad, dil,
+                 groups=1, circ=(False, False)) -> None:
+    """out (F32 [N][OC][OD*OH*OW]) = conv(x, w) + bias, every conv op's 3-D form.
+    dims (C, D, H, W), kernel/stride/pad/dil/out_dims in (d, h, w) order, strides = x's byte
+    strides (n, c, z, y, x), circ = circular (y, x)."""
+    C, D, H, W = dims
+    KD, KH, KW = kernel
+    OD, OH, OW = out_dims
+    gdt = gemm_dtype(w)
+    esz = _ESIZE[gdt]
+    wp = weight_ptr(rt, w, gdt)
+    cg, og = C // groups, OC // groups
+    K = cg * KD * KH * KW
+    P = OD * OH * OW
+
+    def gemms(col: int, col_item: int, n0: int, nb: int, r0: int, npos: int) -> None:
+        # col_n[K, npos] (row-major, per batch item `col_item` elements apart) -> out rows r0..
+        c = out.ptr + (n0 * OC * P + r0 * OW) * 4
+        if groups == 1:
+            rt.gemm(False, False, npos, OC, K, col, gdt, npos, wp, gdt, K, c, P, c_dtype="F32",
+                    batch=nb, stride_a=col_item, stride_b=0, stride_c=OC * P)
+            return
+        for b in range(nb):  # groups batched: the weight moves by og*K per group
+            rt.gemm(False, False, npos, og, K, col + b * col_item * esz, gdt, npos, wp, gdt, K,
+                    c + b * OC * P * 4, P, c_dtype="F32", batch=groups, stride_a=K * npos,
+                    stride_b=og * K, stride_c=og * P)
+
+    pointwise = kernel == (1, 1, 1) and stride == (1, 1, 1) and pad == (0, 0, 0)
+    if pointwise and x.dtype.name == gdt and x.is_contiguous:
+        gemms(x.ptr, C * P, 0, N, 0, P)  # the input is the column matrix
+    else:
+        nrows = OD * OH
+        nb, rows = _chunks(N, nrows, C * KD * KH * KW * OW * esz)
+        col = rt.scratch(nb * rows * C * KD * KH * KW * OW * esz)
+        for n0 in range(0, N, nb):
+            nbc = min(nb, N - n0)
+            for r0 in range(0, nrows, rows):
+                rc = min(rows, nrows - r0)
+                im2col(rt, col, gdt, x, strides, dims, kernel, stride, pad, dil, circ, (OH, OW), n0, nbc, r0, rc)
+                gemms(col, C * KD * KH * KW * rc * OW, n0, nbc, r0, rc * OW)
+    if bias is not None:
+        add_bias(rt, out.ptr, bias, OC, P, N * OC * P)
+
+
+# ---- convolutions ------------------------------------------------------------------------------
+@CUDA.register("conv2d", supports=_conv_ok)
+def conv2d(node, xs, out, rt):
+    p = node.params
+    x, w = xs[0], xs[1]
+    W, H, C, N = x.ne
+    KW, KH, _, OC = conv2d_weight_ne(node.src[1])
+    (sx, sy), (px, py), (dx, dy) = p["stride"], p["padding"], p["dilation"]
+    cx, cy = p["circular"]
+    conv_forward(rt, x, w, xs[2] if len(xs) > 2 else None, out, N=N,
+                 strides=(x.nb[3], x.nb[2], 0, x.nb[1], x.nb[0]), dims=(C, 1, H, W), OC=OC,
+                 kernel=(1, KH, KW), out_dims=(1, out.ne[1], out.ne[0]), stride=(1, sy, sx),
+                 pad=(0, py, px), dil=(1, dy, dx), groups=p["groups"], circ=(cy, cx))
+
+
+@CUDA.register("conv1d", supports=_conv_ok)
+def conv1d(node, xs, out, rt):
+    p = node.params
+    x, w = xs[0], xs[1]
+    L, C, N, _ = x.ne
+    K, _, OC, _ = w.ne
+    conv_forward(rt, x, w, xs[2] if len(xs) > 2 else None, out, N=N,
+                 strides=(x.nb[2], x.nb[1], 0, 0, x.nb[0]), dims=(C, 1, 1, L), OC=OC,
+                 kernel=(1, 1, K), out_dims=(1, 1, out.ne[0]), stride=(1, 1, p["stride"][0]),
+                 pad=(0, 0, p["padding"][0]), dil=(1, 1, p["dilation"][0]), groups=p["groups"])
+
+
+@CUDA.register("conv3d", supports=_conv_ok)
+def conv3d(node, xs, out, rt):
+    p = node.params
+    x, w = xs[0], xs[1]
+    W, H, D, ICN = x.ne
+    KW, KH, KD, ICOC = w.ne
+    ic = p["ic"] if p["ic"] is not None else ICN
+    conv_forward(rt, x, w, xs[2] if len(xs) > 2 else None, out, N=ICN // ic,
+                 strides=(ic * x.nb[3], x.nb[3], x.nb[2], x.nb[1], x.nb[0]), dims=(ic, D, H, W),
+                 OC=ICOC // ic, kernel=(KD, KH, KW), out_dims=(out.ne[2], out.ne[1], out.ne[0]),
+                 stride=tuple(p["stride"][::-1]), pad=tuple(p["padding"][::-1]),
+                 dil=tuple(p["dilation"][::-1]))
+
+
+@CUDA.register("conv_transpose2d", supports=_conv_ok)
+def conv_transpose2d(node, xs, out, rt):
+    p = node.params
+    x, w = xs[0], xs[1]
+    bias = xs[2] if len(xs) > 2 else None
+    W, H, C, N = x.ne
+    KW, KH, OC, _ = w.ne
+    OW, OH = out.ne[0], out.ne[1]
+    (sx, sy), (px, py), (dx, dy) = p["stride"], p["padding"], p["dilation"]
+    gdt = gemm_dtype(w)
+    esz = _ESIZE[gdt]
+    wp = weight_ptr(rt, w, gdt)
+    M, Pin = OC * KH * KW, H * W
+    total = N * OC * OH * OW
+    if bias is not None:
+        add_bias(rt, out.ptr, bias, OC, OH * OW, total, add=False)
+    else:
+        _launch(rt, "zero_f32", "Pq", total, out.ptr, total)
+    packed = x.dtype.name == gdt and x.is_contiguous
+    nb, rows = _chunks(N, H, M * W * 4)
+    if not packed:  # x as a contiguous [n][C][H*W] matrix in the GEMM dtype
+        nb = max(1, min(nb, COL_BYTES // (C * Pin * esz)))
+        xbuf = rt.scratch(nb * C * Pin * esz)
+    cols = rt.scratch(nb * M * rows * W * 4)
+    for n0 in range(0, N, nb):
+        nbc = min(nb, N - n0)
+        if packed:
+            xp = x.ptr + n0 * C * Pin * esz
+        else:
+            im2col(rt, xbuf, gdt, x, (x.nb[3], x.nb[2], 0, x.nb[1], x.nb[0]), (C, 1, H, W), (1, 1, 1),
+                   (1, 1, 1), (0, 0, 0), (1, 1, 1), (False, False), (H, W), n0, nbc, 0, H)
+            xp = xbuf
+        for r0 in range(0, H, rows):
+            rc = min(rows, H - r0)
+            # cols_n[M, rc*W] = W^T[M, C] . x_n[C, rows r0..]; column-major C[rc*W, M] = x . W
+            rt.gemm(False, True, rc * W, M, C, xp + r0 * W * esz, gdt, Pin, wp, gdt, M, cols, rc * W,
+                    c_dtype="F32", batch=nbc, stride_a=C * Pin, stride_b=0, stride_c=M * rc * W)
+            oy0 = max(0, r0 * sy - py)
+            oy1 = min(OH, (r0 + rc - 1) * sy + (KH - 1) * dy - py + 1)
+            _launch(rt, "col2im_add_f32", "PP" + "i" * 13 + "q" * 6, nbc * OC * max(oy1 - oy0, 0) * OW,
+                    out.ptr, cols, OC, OH, OW, H, W, KH, KW, sy, sx, py, px, dy, dx, n0, nbc, r0, rc, oy0, oy1)
+
+
+# ---- pooling -----------------------------------------------------------------------------------
+def _pool_ok(node) -> bool:
+    return node.src[0].dtype.name in _SUFFIX
+
+
+def _pool(rt, x, out, kernel, stride, pad, is_max) -> None:
+    """x ne (W, H, B2, B3) -> out (OW, OH, B2, B3); kernel/stride/pad in (x, y) order."""
+    W, H, B2, B3 = x.ne
+    OW, OH = out.ne[0], out.ne[1]
+    _launch(rt, f"pool2d_{_SUFFIX[x.dtype.name]}", "PP" + "q" * 10 + "i" * 7, out.nelements,
+            out.ptr, x.ptr, W, H, B2, B3, *x.nb, OW, OH, *kernel, *stride, *pad, int(is_max))
+
+
+@CUDA.register("pool2d", supports=_pool_ok)
+def pool2d(node, xs, out, rt):
+    p = node.params
+    _pool(rt, xs[0], out, p["kernel"], p["stride"], p["padding"], p["kind"] == "max")
+
+
+@CUDA.register("pool1d", supports=_pool_ok)
+def pool1d(node, xs, out, rt):
+    # a 1-row kernel over (L, ne1): ne1..3 pass through
+    p = node.params
+    _pool(rt, xs[0], out, (p["kernel"][0], 1), (p["stride"][0], 1), (p["padding"][0], 0), p["kind"] == "max")

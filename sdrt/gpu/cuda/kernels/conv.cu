@@ -1,0 +1,214 @@
+// Convolution helpers (the GEMMs themselves run in cuBLAS) and pooling.
+//
+// - im2col: every conv (1-D, 2-D, 3-D) is a 3-D conv over (D, H, W) with unit dims where the op
+//   has none. The column matrix of a chunk of batch items and output rows is
+//   col[b][k][p]  with k = ((c*KD + kz)*KH + ky)*KW + kx  (the weight's row-major [OC][K] order)
+//   and p = (r - r0)*OW + ox for output rows r = oz*OH + oy in [r0, r0 + rows);
+//   the input is read through byte strides (any view; F32/F16/BF16) and written as F32 or F16
+//   (the GEMM's dtype). Zero padding, or circular wrap on x/y (sd.cpp's circular_x/y).
+//   With a 1x1 kernel, stride 1 and no padding it is a strided-to-contiguous pack.
+// - col2im_add (conv_transpose2d): out[n][oc][oy][ox] += the column entries that land on the
+//   pixel, gathered (one thread per output pixel: no atomics, deterministic).
+// - bias_store / zero: conv outputs are F32 [N][OC][P]; the bias (OC elements, any view)
+//   is added after the GEMM (the CPU kernel's order) or stored before col2im accumulates.
+// - pool2d: ggml_pool_2d (avg divides by the full kernel area, max starts at -FLT_MAX);
+//   pool1d is pool2d with a 1-row kernel.
+//
+// Every kernel is a 1-D grid-stride loop over its outputs (int64 indices).
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <float.h>
+
+#define GRID_STRIDE_LOOP(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (int64_t)blockDim.x * gridDim.x)
+
+__device__ __forceinline__ float load_f(const float* p) { return *p; }
+__device__ __forceinline__ float load_f(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ float load_f(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void store_f(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_f(__half* p, float v) { *p = __float2half_rn(v); }
+
+// input coordinate along one axis; -1 when it falls in the zero padding
+__device__ __forceinline__ int64_t conv_src(int64_t o, int64_t k, int s, int p, int d, int64_t n, int circular) {
+    int64_t j = o * s + k * d - p;
+    if (circular) {
+        j %= n;
+        return j < 0 ? j + n : j;
+    }
+    return (j >= 0 && j < n) ? j : -1;
+}
+
+// ---- im2col ----------------------------------------------------------------------------------
+// The index decomposition runs in uint32 when the chunk has < 2^31 entries (always, unless one
+// output row alone exceeds COL_BYTES): 64-bit integer division costs several times more, and
+// this kernel is bound by it, not by memory. Byte offsets are always int64.
+template <typename TI, typename TO, typename I>
+__device__ void im2col_loop(TO* __restrict__ col, const char* __restrict__ x,
+                            int64_t sn, int64_t sc, int64_t sz, int64_t sy, int64_t sx,
+                            int C, int D, int H, int W, int KD, int KH, int KW,
+                            int s_d, int s_h, int s_w, int p_d, int p_h, int p_w,
+                            int d_d, int d_h, int d_w, int circ_y, int circ_x,
+                            int OH, int OW, int64_t n0, int64_t nbatch, int64_t r0, int64_t rows) {
+    const I npos = (I)(rows * OW);
+    const I kall = (I)C * KD * KH * KW;
+    const I total = (I)nbatch * kall * npos;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)blockDim.x * gridDim.x) {
+        const I p = i % npos, t = i / npos;
+        const I k = t % kall, b = t / kall;
+        const I r = (I)r0 + p / (I)OW, ox = p % (I)OW;
+        const I oy = r % (I)OH, oz = r / (I)OH;
+        const I kx = k % (I)KW, t1 = k / (I)KW;
+        const I ky = t1 % (I)KH, t2 = t1 / (I)KH;
+        const I kz = t2 % (I)KD, c = t2 / (I)KD;
+        const int64_t iz = conv_src(oz, kz, s_d, p_d, d_d, D, 0);
+        const int64_t iy = conv_src(oy, ky, s_h, p_h, d_h, H, circ_y);
+        const int64_t ix = conv_src(ox, kx, s_w, p_w, d_w, W, circ_x);
+        float v = 0.0f;
+        if (iz >= 0 && iy >= 0 && ix >= 0) {
+            v = load_f((const TI*)(x + (n0 + (int64_t)b) * sn + (int64_t)c * sc + iz * sz + iy * sy + ix * sx));
+        }
+        store_f(col + i, v);
+    }
+}
+
+template <typename TI, typename TO>
+__device__ void im2col_impl(TO* __restrict__ col, const char* __restrict__ x,
+                            int64_t sn, int64_t sc, int64_t sz, int64_t sy, int64_t sx,
+                            int C, int D, int H, int W, int KD, int KH, int KW,
+                            int s_d, int s_h, int s_w, int p_d, int p_h, int p_w,
+                            int d_d, int d_h, int d_w, int circ_y, int circ_x,
+                            int OH, int OW, int64_t n0, int64_t nbatch, int64_t r0, int64_t rows) {
+    const int64_t total = nbatch * C * KD * KH * KW * rows * OW;
+    if (total < INT32_MAX) {
+        im2col_loop<TI, TO, uint32_t>(col, x, sn, sc, sz, sy, sx, C, D, H, W, KD, KH, KW, s_d, s_h, s_w,
+                                      p_d, p_h, p_w, d_d, d_h, d_w, circ_y, circ_x, OH, OW, n0, nbatch, r0, rows);
+    } else {
+        im2col_loop<TI, TO, int64_t>(col, x, sn, sc, sz, sy, sx, C, D, H, W, KD, KH, KW, s_d, s_h, s_w,
+                                     p_d, p_h, p_w, d_d, d_h, d_w, circ_y, circ_x, OH, OW, n0, nbatch, r0, rows);
+    }
+}
+
+#define IM2COL_KERNEL(suffix, TI, TO)                                                             \
+    extern "C" __global__ void im2col_##suffix(                                                   \
+        TO* col, const char* x, int64_t sn, int64_t sc, int64_t sz, int64_t sy, int64_t sx,       \
+        int C, int D, int H, int W, int KD, int KH, int KW, int s_d, int s_h, int s_w,            \
+        int p_d, int p_h, int p_w, int d_d, int d_h, int d_w, int circ_y, int circ_x,             \
+        int OH, int OW, int64_t n0, int64_t nbatch, int64_t r0, int64_t rows) {                   \
+        im2col_impl<TI, TO>(col, x, sn, sc, sz, sy, sx, C, D, H, W, KD, KH, KW, s_d, s_h, s_w,    \
+                            p_d, p_h, p_w, d_d, d_h, d_w, circ_y, circ_x, OH, OW, n0, nbatch,     \
+                            r0, rows);                                                            \
+    }
+IM2COL_KERNEL(f32_f32, float, float)
+IM2COL_KERNEL(f16_f32, __half, float)
+IM2COL_KERNEL(bf16_f32, __nv_bfloat16, float)
+IM2COL_KERNEL(f32_f16, float, __half)
+IM2COL_KERNEL(f16_f16, __half, __half)
+IM2COL_KERNEL(bf16_f16, __nv_bfloat16, __half)
+
+// ---- conv_transpose2d: col2im gather ----------------------------------------------------------
+// cols[b][(oc*KH + ky)*KW + kx][(iy - r0)*W + ix] for input rows iy in [r0, r0 + rows) of batch
+// items n0 + b; adds into out rows oy in [oy0, oy1) (the rows this chunk reaches).
+extern "C" __global__ void col2im_add_f32(
+    float* out, const float* cols, int OC, int OH, int OW, int H, int W, int KH, int KW,
+    int s_h, int s_w, int p_h, int p_w, int d_h, int d_w,
+    int64_t n0, int64_t nbatch, int64_t r0, int64_t rows, int64_t oy0, int64_t oy1) {
+    const int64_t nrows = oy1 - oy0;
+    const int64_t npos = rows * W;
+    const int64_t m = (int64_t)OC * KH * KW;
+    const int64_t total = nbatch * OC * nrows * OW;
+    GRID_STRIDE_LOOP(i, total) {
+        const int64_t ox = i % OW;
+        const int64_t oy = oy0 + (i / OW) % nrows;
+        const int64_t oc = (i / (OW * nrows)) % OC;
+        const int64_t b = i / (OW * nrows * OC);
+        const float* cb = cols + b * m * npos;
+        float acc = 0.0f;
+        for (int ky = 0; ky < KH; ++ky) {
+            const int64_t ty = oy + p_h - (int64_t)ky * d_h;
+            if (ty < 0 || ty % s_h) continue;
+            const int64_t iy = ty / s_h;
+            if (iy < r0 || iy >= r0 + rows || iy >= H) continue;
+            for (int kx = 0; kx < KW; ++kx) {
+                const int64_t tx = ox + p_w - (int64_t)kx * d_w;
+                if (tx < 0 || tx % s_w) continue;
+                const int64_t ix = tx / s_w;
+                if (ix >= W) continue;
+                acc += cb[((oc * KH + ky) * KW + kx) * npos + (iy - r0) * W + ix];
+            }
+        }
+        out[(((n0 + b) * OC + oc) * OH + oy) * OW + ox] += acc;
+    }
+}
+
+// ---- bias ------------------------------------------------------------------------------------
+// out[n][oc][p] (F32, total = N*OC*P elements) = (add ? out : 0) + bias[oc]; bias element oc
+// sits at ne-decomposition (b0, b1, b2, b3) of oc through byte strides bnb*
+template <typename T>
+__device__ void bias_store_impl(float* __restrict__ out, const char* __restrict__ bias,
+                                int64_t bne0, int64_t bne1, int64_t bne2,
+                                int64_t bnb0, int64_t bnb1, int64_t bnb2, int64_t bnb3,
+                                int64_t OC, int64_t P, int64_t total, int add) {
+    GRID_STRIDE_LOOP(i, total) {
+        const int64_t oc = (i / P) % OC;
+        const int64_t b0 = oc % bne0, b1 = (oc / bne0) % bne1, b2 = (oc / (bne0 * bne1)) % bne2;
+        const int64_t b3 = oc / (bne0 * bne1 * bne2);
+        const float v = load_f((const T*)(bias + b0 * bnb0 + b1 * bnb1 + b2 * bnb2 + b3 * bnb3));
+        out[i] = add ? out[i] + v : v;
+    }
+}
+
+#define BIAS_KERNEL(suffix, T)                                                                    \
+    extern "C" __global__ void bias_store_##suffix(                                               \
+        float* out, const char* bias, int64_t bne0, int64_t bne1, int64_t bne2,                   \
+        int64_t bnb0, int64_t bnb1, int64_t bnb2, int64_t bnb3, int64_t OC, int64_t P,            \
+        int64_t total, int add) {                                                                 \
+        bias_store_impl<T>(out, bias, bne0, bne1, bne2, bnb0, bnb1, bnb2, bnb3, OC, P, total, add); \
+    }
+BIAS_KERNEL(f32, float)
+BIAS_KERNEL(f16, __half)
+BIAS_KERNEL(bf16, __nv_bfloat16)
+
+extern "C" __global__ void zero_f32(float* out, int64_t n) {
+    GRID_STRIDE_LOOP(i, n) out[i] = 0.0f;
+}
+
+// ---- pooling ---------------------------------------------------------------------------------
+// x ne (W, H, B2, B3) through byte strides; out F32 contiguous (OW, OH, B2, B3)
+template <typename T>
+__device__ void pool2d_impl(float* __restrict__ out, const char* __restrict__ x,
+                            int64_t W, int64_t H, int64_t B2, int64_t B3,
+                            int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3, int64_t OW, int64_t OH,
+                            int KW, int KH, int s_w, int s_h, int p_w, int p_h, int is_max) {
+    const int64_t total = OW * OH * B2 * B3;
+    const float area = (float)(KH * KW);
+    GRID_STRIDE_LOOP(i, total) {
+        const int64_t ox = i % OW, oy = (i / OW) % OH, b2 = (i / (OW * OH)) % B2, b3 = i / (OW * OH * B2);
+        const char* plane = x + b2 * nb2 + b3 * nb3;
+        float acc = is_max ? -FLT_MAX : 0.0f;
+        for (int ky = 0; ky < KH; ++ky) {
+            const int64_t iy = oy * s_h + ky - p_h;
+            if (iy < 0 || iy >= H) continue;
+            for (int kx = 0; kx < KW; ++kx) {
+                const int64_t ix = ox * s_w + kx - p_w;
+                if (ix < 0 || ix >= W) continue;
+                const float v = load_f((const T*)(plane + iy * nb1 + ix * nb0));
+                acc = is_max ? fmaxf(acc, v) : acc + v;
+            }
+        }
+        out[i] = is_max ? acc : acc / area;
+    }
+}
+
+#define POOL_KERNEL(suffix, T)                                                                    \
+    extern "C" __global__ void pool2d_##suffix(                                                   \
+        float* out, const char* x, int64_t W, int64_t H, int64_t B2, int64_t B3,                  \
+        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3, int64_t OW, int64_t OH,               \
+        int KW, int KH, int s_w, int s_h, int p_w, int p_h, int is_max) {                         \
+        pool2d_impl<T>(out, x, W, H, B2, B3, nb0, nb1, nb2, nb3, OW, OH, KW, KH, s_w, s_h,        \
+                       p_w, p_h, is_max);                                                         \
+    }
+POOL_KERNEL(f32, float)
+POOL_KERNEL(f16, __half)
+POOL_KERNEL(bf16, __nv_bfloat16)

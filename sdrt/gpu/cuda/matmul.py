@@ -12,10 +12,15 @@ type), x ne=[K, N, b2, b3] (F32/F16/BF16, any view) -> out F32 ne=[M, N, b2, b3]
   activations are read in place when they already are that dtype with unit-stride rows, otherwise
   packed (cast/transposed) into scratch. F32 x F32 runs in pedantic FP32 (no TF32), so it matches
   the CPU backend to ~1e-5; F16/BF16 GEMMs carry the rounding of x to that dtype.
-- Row-major out[N][M] = x[N][K] . w[M][K]^T is cuBLAS column-major C(MxN) = op(A)=W^T... i.e.
-  gemm(transa=True, transb=False, m=M, n=N, k=K, A=w (lda = w row stride), B=x (ldb = x row
-  stride), C=out (ldc=M)). Batch dims become strided-batched GEMMs; when w is one matrix and x's
-  rows are evenly spaced, all batches fold into one GEMM with N*b2*b3 columns.
+- Row-major out[N][M] = x[N][K] . w[M][K]^T is, in cuBLAS's column-major terms, C(MxN) =
+  A^T B with A = w seen as KxM and B = x seen as KxN: gemm(transa=True, transb=False, m=M, n=N,
+  k=K, A=w (lda = w's row stride), B=x (ldb = x's row stride), C=out (ldc=M)). Batch dims
+  become strided-batched GEMMs; when w is one matrix and x's rows are evenly spaced (or x was
+  packed), all batches fold into one GEMM with N*b2*b3 columns.
+- Why no fused dequant+tensor-core GEMM for large N: the decode pass moves ~2.6 bytes per weight
+  (Q4_K: 0.56 read + 2 written; cuBLAS then reads the 2), a few % of an N >= 2048 GEMM, while a
+  hand-written wmma kernel (no wgmma/TMA) reaches well under cuBLAS's Hopper throughput;
+  bench/bench_cuda_matmul.py prints the decode share per shape.
 
 get_rows(table, ids): every float (but F64) and block table type, ids I32/I64, rows decoded to F32
 by get_rows_<type>; an id outside [0, V) yields a NaN row (the CPU op raises; a kernel cannot).

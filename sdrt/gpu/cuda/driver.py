@@ -7,9 +7,9 @@ pinned host buffers) and copies go through the driver API by ctypes, so a block 
 address with no Python object whose destructor must run in a particular thread or context.
 
 Threads: pycuda keeps a context stack per thread and aborts the process if a thread ends with a
-context still pushed. `CudaDevice.activate()` pushes the device's primary context in the calling
-thread once; the push is undone at thread end (a thread-local finaliser) and, for the main
-thread, at interpreter exit.
+context still pushed. `CudaDevice.activate()` pushes the device's primary context (one pycuda
+Context object for all threads) in the calling thread once; the push is undone at thread end (a
+thread-local finaliser) and, for the main thread, at interpreter exit.
 
 Kernel modules: `load_module(name)` loads `kernels/<name>.fatbin` (built ahead by
 tools/build_cuda_kernels.py, see there). When the fatbin is missing, stale against
@@ -194,6 +194,9 @@ class CudaDevice:
         self._deferred: list = []
         self._deferred_lock = threading.Lock()
         self.capturing = False
+        # one pycuda Context object pushed by every thread: pycuda objects (streams, modules,
+        # events) made in one thread can then be freed in another without "out-of-thread" errors
+        self._ctx = self._dev.retain_primary_context()
         self.activate()
         # non-blocking streams: nothing on the legacy default stream can join a capture
         self.compute = cuda.Stream(flags=1)
@@ -210,9 +213,8 @@ class CudaDevice:
         b = _binding()
         if b.current is not self:
             b.release()  # another device was current here: back to an empty stack first
-            ctx = self._dev.retain_primary_context()
-            ctx.push()
-            b.pushed.append(ctx)
+            self._ctx.push()
+            b.pushed.append(self._ctx)
             b.current = self
         if self._deferred:
             self.run_deferred()

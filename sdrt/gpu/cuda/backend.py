@@ -307,14 +307,18 @@ class CudaBackend:
         for leaf, _, pin in state.inputs:     # host -> pinned (the copies to the device are enqueued)
             off, size = _span(leaf)
             pin.array[:] = leaf.storage[off:off + size]
-        graphs = (os.environ.get("SDRT_CUDA_GRAPHS", "1") != "0" and residency is None and on_segment is None
-                  and debug < 2 and state.capture_ok)
+        # no residency, no callbacks, no per-node timing: the launch list is fixed, capture it
+        plain = residency is None and on_segment is None and debug < 2
+        fixed = plain and state.launches is not None
         stream = self.device.compute
-        if state.captured is not None:
+        if plain and state.captured is not None:
             state.captured.launch(stream)
             how = "replayed CUDA graph"
-        elif graphs and state.launches is not None:
+        elif fixed and state.capture_ok and os.environ.get("SDRT_CUDA_GRAPHS", "1") != "0":
             how = self._try_capture(state, stream)
+        elif fixed:
+            self._enqueue(state)
+            how = "eager"
         else:
             self._run_eager(state, graph, on_segment, residency, debug)
             how = "eager"

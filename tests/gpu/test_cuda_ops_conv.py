@@ -3,7 +3,7 @@ backend on the same graph (skips without a GPU).
 
 Tolerances are relative to the output's largest magnitude: F32 weights run a pedantic F32 GEMM
 (1e-4); every other weight runs an F16 GEMM with F32 accumulation on activations narrowed to
-F16 (2e-3). Pooling reads and sums exactly as the CPU kernel (1e-6). Column chunking is forced
+F16 (2e-3). Pooling reads and sums in the CPU kernel's order (1e-6). Column chunking is forced
 with a tiny COL_BYTES on small shapes, and happens by itself on the VAE's 512x512 map.
 """
 import numpy as np
@@ -17,21 +17,7 @@ from sdrt.ops.tensor import Tensor
 FLOATS = ["F32", "F16", "BF16"]
 
 
-# ---- harness -------------------------------------------------------------------------------
-def cuda_backend():
-    """The cuda0 backend, or skip the test when this machine has no usable CUDA device."""
-    from sdrt.gpu import cuda
-    if not getattr(cuda, "available", lambda: False)():
-        pytest.skip("no CUDA device (sdrt.gpu.cuda.available() is False)")
-    from sdrt.ops.backend import get_backend
-    return get_backend("cuda0")
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    return cuda_backend()
-
-
+# ---- harness (the `cuda` fixture is tests/gpu/conftest.py's: the cuda0 backend, or skip) ----
 @pytest.fixture
 def cols(monkeypatch):
     """Set the CUDA conv column-chunk cap (bytes) for one test."""
@@ -48,15 +34,15 @@ def run_raw(backend, node) -> np.ndarray:
     return np.array(out.numpy(), copy=True)
 
 
-def check(gpu, node, tol=None):
+def check(cuda, node, tol=None):
     """CUDA vs CPU: max |difference| <= tol * max |cpu output|."""
     from sdrt.gpu.cuda.table import CUDA
     import sdrt.gpu.cuda.conv  # noqa: F401  (registers the kernels)
     assert CUDA.find(node) is not None, f"no CUDA kernel for {node.op}({[s.dtype.name for s in node.src]})"
     if tol is None:
-        tol = 1e-4 if node.op.startswith("pool") or node.src[1].dtype.name == "F32" else 2e-3
+        tol = 1e-6 if node.op.startswith("pool") else 1e-4 if node.src[1].dtype.name == "F32" else 2e-3
     want = raw_to_f32(run_raw("cpu", node), node.dtype)
-    got = raw_to_f32(run_raw(gpu, node), node.dtype)
+    got = raw_to_f32(run_raw(cuda, node), node.dtype)
     assert got.shape == want.shape and node.dtype.name == "F32"
     scale = max(float(np.abs(want).max()), 1e-6)
     err = float(np.abs(got - want).max())
@@ -105,73 +91,77 @@ CONV2D_CASES = {
 @pytest.mark.parametrize("case", sorted(CONV2D_CASES))
 @pytest.mark.parametrize("wdtype", ["F32", "F16"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_conv2d_cases(gpu, rng, case, wdtype, bias):
+def test_conv2d_cases(cuda, rng, case, wdtype, bias):
     c = dict(CONV2D_CASES[case])
     x, w = rnd(rng, *c.pop("x")), rnd(rng, *c.pop("w"))
     b = leaf(rnd(rng, w.shape[0])) if bias else None
-    check(gpu, F.conv2d(leaf(x), leaf(w, wdtype), b, **c))
+    check(cuda, F.conv2d(leaf(x), leaf(w, wdtype), b, **c))
 
 
 @pytest.mark.parametrize("case", ["stride2", "groups2", "channel_mult_s2", "circular_x", "dilation2"])
 @pytest.mark.parametrize("cap", [64, 3000, 40000])
-def test_conv2d_chunked_columns(gpu, rng, cols, case, cap):
+def test_conv2d_chunked_columns(cuda, rng, cols, case, cap):
     # 64 B: one output row per chunk; 3000 B: several rows; 40000 B: whole items, fewer than N
     cols(cap)
     c = dict(CONV2D_CASES[case])
     xs = (3,) + c.pop("x")[1:]
     x, w = rnd(rng, *xs), rnd(rng, *c.pop("w"))
     for wdtype in ("F32", "F16"):
-        check(gpu, F.conv2d(leaf(x), leaf(w, wdtype), leaf(rnd(rng, w.shape[0])), **c))
+        check(cuda, F.conv2d(leaf(x), leaf(w, wdtype), leaf(rnd(rng, w.shape[0])), **c))
 
 
 @pytest.mark.parametrize("wdtype", FLOATS + ["F8_E4M3"])
 @pytest.mark.parametrize("xdtype", FLOATS)
-def test_conv2d_dtypes(gpu, rng, wdtype, xdtype):
+def test_conv2d_dtypes(cuda, rng, wdtype, xdtype):
     tx, tw = leaf(rnd(rng, 2, 3, 7, 5), xdtype), leaf(rnd(rng, 4, 3, 3, 3), wdtype)
     tb = leaf(rnd(rng, 4), "F16" if wdtype == "F8_E4M3" else wdtype)
-    check(gpu, F.conv2d(tx, tw, tb, stride=(1, 2), padding=1))
+    check(cuda, F.conv2d(tx, tw, tb, stride=(1, 2), padding=1))
     # 1x1: the F32/F32 contiguous case uses the input as the column matrix, the rest pack it
-    check(gpu, F.conv2d(tx, leaf(rnd(rng, 4, 3, 1, 1), wdtype), tb))
+    check(cuda, F.conv2d(tx, leaf(rnd(rng, 4, 3, 1, 1), wdtype), tb))
 
 
-def test_conv2d_2d_weight_is_1x1(gpu, rng):
+def test_conv2d_2d_weight_is_1x1(cuda, rng):
     x, w, b = rnd(rng, 2, 5, 3, 4), rnd(rng, 3, 5), rnd(rng, 3)
-    check(gpu, F.conv2d(leaf(x), leaf(w), leaf(b)))
-    check(gpu, F.conv2d(leaf(x), leaf(w, "F16"), leaf(b)))
+    check(cuda, F.conv2d(leaf(x), leaf(w), leaf(b)))
+    check(cuda, F.conv2d(leaf(x), leaf(w, "F16"), leaf(b)))
 
 
-def test_conv2d_quantized_weight(gpu, rng):
+def test_conv2d_quantized_weight(cuda, rng):
     """Q8_0 weights (rows of 32 along ne[0]) go through matmul.weight_as to F16."""
     x = rnd(rng, 2, 64, 6, 5)
-    check(gpu, F.conv2d(leaf(x), leaf(rnd(rng, 8, 64), "Q8_0"), leaf(rnd(rng, 8))))  # 1x1 [C, OC]
+    check(cuda, F.conv2d(leaf(x), leaf(rnd(rng, 8, 64), "Q8_0"), leaf(rnd(rng, 8))))  # 1x1 [C, OC]
     x = rnd(rng, 1, 2, 3, 40)
-    check(gpu, F.conv2d(leaf(x), leaf(rnd(rng, 2, 2, 1, 32), "Q8_0"), padding=(2, 0)))  # KW = 32
+    check(cuda, F.conv2d(leaf(x), leaf(rnd(rng, 2, 2, 1, 32), "Q8_0"), padding=(2, 0)))  # KW = 32
 
 
-def test_conv2d_noncontiguous_input_and_bias(gpu, rng):
+def test_conv2d_noncontiguous_input_and_bias(cuda, rng):
     x, w = rnd(rng, 2, 3, 7, 5), rnd(rng, 4, 3, 3, 3)
     t = leaf(x, noncontig=True)
     assert not t.is_contiguous()
-    check(gpu, F.conv2d(t, leaf(w), padding=1, stride=2))
-    check(gpu, F.conv2d(t, leaf(w, "F16"), padding=1))
-    check(gpu, F.conv2d(t, leaf(rnd(rng, 4, 3, 1, 1)), leaf(rnd(rng, 4))))  # 1x1 on a view: packed
+    check(cuda, F.conv2d(t, leaf(w), padding=1, stride=2))
+    check(cuda, F.conv2d(t, leaf(w, "F16"), padding=1))
+    check(cuda, F.conv2d(t, leaf(rnd(rng, 4, 3, 1, 1)), leaf(rnd(rng, 4))))  # 1x1 on a view: packed
     # a channel slice of a bigger tensor, depthwise
     big = leaf(rnd(rng, 2, 6, 7, 5))
-    check(gpu, F.conv2d(big.slice(2, 1, 6, 2), leaf(rnd(rng, 3, 1, 3, 3)), groups=3, padding=1))
+    check(cuda, F.conv2d(big.slice(2, 1, 6, 2), leaf(rnd(rng, 3, 1, 3, 3)), groups=3, padding=1))
     # a permuted view: ne (W, H, C, N) made from a (C, W, H, N) buffer
     p = leaf(rnd(rng, 2, 5, 7, 3)).permute(2, 0, 1, 3)
     assert p.ne == (7, 5, 3, 2)
-    check(gpu, F.conv2d(p, leaf(w), padding=1))
+    check(cuda, F.conv2d(p, leaf(w), padding=1))
+    # weights as views (decoded to a contiguous copy by weight_as): transposed KW/KH, F32 and F16
+    check(cuda, F.conv2d(leaf(x), leaf(rnd(rng, 4, 3, 3, 2), noncontig=True), padding=1))
+    check(cuda, F.conv2d(leaf(x), leaf(rnd(rng, 4, 3, 3, 2), "F16", noncontig=True), padding=1))
+    check(cuda, F.conv_transpose2d(leaf(x), leaf(rnd(rng, 3, 2, 3, 2), noncontig=True), stride=2))
     # biases as views: every other element of a longer vector, and a 4-D [1, 1, OC, 1] F16 bias
-    check(gpu, F.conv2d(leaf(x), leaf(w), leaf(rnd(rng, 8)).slice(0, 0, None, 2), padding=1))
-    check(gpu, F.conv2d(leaf(x), leaf(w, "F16"), leaf(rnd(rng, 1, 4, 1, 1), "F16"), padding=1))
+    check(cuda, F.conv2d(leaf(x), leaf(w), leaf(rnd(rng, 8)).slice(0, 0, None, 2), padding=1))
+    check(cuda, F.conv2d(leaf(x), leaf(w, "F16"), leaf(rnd(rng, 1, 4, 1, 1), "F16"), padding=1))
 
 
-def test_conv2d_3d_input(gpu, rng):
+def test_conv2d_3d_input(cuda, rng):
     x, w, b = rnd(rng, 3, 9, 7), rnd(rng, 4, 3, 3, 3), rnd(rng, 4)
     node = F.conv2d(leaf(x), leaf(w), leaf(b), padding=1, stride=(1, 2))
     assert node.ne == (7, 5, 4)
-    check(gpu, node)
+    check(cuda, node)
 
 
 # ---- conv2d at stable-diffusion shapes -------------------------------------------------------
@@ -199,18 +189,18 @@ SD_CONVS = [
 
 
 @pytest.mark.parametrize("name,N,C,HW,OC,k,s,p", SD_CONVS, ids=[c[0] for c in SD_CONVS])
-def test_conv2d_sd_shapes(gpu, rng, name, N, C, HW, OC, k, s, p):
+def test_conv2d_sd_shapes(cuda, rng, name, N, C, HW, OC, k, s, p):
     x = leaf(rnd(rng, N, C, HW, HW) * 0.5)
     w = leaf(rnd(rng, OC, C, k, k) * (1.0 / np.sqrt(C * k * k)), "F16")
     b = leaf(rnd(rng, OC) * 0.1, "F16")
-    check(gpu, F.conv2d(x, w, b, stride=s, padding=p))
+    check(cuda, F.conv2d(x, w, b, stride=s, padding=p))
 
 
 @pytest.mark.parametrize("name,N,C,HW,OC", [("vae_mid_512_f32", 1, 512, 64, 512), ("unet_32_640_f32", 2, 640, 32, 640)])
-def test_conv2d_sd_shapes_f32_weights(gpu, rng, name, N, C, HW, OC):
+def test_conv2d_sd_shapes_f32_weights(cuda, rng, name, N, C, HW, OC):
     x = leaf(rnd(rng, N, C, HW, HW))
     w = leaf(rnd(rng, OC, C, 3, 3) * (1.0 / np.sqrt(C * 9)))
-    check(gpu, F.conv2d(x, w, leaf(rnd(rng, OC)), padding=1))
+    check(cuda, F.conv2d(x, w, leaf(rnd(rng, OC)), padding=1))
 
 
 # ---- conv_transpose2d ------------------------------------------------------------------------
@@ -228,64 +218,64 @@ CONVT_CASES = {
 @pytest.mark.parametrize("case", sorted(CONVT_CASES))
 @pytest.mark.parametrize("wdtype", ["F32", "F16"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_conv_transpose2d(gpu, rng, case, wdtype, bias):
+def test_conv_transpose2d(cuda, rng, case, wdtype, bias):
     c = dict(CONVT_CASES[case])
     x, w = rnd(rng, *c.pop("x")), rnd(rng, *c.pop("w"))
     b = leaf(rnd(rng, w.shape[1])) if bias else None
-    check(gpu, F.conv_transpose2d(leaf(x), leaf(w, wdtype), b, **c))
+    check(cuda, F.conv_transpose2d(leaf(x), leaf(w, wdtype), b, **c))
 
 
 @pytest.mark.parametrize("wdtype", FLOATS)
 @pytest.mark.parametrize("xdtype", FLOATS)
 @pytest.mark.parametrize("cap", [64, 1000, 1 << 28])
-def test_conv_transpose2d_dtypes_chunked_noncontig(gpu, rng, cols, wdtype, xdtype, cap):
+def test_conv_transpose2d_dtypes_chunked_noncontig(cuda, rng, cols, wdtype, xdtype, cap):
     cols(cap)  # 64 B: one input row and one batch item per chunk
     tx = leaf(rnd(rng, 3, 3, 5, 4), xdtype, noncontig=True)
     tw, tb = leaf(rnd(rng, 3, 2, 3, 3), wdtype), leaf(rnd(rng, 2), wdtype)
-    check(gpu, F.conv_transpose2d(tx, tw, tb, stride=2, padding=1, output_padding=1))
-    check(gpu, F.conv_transpose2d(leaf(rnd(rng, 3, 3, 5, 4), xdtype), tw, stride=(1, 2), padding=(0, 1)))
+    check(cuda, F.conv_transpose2d(tx, tw, tb, stride=2, padding=1, output_padding=1))
+    check(cuda, F.conv_transpose2d(leaf(rnd(rng, 3, 3, 5, 4), xdtype), tw, stride=(1, 2), padding=(0, 1)))
 
 
-def test_conv_transpose2d_upsampler_shape(gpu, rng):
+def test_conv_transpose2d_upsampler_shape(cuda, rng):
     # a learned 2x upsampler: 4x4 kernel, stride 2, padding 1, 256 channels at 32 -> 64
     x = leaf(rnd(rng, 2, 256, 32, 32))
     w = leaf(rnd(rng, 256, 128, 4, 4) * (1.0 / 32), "F16")
-    check(gpu, F.conv_transpose2d(x, w, leaf(rnd(rng, 128)), stride=2, padding=1))
+    check(cuda, F.conv_transpose2d(x, w, leaf(rnd(rng, 128)), stride=2, padding=1))
 
 
 # ---- conv1d / conv3d -------------------------------------------------------------------------
 @pytest.mark.parametrize("params", [dict(), dict(stride=2, padding=1), dict(dilation=2, padding=3),
                                     dict(groups=2, padding=1), dict(groups=4, padding=2, stride=3)])
 @pytest.mark.parametrize("wdtype", FLOATS)
-def test_conv1d(gpu, rng, params, wdtype):
+def test_conv1d(cuda, rng, params, wdtype):
     g = params.get("groups", 1)
     tx, tw = leaf(rnd(rng, 2, 4, 11)), leaf(rnd(rng, 4, 4 // g, 3), wdtype)
-    check(gpu, F.conv1d(tx, tw, leaf(rnd(rng, 4)), **params))
-    check(gpu, F.conv1d(leaf(rnd(rng, 2, 4, 11), noncontig=True), tw, **params))  # transposed view
+    check(cuda, F.conv1d(tx, tw, leaf(rnd(rng, 4)), **params))
+    check(cuda, F.conv1d(leaf(rnd(rng, 2, 4, 11), noncontig=True), tw, **params))  # transposed view
 
 
-def test_conv1d_2d_input_and_chunks(gpu, rng, cols):
-    check(gpu, F.conv1d(leaf(rnd(rng, 3, 10)), leaf(rnd(rng, 2, 3, 4)), padding=1))
+def test_conv1d_2d_input_and_chunks(cuda, rng, cols):
+    check(cuda, F.conv1d(leaf(rnd(rng, 3, 10)), leaf(rnd(rng, 2, 3, 4)), padding=1))
     cols(64)
-    check(gpu, F.conv1d(leaf(rnd(rng, 3, 6, 50)), leaf(rnd(rng, 4, 6, 5), "F16"), leaf(rnd(rng, 4)), padding=2))
+    check(cuda, F.conv1d(leaf(rnd(rng, 3, 6, 50)), leaf(rnd(rng, 4, 6, 5), "F16"), leaf(rnd(rng, 4)), padding=2))
 
 
 @pytest.mark.parametrize("params", [dict(padding=1), dict(stride=(2, 1, 2), padding=(1, 0, 1)),
                                     dict(dilation=(1, 2, 1), padding=(0, 2, 1))])
 @pytest.mark.parametrize("wdtype", ["F32", "F16"])
 @pytest.mark.parametrize("cap", [4096, 1 << 28])
-def test_conv3d(gpu, rng, cols, params, wdtype, cap):
+def test_conv3d(cuda, rng, cols, params, wdtype, cap):
     cols(cap)  # 4096 B: several (od, oy) row chunks
     N, IC, OC = 2, 3, 4
     tx = leaf(rnd(rng, N * IC, 5, 6, 7))
     tw = leaf(rnd(rng, OC * IC, 3, 3, 2), wdtype)
-    check(gpu, F.conv3d(tx, tw, leaf(rnd(rng, OC)), ic=IC, **params))
+    check(cuda, F.conv3d(tx, tw, leaf(rnd(rng, OC)), ic=IC, **params))
 
 
-def test_conv3d_default_ic_and_noncontig(gpu, rng):
-    check(gpu, F.conv3d(leaf(rnd(rng, 2, 3, 4, 5)), leaf(rnd(rng, 3 * 2, 2, 2, 2))))
+def test_conv3d_default_ic_and_noncontig(cuda, rng):
+    check(cuda, F.conv3d(leaf(rnd(rng, 2, 3, 4, 5)), leaf(rnd(rng, 3 * 2, 2, 2, 2))))
     x = leaf(rnd(rng, 6, 5, 7, 6), noncontig=True)  # ne (6, 7, 5, 6), dims 0/1 strided
-    check(gpu, F.conv3d(x, leaf(rnd(rng, 4 * 3, 3, 3, 3), "F16"), ic=3, padding=1))
+    check(cuda, F.conv3d(x, leaf(rnd(rng, 4 * 3, 3, 3, 3), "F16"), ic=3, padding=1))
 
 
 # ---- pooling ---------------------------------------------------------------------------------
@@ -293,21 +283,21 @@ def test_conv3d_default_ic_and_noncontig(gpu, rng):
 @pytest.mark.parametrize("params", [dict(kernel=2), dict(kernel=3, stride=2, padding=1),
                                     dict(kernel=(3, 2), stride=(1, 2), padding=(1, 0)), dict(kernel=(1, 4), stride=(3, 1))])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_pool2d(gpu, rng, kind, params, dtype):
-    check(gpu, F.pool2d(leaf(rnd(rng, 2, 3, 7, 5), dtype), kind, **params))
-    check(gpu, F.pool2d(leaf(rnd(rng, 2, 3, 5, 7), dtype, noncontig=True), kind, **params))
+def test_pool2d(cuda, rng, kind, params, dtype):
+    check(cuda, F.pool2d(leaf(rnd(rng, 2, 3, 7, 5), dtype), kind, **params))
+    check(cuda, F.pool2d(leaf(rnd(rng, 2, 3, 5, 7), dtype, noncontig=True), kind, **params))
 
 
-def test_pool2d_sd_and_views(gpu, rng):
+def test_pool2d_sd_and_views(cuda, rng):
     # the UNet's avg-pool downsample variant on a 64x64x320 map, batch 2
-    check(gpu, F.pool2d(leaf(rnd(rng, 2, 320, 64, 64)), "avg", 2))
+    check(cuda, F.pool2d(leaf(rnd(rng, 2, 320, 64, 64)), "avg", 2))
     big = leaf(rnd(rng, 2, 6, 9, 8))
-    check(gpu, F.pool2d(big.slice(2, 1, 6, 2).slice(0, 1, 7), "max", 3, stride=2, padding=1))
+    check(cuda, F.pool2d(big.slice(2, 1, 6, 2).slice(0, 1, 7), "max", 3, stride=2, padding=1))
 
 
 @pytest.mark.parametrize("kind", ["avg", "max"])
 @pytest.mark.parametrize("params", [dict(kernel=2), dict(kernel=3, stride=2, padding=1), dict(kernel=4, stride=1, padding=2)])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_pool1d(gpu, rng, kind, params, dtype):
-    check(gpu, F.pool1d(leaf(rnd(rng, 2, 3, 11), dtype), kind, **params))
-    check(gpu, F.pool1d(leaf(rnd(rng, 2, 3, 4, 11), dtype).permute(0, 2, 1, 3), kind, **params))  # 4-D view
+def test_pool1d(cuda, rng, kind, params, dtype):
+    check(cuda, F.pool1d(leaf(rnd(rng, 2, 3, 11), dtype), kind, **params))
+    check(cuda, F.pool1d(leaf(rnd(rng, 2, 3, 4, 11), dtype).permute(0, 2, 1, 3), kind, **params))  # 4-D view

@@ -6,6 +6,7 @@ include non-contiguous views: transposes, permutes, strided slices, and views of
 """
 import numpy as np
 import pytest
+
 from sdrt.ops import api as F
 from sdrt.ops.convert import f32_to_raw, raw_to_f32
 from sdrt.ops.graph import Graph
@@ -16,21 +17,7 @@ RAW_TYPES = ["F32", "F16", "BF16", "I32", "I8", "I16", "F8_E4M3", "F64"]
 TOL = {"F32": 1e-5, "F16": 2e-3, "BF16": 1.6e-2}
 
 
-# ---- harness -------------------------------------------------------------------------------
-def cuda_backend():
-    """The cuda0 backend, or skip the test when this machine has no usable CUDA device."""
-    from sdrt.gpu import cuda
-    if not getattr(cuda, "available", lambda: False)():
-        pytest.skip("no CUDA device (sdrt.gpu.cuda.available() is False)")
-    from sdrt.ops.backend import get_backend
-    return get_backend("cuda0")
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    return cuda_backend()
-
-
+# ---- harness (the `cuda` fixture is tests/gpu/conftest.py's: the cuda0 backend, or skip) ----
 def run_raw(backend, node) -> np.ndarray:
     """The node's output as raw storage (numpy order), a copy."""
     out = Graph(node).run(backend)["out"]
@@ -45,21 +32,21 @@ def assert_on_cuda(node):
         assert CUDA.find(n) is not None, f"no CUDA kernel for {n.op}({[s.dtype.name for s in n.src]})"
 
 
-def check_exact(gpu, node):
+def check_exact(cuda, node):
     """Bit-exact against the CPU backend (raw storage)."""
     assert_on_cuda(node)
     want = run_raw("cpu", node)
-    got = run_raw(gpu, node)
+    got = run_raw(cuda, node)
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_array_equal(got.view(f"u{got.dtype.itemsize}"), want.view(f"u{want.dtype.itemsize}"),
                                   err_msg=f"{node.op} {node.params} cuda vs cpu")
 
 
-def check_close(gpu, node, tol=None):
+def check_close(cuda, node, tol=None):
     assert_on_cuda(node)
     tol = TOL[node.dtype.name] if tol is None else tol
     want = raw_to_f32(run_raw("cpu", node), node.dtype)
-    got = raw_to_f32(run_raw(gpu, node), node.dtype)
+    got = raw_to_f32(run_raw(cuda, node), node.dtype)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{node.op} {node.params} cuda vs cpu")
 
@@ -96,31 +83,31 @@ def views(rng, dtype):
 # ---- pad ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["constant", "circular", "reflect", "replicate"])
 @pytest.mark.parametrize("dtype", RAW_TYPES)
-def test_pad_modes_dtypes(gpu, rng, mode, dtype):
+def test_pad_modes_dtypes(cuda, rng, mode, dtype):
     t = raw_leaf(rng, (2, 3, 5, 7), dtype)
-    check_exact(gpu, F.pad(t, [(1, 2), (3, 0), (0, 2), (1, 0)], mode=mode))
+    check_exact(cuda, F.pad(t, [(1, 2), (3, 0), (0, 2), (1, 0)], mode=mode))
 
 
 @pytest.mark.parametrize("mode", ["constant", "circular", "reflect", "replicate"])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_pad_noncontiguous(gpu, rng, mode, dtype):
+def test_pad_noncontiguous(cuda, rng, mode, dtype):
     for _, t in views(rng, dtype):
-        check_exact(gpu, F.pad(t, [(2, 1), (0, 3), (1, 1), (0, 1)], mode=mode))
+        check_exact(cuda, F.pad(t, [(2, 1), (0, 3), (1, 1), (0, 1)], mode=mode))
 
 
 @pytest.mark.parametrize("dtype", ["F32", "F16", "BF16", "I32", "F8_E5M2"])
-def test_pad_fill_value_and_forms(gpu, rng, dtype):
+def test_pad_fill_value_and_forms(cuda, rng, dtype):
     t = raw_leaf(rng, (5, 7), dtype)
-    check_exact(gpu, F.pad(t, [(1, 1), (2, 0)], value=-3.5 if dtype != "I32" else -3))
-    check_exact(gpu, F.pad(t, [2, 0, 1]))  # ggml_pad: right-only, adds a dim
-    check_exact(gpu, F.pad(t, [(9, 8), (2, 6)], mode="circular"))  # wraps more than once
-    check_exact(gpu, F.pad(t, [(6, 6), (4, 4)], mode="reflect"))    # the largest reflect pads
+    check_exact(cuda, F.pad(t, [(1, 1), (2, 0)], value=-3.5 if dtype != "I32" else -3))
+    check_exact(cuda, F.pad(t, [2, 0, 1]))  # ggml_pad: right-only, adds a dim
+    check_exact(cuda, F.pad(t, [(9, 8), (2, 6)], mode="circular"))  # wraps more than once
+    check_exact(cuda, F.pad(t, [(6, 6), (4, 4)], mode="reflect"))    # the largest reflect pads
 
 
-def test_pad_sd_shapes(gpu, rng):
+def test_pad_sd_shapes(cuda, rng):
     # sd.cpp pads a latent for tiling / patchifying: (64, 64, 4, 2) and a 320-ch feature map
-    check_exact(gpu, F.pad(raw_leaf(rng, (2, 4, 64, 64), "F32"), [(0, 3), (0, 3)]))
-    check_exact(gpu, F.pad(raw_leaf(rng, (2, 320, 64, 64), "F16"), [(1, 1), (1, 1)], mode="circular"))
+    check_exact(cuda, F.pad(raw_leaf(rng, (2, 4, 64, 64), "F32"), [(0, 3), (0, 3)]))
+    check_exact(cuda, F.pad(raw_leaf(rng, (2, 320, 64, 64), "F16"), [(1, 1), (1, 1)], mode="circular"))
 
 
 # ---- repeat ------------------------------------------------------------------------------------
@@ -130,113 +117,113 @@ REPEAT_CASES = [((3,), (6, 4)), ((1, 5), (5, 3, 2)), ((2, 1, 3), (6, 4, 2, 3)), 
 
 @pytest.mark.parametrize("src,ne", REPEAT_CASES)
 @pytest.mark.parametrize("dtype", RAW_TYPES)
-def test_repeat(gpu, rng, src, ne, dtype):
-    check_exact(gpu, F.repeat(raw_leaf(rng, src, dtype, noncontig=len(src) > 1), ne))
+def test_repeat(cuda, rng, src, ne, dtype):
+    check_exact(cuda, F.repeat(raw_leaf(rng, src, dtype, noncontig=len(src) > 1), ne))
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_repeat_noncontiguous_and_sd_bias(gpu, rng, dtype):
+def test_repeat_noncontiguous_and_sd_bias(cuda, rng, dtype):
     for _, t in views(rng, dtype):
-        check_exact(gpu, F.repeat(t, (14, 5, 6, 4)))
+        check_exact(cuda, F.repeat(t, (14, 5, 6, 4)))
     # a per-channel vector broadcast over a 64x64 map, as sd.cpp's ggml_repeat of a bias
-    check_exact(gpu, F.repeat(raw_leaf(rng, (320, 1, 1), dtype), (64, 64, 320, 2)))
+    check_exact(cuda, F.repeat(raw_leaf(rng, (320, 1, 1), dtype), (64, 64, 320, 2)))
 
 
 # ---- concat ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dim", [0, 1, 2, 3])
 @pytest.mark.parametrize("dtype", RAW_TYPES)
-def test_concat_dims_dtypes(gpu, rng, dim, dtype):
+def test_concat_dims_dtypes(cuda, rng, dim, dtype):
     sa = [2, 3, 5, 7]
     sb = list(sa)
     sb[3 - dim] = 4 if dim else 3
-    check_exact(gpu, F.concat(raw_leaf(rng, sa, dtype), raw_leaf(rng, sb, dtype), dim))
+    check_exact(cuda, F.concat(raw_leaf(rng, sa, dtype), raw_leaf(rng, sb, dtype), dim))
 
 
 @pytest.mark.parametrize("dim", [0, 1, 2, 3])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_concat_noncontiguous(gpu, rng, dim, dtype):
+def test_concat_noncontiguous(cuda, rng, dim, dtype):
     vs = [t for _, t in views(rng, dtype)]  # all ne (7, 5, 3, 2)
-    check_exact(gpu, F.concat(vs[0], vs[1], dim))
-    check_exact(gpu, F.concat_many(vs, dim))
+    check_exact(cuda, F.concat(vs[0], vs[1], dim))
+    check_exact(cuda, F.concat_many(vs, dim))
     contig = raw_leaf(rng, (2, 3, 5, 7), dtype)
-    check_exact(gpu, F.concat(contig, vs[2], dim))
+    check_exact(cuda, F.concat(contig, vs[2], dim))
 
 
-def test_concat_many_and_new_dim(gpu, rng):
+def test_concat_many_and_new_dim(cuda, rng):
     xs = [raw_leaf(rng, (3, n, 5), "F32", noncontig=n == 4) for n in (1, 4, 2)]
-    check_exact(gpu, F.concat_many(xs, 1))
+    check_exact(cuda, F.concat_many(xs, 1))
     a, b = raw_leaf(rng, (4, 6), "F16"), raw_leaf(rng, (4, 6), "F16")
     n = F.concat(a, b, 2)  # 2-D tensors stacked on a new dim 2
     assert n.ne == (6, 4, 2)
-    check_exact(gpu, n)
+    check_exact(cuda, n)
 
 
 @pytest.mark.parametrize("dtype", ["F32", "F16"])
-def test_concat_sd_skip_connections(gpu, rng, dtype):
+def test_concat_sd_skip_connections(cuda, rng, dtype):
     # the UNet decoder joins the upsampled map and the skip on channels (ggml dim 2)
     for hw, c1, c2 in ((64, 320, 320), (32, 640, 320), (16, 1280, 640), (8, 1280, 1280)):
         a, b = raw_leaf(rng, (2, c1, hw, hw), dtype), raw_leaf(rng, (2, c2, hw, hw), dtype)
-        check_exact(gpu, F.concat(a, b, 2))
+        check_exact(cuda, F.concat(a, b, 2))
 
 
 # ---- upscale -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", RAW_TYPES)
-def test_upscale_nearest_dtypes(gpu, rng, dtype):
+def test_upscale_nearest_dtypes(cuda, rng, dtype):
     t = raw_leaf(rng, (2, 3, 5, 7), dtype)
-    check_exact(gpu, F.upscale(t, scale_factor=2))
-    check_exact(gpu, F.upscale(t, ne=(11, 13, 4, 3)))  # odd ratios, dims 2/3 too
-    check_exact(gpu, F.upscale(t, ne=(3, 2)))          # downscale
+    check_exact(cuda, F.upscale(t, scale_factor=2))
+    check_exact(cuda, F.upscale(t, ne=(11, 13, 4, 3)))  # odd ratios, dims 2/3 too
+    check_exact(cuda, F.upscale(t, ne=(3, 2)))          # downscale
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_upscale_nearest_noncontiguous_and_sd(gpu, rng, dtype):
+def test_upscale_nearest_noncontiguous_and_sd(cuda, rng, dtype):
     for _, t in views(rng, dtype):
-        check_exact(gpu, F.upscale(t, ne=(15, 9)))
+        check_exact(cuda, F.upscale(t, ne=(15, 9)))
     # the UNet's Upsample (nearest x2) at 32 -> 64 with 1280 channels, batch 2
-    check_exact(gpu, F.upscale(raw_leaf(rng, (2, 1280, 32, 32), dtype), scale_factor=2))
+    check_exact(cuda, F.upscale(raw_leaf(rng, (2, 1280, 32, 32), dtype), scale_factor=2))
 
 
 @pytest.mark.parametrize("mode,ac", [("bilinear", False), ("bilinear", True), ("bicubic", False), ("bicubic", True)])
 @pytest.mark.parametrize("size", [(11, 13), (3, 4), (5, 7), (1, 1), (10, 2)])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_upscale_interp(gpu, rng, mode, ac, size, dtype):
+def test_upscale_interp(cuda, rng, mode, ac, size, dtype):
     t = raw_leaf(rng, (2, 3, 5, 7), dtype)
     H, W = size
-    check_close(gpu, F.upscale(t, ne=(W, H), mode=mode, align_corners=ac))
+    check_close(cuda, F.upscale(t, ne=(W, H), mode=mode, align_corners=ac))
 
 
 @pytest.mark.parametrize("mode,ac", [("bilinear", False), ("bicubic", True)])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_upscale_interp_noncontiguous(gpu, rng, mode, ac, dtype):
+def test_upscale_interp_noncontiguous(cuda, rng, mode, ac, dtype):
     for _, t in views(rng, dtype):
-        check_close(gpu, F.upscale(t, ne=(13, 4), mode=mode, align_corners=ac))
+        check_close(cuda, F.upscale(t, ne=(13, 4), mode=mode, align_corners=ac))
 
 
 @pytest.mark.parametrize("size", [(3, 2), (13, 4), (2, 17), (40, 30), (7, 5), (1, 1)])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_upscale_bilinear_antialias(gpu, rng, size, dtype):
+def test_upscale_bilinear_antialias(cuda, rng, size, dtype):
     t = raw_leaf(rng, (2, 3, 17, 23), dtype)
     W, H = size
-    check_close(gpu, F.upscale(t, ne=(W, H), mode="bilinear", antialias=True))
-    check_close(gpu, F.upscale(t, ne=(W, H), mode="bilinear", antialias=True, align_corners=True))
+    check_close(cuda, F.upscale(t, ne=(W, H), mode="bilinear", antialias=True))
+    check_close(cuda, F.upscale(t, ne=(W, H), mode="bilinear", antialias=True, align_corners=True))
 
 
-def test_upscale_interp_high_dims_and_scale_factor(gpu, rng):
+def test_upscale_interp_high_dims_and_scale_factor(cuda, rng):
     t = raw_leaf(rng, (2, 3, 4, 5), "F32")
-    check_close(gpu, F.upscale(t, ne=(5, 4, 6, 2), mode="bilinear"))  # dims 2/3: nearest
-    check_close(gpu, F.upscale(t, ne=(9, 7, 2, 5), mode="bicubic"))
-    check_close(gpu, F.upscale(t, scale_factor=(1.5, 0.5), mode="bilinear"))
+    check_close(cuda, F.upscale(t, ne=(5, 4, 6, 2), mode="bilinear"))  # dims 2/3: nearest
+    check_close(cuda, F.upscale(t, ne=(9, 7, 2, 5), mode="bicubic"))
+    check_close(cuda, F.upscale(t, scale_factor=(1.5, 0.5), mode="bilinear"))
     # a VAE-sized bilinear x2 (hires fix latent upscale): 4 x 64 x 64 -> 128 x 128
-    check_close(gpu, F.upscale(raw_leaf(rng, (1, 4, 64, 64), "F32"), scale_factor=2, mode="bilinear"))
-    check_close(gpu, F.upscale(raw_leaf(rng, (1, 4, 64, 64), "F32"), ne=(96, 80), mode="bicubic"))
+    check_close(cuda, F.upscale(raw_leaf(rng, (1, 4, 64, 64), "F32"), scale_factor=2, mode="bilinear"))
+    check_close(cuda, F.upscale(raw_leaf(rng, (1, 4, 64, 64), "F32"), ne=(96, 80), mode="bicubic"))
 
 
 # ---- layout ops chained on device (views of computed nodes) ------------------------------------
 @pytest.mark.parametrize("dtype", ["F32", "F16", "BF16", "I32"])
-def test_chain_of_views_of_computed_nodes(gpu, rng, dtype):
+def test_chain_of_views_of_computed_nodes(cuda, rng, dtype):
     a, b = raw_leaf(rng, (2, 3, 5, 7), dtype), raw_leaf(rng, (2, 3, 5, 4), dtype)
     c = F.concat(a, b, 0)                                  # ne (11, 5, 3, 2)
     p = F.pad(c.permute(2, 0, 3, 1), [(1, 1), (0, 2)], mode="replicate")  # a permuted view
     r = F.repeat(p.slice(1, 1, None, 2), (14, 4, 11, 6))      # ne (7, 2, 11, 3) tiled
     up = F.upscale(r.transpose(), scale_factor=2)
-    check_exact(gpu, up)
+    check_exact(cuda, up)

@@ -9,8 +9,8 @@ straight into the F32 output, which is already ggml's [OW, OH, (OD,) OC, N] (in 
 terms C[P, OC] = col[P, K] . W^T, so no transpose is ever materialized). Groups are one more
 batched dimension (weight stride og*K). The GEMM runs in F32 (pedantic, as the CPU's F32 BLAS)
 when the weight is F32, else in F16 with F32 accumulation: F16 weights are used in place,
-BF16/F8/block weights through matmul.weight_as, and the activation is narrowed to F16 while
-gathering. A 1x1, stride-1, unpadded conv whose input is already contiguous in the GEMM dtype
+BF16/F8/block weights (and weight views) are decoded to F16 by matmul.weight_as, and the
+activation is narrowed to F16 while gathering. A 1x1, stride-1, unpadded conv whose input is already contiguous in the GEMM dtype
 skips im2col (the input is the column matrix). Columns are chunked over batch items, then
 output rows, so the scratch stays under COL_BYTES (the VAE's 512x512x128ch 3x3 conv would need
 604 MB of F16 columns at once).
@@ -28,7 +28,9 @@ any view (read through byte strides) in F32/F16/BF16; outputs are F32.
 from __future__ import annotations
 
 from ...ops.conv import conv2d_weight_ne
-from .layout import grid_1d
+from .layout import launch_1d
+from .matmul import weight_as
+from .quant import decodable
 from .table import CUDA
 
 MODULE = "conv"
@@ -39,10 +41,7 @@ _IM2COL_ARGS = "PP" + "q" * 5 + "i" * 20 + "q" * 4
 
 
 def _launch(rt, kernel: str, argtypes: str, n: int, *args) -> None:
-    if n <= 0:
-        return
-    grid, block = grid_1d(n)
-    rt.fn(MODULE, kernel, argtypes)(grid, block, *args)
+    launch_1d(rt, MODULE, kernel, argtypes, n, *args)
 
 
 def _balanced(n: int, cap: int) -> int:
@@ -68,15 +67,13 @@ def gemm_dtype(w) -> str:
 
 
 def weight_ptr(rt, w, dtype: str) -> int:
-    """Device address of a contiguous copy of `w` in `dtype` (the weight itself when it is)."""
-    if w.dtype.name == dtype:
-        return w.ptr
-    from .matmul import weight_as  # kernels-Q's converter (BF16, F8, block types -> F16)
+    """Device address of `w` as a contiguous [OC][K] matrix in `dtype`: the weight itself when
+    it already is one, else a decoded copy in rt.scratch (BF16, F8, block types, views)."""
     return weight_as(rt, w, dtype)
 
 
 def _conv_ok(node) -> bool:
-    return node.src[0].dtype.name in _SUFFIX and node.src[1].is_contiguous() \
+    return node.src[0].dtype.name in _SUFFIX and decodable(node.src[1].dtype) \
         and all(s.dtype.name in _SUFFIX for s in node.src[2:])
 
 

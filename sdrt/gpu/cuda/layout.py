@@ -14,24 +14,20 @@ from .table import CUDA
 
 MODULE = "layout"
 BLOCK = 256
-MAX_BLOCKS = 1 << 16  # grid-stride loops cover the rest
 _RAW = {1: "u8", 2: "u16", 4: "u32", 8: "u64"}
 _FLOAT = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _PAD_MODES = {"constant": 0, "circular": 1, "reflect": 2, "replicate": 3}
 _INTERP_MODES = {"bilinear": 1, "bicubic": 2}
 
 
-def grid_1d(n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """(grid, block) for a 1-D grid-stride loop over n items."""
-    return (max(1, min((n + BLOCK - 1) // BLOCK, MAX_BLOCKS)), 1, 1), (BLOCK, 1, 1)
+def launch_1d(rt, module: str, kernel: str, argtypes: str, n: int, *args) -> None:
+    """Enqueue a grid-stride `kernel` of kernels/<module>.cu over n items (none when n == 0)."""
+    if n > 0:
+        rt.fn(module, kernel, argtypes)((rt.grid_for(n, BLOCK),), (BLOCK,), *args)
 
 
 def launch(rt, kernel: str, argtypes: str, n: int, *args) -> None:
-    """Enqueue `kernel` of layout.cu over n items (nothing to do when n == 0)."""
-    if n <= 0:
-        return
-    grid, block = grid_1d(n)
-    rt.fn(MODULE, kernel, argtypes)(grid, block, *args)
+    launch_1d(rt, MODULE, kernel, argtypes, n, *args)
 
 
 def _raw_suffix(t) -> str:

@@ -7,14 +7,28 @@
 // each axis's taps per output element with the float32 coordinate formulas of the CPU kernel
 // (sdrt/ops/cpu/layout.py axis_taps), so no per-axis tables need device memory.
 //
-// Every kernel is a 1-D grid-stride loop over output elements (int64 indices).
+// Every kernel is a 1-D grid-stride loop over output elements. The flat index and its
+// decomposition into (i0, i1, i2, i3) run in uint32 when the tensor has < 2^31 elements (64-bit
+// integer division costs several times more and dominates these memory-light kernels); byte
+// offsets are always int64.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#define GRID_STRIDE_LOOP(i, n) \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
-         i += (int64_t)blockDim.x * gridDim.x)
+#define GRID_STRIDE_LOOP(I, i, n)                                                                          \
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (I)blockDim.x * gridDim.x)
+
+// flat index i of a contiguous (n0, n1, n2, *) tensor -> j[0..3]
+template <typename I>
+__device__ __forceinline__ void unravel4(I i, I n0, I n1, I n2, int64_t* j) {
+    I t = i / n0;
+    j[0] = (int64_t)(i - t * n0);
+    I u = t / n1;
+    j[1] = (int64_t)(t - u * n1);
+    t = u / n2;
+    j[2] = (int64_t)(u - t * n2);
+    j[3] = (int64_t)t;
+}
 
 // ---- float loads/stores ----------------------------------------------------------------------
 __device__ __forceinline__ float load_f(const float* p) { return *p; }
@@ -39,15 +53,17 @@ __device__ __forceinline__ int64_t pad_index(int64_t i, int64_t lo, int64_t n, i
     return j >= n ? 2 * (n - 1) - j : j;
 }
 
-template <typename T>
+template <typename T, typename I>
 __device__ void pad_impl(T* __restrict__ dst, const char* __restrict__ src,
                          int64_t n0, int64_t n1, int64_t n2, int64_t n3,
                          int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
                          int64_t o0, int64_t o1, int64_t o2, int64_t o3,
                          int64_t lo0, int64_t lo1, int64_t lo2, int64_t lo3, int mode, T fill) {
-    const int64_t total = o0 * o1 * o2 * o3;
-    GRID_STRIDE_LOOP(i, total) {
-        const int64_t i0 = i % o0, i1 = (i / o0) % o1, i2 = (i / (o0 * o1)) % o2, i3 = i / (o0 * o1 * o2);
+    const I total = (I)(o0 * o1 * o2 * o3);
+    GRID_STRIDE_LOOP(I, i, total) {
+        int64_t j[4];
+        unravel4<I>(i, (I)o0, (I)o1, (I)o2, j);
+        const int64_t i0 = j[0], i1 = j[1], i2 = j[2], i3 = j[3];
         const int64_t j0 = pad_index(i0, lo0, n0, mode), j1 = pad_index(i1, lo1, n1, mode);
         const int64_t j2 = pad_index(i2, lo2, n2, mode), j3 = pad_index(i3, lo3, n3, mode);
         if ((j0 | j1 | j2 | j3) < 0) {
@@ -58,14 +74,19 @@ __device__ void pad_impl(T* __restrict__ dst, const char* __restrict__ src,
     }
 }
 
-#define PAD_KERNEL(suffix, T)                                                                     \
-    extern "C" __global__ void pad_##suffix(                                                      \
-        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                  \
-        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                       \
-        int64_t o0, int64_t o1, int64_t o2, int64_t o3,                                           \
-        int64_t lo0, int64_t lo1, int64_t lo2, int64_t lo3, int mode, int64_t fill_bits) {        \
-        pad_impl<T>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3,                 \
-                    lo0, lo1, lo2, lo3, mode, (T)(uint64_t)fill_bits);                            \
+#define PAD_KERNEL(suffix, T)                                                                              \
+    extern "C" __global__ void pad_##suffix(                                                               \
+        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                           \
+        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                                \
+        int64_t o0, int64_t o1, int64_t o2, int64_t o3,                                                    \
+        int64_t lo0, int64_t lo1, int64_t lo2, int64_t lo3, int mode, int64_t fill_bits) {                 \
+        if (o0 * o1 * o2 * o3 < INT32_MAX) {                                                               \
+            pad_impl<T, uint32_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3,            \
+                    lo0, lo1, lo2, lo3, mode, (T)(uint64_t)fill_bits);                                     \
+        } else {                                                                                           \
+            pad_impl<T, int64_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3,             \
+                    lo0, lo1, lo2, lo3, mode, (T)(uint64_t)fill_bits);                                     \
+        }                                                                                                  \
     }
 PAD_KERNEL(u8, uint8_t)
 PAD_KERNEL(u16, uint16_t)
@@ -74,24 +95,32 @@ PAD_KERNEL(u64, uint64_t)
 
 // ---- repeat ----------------------------------------------------------------------------------
 // out[i3,i2,i1,i0] = src[i3 % n3, i2 % n2, i1 % n1, i0 % n0]
-template <typename T>
+template <typename T, typename I>
 __device__ void repeat_impl(T* __restrict__ dst, const char* __restrict__ src,
                             int64_t n0, int64_t n1, int64_t n2, int64_t n3,
                             int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
                             int64_t o0, int64_t o1, int64_t o2, int64_t o3) {
-    const int64_t total = o0 * o1 * o2 * o3;
-    GRID_STRIDE_LOOP(i, total) {
-        const int64_t i0 = i % o0, i1 = (i / o0) % o1, i2 = (i / (o0 * o1)) % o2, i3 = i / (o0 * o1 * o2);
-        dst[i] = *(const T*)(src + (i0 % n0) * nb0 + (i1 % n1) * nb1 + (i2 % n2) * nb2 + (i3 % n3) * nb3);
+    const I total = (I)(o0 * o1 * o2 * o3);
+    GRID_STRIDE_LOOP(I, i, total) {
+        int64_t j[4];
+        unravel4<I>(i, (I)o0, (I)o1, (I)o2, j);
+        const int64_t i0 = j[0], i1 = j[1], i2 = j[2], i3 = j[3];
+        const int64_t j0 = (int64_t)((I)i0 % (I)n0), j1 = (int64_t)((I)i1 % (I)n1);
+        const int64_t j2 = (int64_t)((I)i2 % (I)n2), j3 = (int64_t)((I)i3 % (I)n3);
+        dst[i] = *(const T*)(src + j0 * nb0 + j1 * nb1 + j2 * nb2 + j3 * nb3);
     }
 }
 
-#define REPEAT_KERNEL(suffix, T)                                                                  \
-    extern "C" __global__ void repeat_##suffix(                                                   \
-        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                  \
-        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                       \
-        int64_t o0, int64_t o1, int64_t o2, int64_t o3) {                                         \
-        repeat_impl<T>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3);             \
+#define REPEAT_KERNEL(suffix, T)                                                                           \
+    extern "C" __global__ void repeat_##suffix(                                                            \
+        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                           \
+        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                                \
+        int64_t o0, int64_t o1, int64_t o2, int64_t o3) {                                                  \
+        if (o0 * o1 * o2 * o3 < INT32_MAX) {                                                               \
+            repeat_impl<T, uint32_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3);        \
+        } else {                                                                                           \
+            repeat_impl<T, int64_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3);         \
+        }                                                                                                  \
     }
 REPEAT_KERNEL(u8, uint8_t)
 REPEAT_KERNEL(u16, uint16_t)
@@ -100,24 +129,30 @@ REPEAT_KERNEL(u64, uint64_t)
 
 // ---- strided copy (concat writes each source into its slot of the output) ----------------------
 // dst[i3,i2,i1,i0] (byte strides dnb*) = src[i3,i2,i1,i0] (byte strides snb*), shape ne*
-template <typename T>
+template <typename T, typename I>
 __device__ void copy4d_impl(char* __restrict__ dst, int64_t dnb0, int64_t dnb1, int64_t dnb2, int64_t dnb3,
                             const char* __restrict__ src, int64_t snb0, int64_t snb1, int64_t snb2, int64_t snb3,
                             int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
-    const int64_t total = n0 * n1 * n2 * n3;
-    GRID_STRIDE_LOOP(i, total) {
-        const int64_t i0 = i % n0, i1 = (i / n0) % n1, i2 = (i / (n0 * n1)) % n2, i3 = i / (n0 * n1 * n2);
+    const I total = (I)(n0 * n1 * n2 * n3);
+    GRID_STRIDE_LOOP(I, i, total) {
+        int64_t j[4];
+        unravel4<I>(i, (I)n0, (I)n1, (I)n2, j);
+        const int64_t i0 = j[0], i1 = j[1], i2 = j[2], i3 = j[3];
         *(T*)(dst + i0 * dnb0 + i1 * dnb1 + i2 * dnb2 + i3 * dnb3) =
             *(const T*)(src + i0 * snb0 + i1 * snb1 + i2 * snb2 + i3 * snb3);
     }
 }
 
-#define COPY4D_KERNEL(suffix, T)                                                                  \
-    extern "C" __global__ void copy4d_##suffix(                                                   \
-        char* dst, int64_t dnb0, int64_t dnb1, int64_t dnb2, int64_t dnb3,                        \
-        const char* src, int64_t snb0, int64_t snb1, int64_t snb2, int64_t snb3,                  \
-        int64_t n0, int64_t n1, int64_t n2, int64_t n3) {                                         \
-        copy4d_impl<T>(dst, dnb0, dnb1, dnb2, dnb3, src, snb0, snb1, snb2, snb3, n0, n1, n2, n3); \
+#define COPY4D_KERNEL(suffix, T)                                                                           \
+    extern "C" __global__ void copy4d_##suffix(                                                            \
+        char* dst, int64_t dnb0, int64_t dnb1, int64_t dnb2, int64_t dnb3,                                 \
+        const char* src, int64_t snb0, int64_t snb1, int64_t snb2, int64_t snb3,                           \
+        int64_t n0, int64_t n1, int64_t n2, int64_t n3) {                                                  \
+        if (n0 * n1 * n2 * n3 < INT32_MAX) {                                                               \
+            copy4d_impl<T, uint32_t>(dst, dnb0, dnb1, dnb2, dnb3, src, snb0, snb1, snb2, snb3, n0, n1, n2, n3); \
+        } else {                                                                                           \
+            copy4d_impl<T, int64_t>(dst, dnb0, dnb1, dnb2, dnb3, src, snb0, snb1, snb2, snb3, n0, n1, n2, n3); \
+        }                                                                                                  \
     }
 COPY4D_KERNEL(u8, uint8_t)
 COPY4D_KERNEL(u16, uint16_t)
@@ -132,25 +167,31 @@ __device__ __forceinline__ int64_t nearest_index(int64_t i, int64_t n_in, int64_
     return j < n_in - 1 ? j : n_in - 1;
 }
 
-template <typename T>
+template <typename T, typename I>
 __device__ void upscale_nearest_impl(T* __restrict__ dst, const char* __restrict__ src,
                                      int64_t n0, int64_t n1, int64_t n2, int64_t n3,
                                      int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
                                      int64_t o0, int64_t o1, int64_t o2, int64_t o3) {
-    const int64_t total = o0 * o1 * o2 * o3;
-    GRID_STRIDE_LOOP(i, total) {
-        const int64_t i0 = i % o0, i1 = (i / o0) % o1, i2 = (i / (o0 * o1)) % o2, i3 = i / (o0 * o1 * o2);
+    const I total = (I)(o0 * o1 * o2 * o3);
+    GRID_STRIDE_LOOP(I, i, total) {
+        int64_t j[4];
+        unravel4<I>(i, (I)o0, (I)o1, (I)o2, j);
+        const int64_t i0 = j[0], i1 = j[1], i2 = j[2], i3 = j[3];
         dst[i] = *(const T*)(src + nearest_index(i0, n0, o0) * nb0 + nearest_index(i1, n1, o1) * nb1 +
                              nearest_index(i2, n2, o2) * nb2 + nearest_index(i3, n3, o3) * nb3);
     }
 }
 
-#define UPSCALE_NEAREST_KERNEL(suffix, T)                                                         \
-    extern "C" __global__ void upscale_nearest_##suffix(                                          \
-        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                  \
-        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                       \
-        int64_t o0, int64_t o1, int64_t o2, int64_t o3) {                                         \
-        upscale_nearest_impl<T>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3);    \
+#define UPSCALE_NEAREST_KERNEL(suffix, T)                                                                  \
+    extern "C" __global__ void upscale_nearest_##suffix(                                                   \
+        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                           \
+        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                                \
+        int64_t o0, int64_t o1, int64_t o2, int64_t o3) {                                                  \
+        if (o0 * o1 * o2 * o3 < INT32_MAX) {                                                               \
+            upscale_nearest_impl<T, uint32_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3); \
+        } else {                                                                                           \
+            upscale_nearest_impl<T, int64_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3); \
+        }                                                                                                  \
     }
 UPSCALE_NEAREST_KERNEL(u8, uint8_t)
 UPSCALE_NEAREST_KERNEL(u16, uint16_t)
@@ -255,15 +296,17 @@ __device__ __forceinline__ float tap_weight(const AxisTaps& t, int k) {
     return t.count ? t.w[k] : aa_weight(t.lo + k, t.cc, t.off, t.inv) / t.norm;
 }
 
-template <typename T>
+template <typename T, typename I>
 __device__ void upscale_interp_impl(T* __restrict__ dst, const char* __restrict__ src,
                                     int64_t n0, int64_t n1, int64_t n2, int64_t n3,
                                     int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
                                     int64_t o0, int64_t o1, int64_t o2, int64_t o3,
                                     int mode, int align_corners, int antialias) {
-    const int64_t total = o0 * o1 * o2 * o3;
-    GRID_STRIDE_LOOP(i, total) {
-        const int64_t i0 = i % o0, i1 = (i / o0) % o1, i2 = (i / (o0 * o1)) % o2, i3 = i / (o0 * o1 * o2);
+    const I total = (I)(o0 * o1 * o2 * o3);
+    GRID_STRIDE_LOOP(I, i, total) {
+        int64_t j[4];
+        unravel4<I>(i, (I)o0, (I)o1, (I)o2, j);
+        const int64_t i0 = j[0], i1 = j[1], i2 = j[2], i3 = j[3];
         // dims 2/3 resample by nearest in every mode (ggml_interpolate)
         const char* plane = src + nearest_index(i2, n2, o2) * nb2 + nearest_index(i3, n3, o3) * nb3;
         AxisTaps ty, tx;
@@ -282,13 +325,18 @@ __device__ void upscale_interp_impl(T* __restrict__ dst, const char* __restrict_
     }
 }
 
-#define UPSCALE_INTERP_KERNEL(suffix, T)                                                          \
-    extern "C" __global__ void upscale_interp_##suffix(                                           \
-        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                  \
-        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                       \
-        int64_t o0, int64_t o1, int64_t o2, int64_t o3, int mode, int align_corners, int antialias) { \
-        upscale_interp_impl<T>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3,      \
-                               mode, align_corners, antialias);                                   \
+#define UPSCALE_INTERP_KERNEL(suffix, T)                                                                   \
+    extern "C" __global__ void upscale_interp_##suffix(                                                    \
+        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                           \
+        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                                \
+        int64_t o0, int64_t o1, int64_t o2, int64_t o3, int mode, int align_corners, int antialias) {      \
+        if (o0 * o1 * o2 * o3 < INT32_MAX) {                                                               \
+            upscale_interp_impl<T, uint32_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3, \
+                               mode, align_corners, antialias);                                            \
+        } else {                                                                                           \
+            upscale_interp_impl<T, int64_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3,  \
+                               mode, align_corners, antialias);                                            \
+        }                                                                                                  \
     }
 UPSCALE_INTERP_KERNEL(f32, float)
 UPSCALE_INTERP_KERNEL(f16, __half)

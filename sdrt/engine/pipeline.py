@@ -254,6 +254,18 @@ def _kwargs_of(fn) -> set:
         return set()
 
 
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: /proc/self/stat's start tick against the boot
+    clock, 10 ms resolution), or None where that is not available. The start-up log line uses it."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            start_ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        import os
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 # ---- the pipeline ----------------------------------------------------------------------------------
 
 class Pipeline:
@@ -505,6 +517,10 @@ class Pipeline:
             x = den.noise_scaling(sigmas[0], noise, init_latent)
             denoise = self._denoise_fn(den, cond, uncond, img_cond, cfg, icfg, init_latent, denoise_mask,
                                        len(sigmas) - 1, bar)
+            if b == 0:  # start-up cost (README "Start-up"): imports, kernel cache, tokenizer, text encoder
+                age = process_age()
+                log.info("first sampling step after %s (%.2fs CPU)",
+                         "?" if age is None else f"{age:.2f}s since process start", time.process_time())
             x0 = sample(method, denoise, x, sigmas, smp_rng, eta=eta, is_flow=den.is_flow)
             x0 = den.inverse_noise_scaling(sigmas[-1], x0)
             log.info("sampling completed, taking %.2fs", time.time() - t_b)

@@ -1,0 +1,217 @@
+"""CUDA attention: sdrt's flash kernel vs PyTorch SDPA (fp16) vs a cuBLAS QK^T-softmax-PV
+reference built from rt.gemm, at SD1.5 / SDXL / Flux / VAE shapes (GPU only).
+
+    python bench/bench_cuda_attention.py [--repeat 20] [--quick] [--f32]
+
+Rows per shape, each timed with CUDA events (median of 3 runs of --repeat back-to-back calls
+after a warm-up), ratio = time / torch SDPA time:
+- torch sdpa f16:  torch.nn.functional.scaled_dot_product_attention on contiguous fp16
+                   [N, H, L, D] (FlashAttention-2 / cuDNN inside torch): the peer;
+- flash rN f16:    sdrt's attention kernel function on fp16 q/k/v, flash path forced to RN
+                   rows-per-warp variant (* marks the default of FLASH_RF); includes staging;
+- flash f32 view:  the default flash path on F32 q/k/v permuted from [N, L, H, D] (what the
+                   UNet graph hands it);
+- stage only:      the three staging passes of the f16 flash row (strided -> padded half);
+- cublas f16:      the gemm path (S = QK^T, row softmax, O = PV, cuBLAS F16 tensor cores);
+- cublas f32:      the same in pedantic FP32 (--f32; the precision="F32" path).
+TFLOP/s count 4*N*H*Lq*Lk*D. "err" compares the row's output with torch's (max abs difference
+over torch's max abs output). Random unit-normal inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from sdrt.gpu.cuda import attention as GA  # noqa: E402
+from sdrt.ops import api as F  # noqa: E402
+from sdrt.ops.tensor import Tensor  # noqa: E402
+
+# name, N, H, Lq, Lk, D
+SHAPES = [
+    ("SD1.5 self 64x64", 2, 8, 4096, 4096, 40),
+    ("SD1.5 cross 64x64", 2, 8, 4096, 77, 40),
+    ("SD1.5 self 32x32", 2, 8, 1024, 1024, 80),
+    ("SD1.5 self 16x16", 2, 8, 256, 256, 160),
+    ("SDXL self 64x64 (1024px)", 2, 10, 4096, 4096, 64),
+    ("SDXL self 32x32 (1024px)", 2, 20, 1024, 1024, 64),
+    ("SDXL cross 32x32", 2, 20, 1024, 77, 64),
+    ("Flux 1024px (4096+512 tok)", 1, 24, 4608, 4608, 128),
+    ("VAE mid-block 64x64", 1, 1, 4096, 4096, 512),
+]
+QUICK = {"SD1.5 self 64x64", "SDXL self 64x64 (1024px)", "SDXL self 32x32 (1024px)"}
+
+
+class Dev:
+    def __init__(self):
+        from sdrt.gpu import cuda
+        if not cuda.available():
+            sys.exit(f"bench_cuda_attention: no CUDA device ({cuda.unavailable_reason()})")
+        from sdrt.gpu.cuda.driver import pycuda_driver
+        from sdrt.ops.backend import get_backend
+        self.be = get_backend("cuda0")
+        self.rt, self.mem, self.cuda = self.be.rt, self.be.memory, pycuda_driver()
+        self.ptrs = []
+
+    def put(self, t: Tensor):
+        from sdrt.gpu.cuda.devtensor import DevTensor
+        raw = t.owner.storage
+        ptr = self.mem.alloc(raw.nbytes)
+        self.ptrs.append(ptr)
+        self.mem.upload(ptr, raw)
+        return DevTensor.of(t, ptr + t.offset)
+
+    def out(self, node):
+        from sdrt.gpu.cuda.devtensor import DevTensor
+        ptr = self.mem.alloc(node.nbytes)
+        self.ptrs.append(ptr)
+        return DevTensor.of(node, ptr)
+
+    def fetch(self, dev, shape) -> np.ndarray:
+        host = np.empty(int(np.prod(shape)) * 4, np.uint8)
+        self.mem.synchronize()
+        self.mem.download(host, dev.ptr)
+        return host.view(np.float32).reshape(shape)
+
+    def free_all(self):
+        self.mem.synchronize()
+        for p in self.ptrs:
+            self.mem.free(p)
+        self.ptrs.clear()
+
+    def time_ms(self, fn, repeat: int) -> float:
+        """Median over 3 runs of the mean time of `repeat` back-to-back calls, by CUDA events."""
+        fn()
+        self.mem.synchronize()
+        runs = []
+        for _ in range(3):
+            a, b = self.cuda.Event(), self.cuda.Event()
+            a.record(self.rt.stream)
+            for _ in range(repeat):
+                fn()
+            b.record(self.rt.stream)
+            b.synchronize()
+            runs.append(b.time_since(a) / repeat)
+        return statistics.median(runs)
+
+
+def torch_sdpa(q, k, v, repeat):
+    """(ms, output as float32 numpy [N, H, Lq, D]) or (None, None) without torch/CUDA."""
+    try:
+        import torch
+        import torch.nn.functional as tF
+    except ImportError:
+        return None, None
+    if not torch.cuda.is_available():
+        return None, None
+    tq, tk, tv = (torch.from_numpy(a).cuda() for a in (q, k, v))
+    tF.scaled_dot_product_attention(tq, tk, tv)
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(repeat):
+            o = tF.scaled_dot_product_attention(tq, tk, tv)
+        b.record()
+        b.synchronize()
+        runs.append(a.elapsed_time(b) / repeat)
+    return statistics.median(runs), o.float().cpu().numpy()
+
+
+def kernel_call(d: Dev, node, force: str | None = None, rf: int | None = None):
+    """A closure running the attention kernel function as the backend would, with the path
+    forced (FORCE_PATH) and the rows-per-warp variant chosen; and the output DevTensor."""
+    from sdrt.gpu.cuda.table import CUDA
+    k = CUDA.find(node)
+    xs = [d.put(s) for s in node.src]
+    out = d.out(node)
+
+    def call():
+        saved_path, saved_rf = GA.FORCE_PATH, dict(GA.FLASH_RF)
+        GA.FORCE_PATH = force
+        if rf is not None:
+            dp = GA.flash_dim(node.src[0].ne4[0], node.src[2].ne4[0])
+            GA.FLASH_RF[dp] = rf
+        try:
+            d.rt.begin_kernel()
+            k.fn(node, xs, out, d.rt)
+        finally:
+            GA.FORCE_PATH = saved_path
+            GA.FLASH_RF.clear()
+            GA.FLASH_RF.update(saved_rf)
+    return call, xs, out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="SD1.5 and SDXL self-attention only")
+    ap.add_argument("--f32", action="store_true", help="also time the pedantic FP32 gemm path")
+    args = ap.parse_args()
+    d = Dev()
+    rng = np.random.default_rng(0)
+    print(f"device: {d.be!r}")
+    print(f"{'shape':28s} {'path':16s} {'ms':>9s} {'TFLOP/s':>8s} {'ratio':>6s} {'err':>8s}")
+    for name, N, H, Lq, Lk, D in SHAPES:
+        if args.quick and name not in QUICK:
+            continue
+        flop = 4.0 * N * H * Lq * Lk * D
+        q16, k16, v16 = (rng.standard_normal((N, H, L, D)).astype(np.float16) for L in (Lq, Lk, Lk))
+        t_ms, t_out = torch_sdpa(q16, k16, v16, args.repeat)
+        ref = t_out if t_out is not None else None
+        base = t_ms
+
+        def row(path, ms, out=None):
+            ratio = f"{ms / base:6.2f}" if base else "     -"
+            err = "       -"
+            if out is not None and ref is not None:
+                got = d.fetch(out, (N, H, Lq, D))
+                err = f"{np.abs(got - ref).max() / np.abs(ref).max():8.1e}"
+            print(f"{name:28s} {path:16s} {ms:9.4f} {flop / ms / 1e9:8.1f} {ratio} {err}", flush=True)
+
+        if t_ms is not None:
+            row("torch sdpa f16", t_ms)
+        node16 = F.attention(*(Tensor.from_numpy(a) for a in (q16, k16, v16)))
+        dp = GA.flash_dim(D, D)
+        if dp is not None:
+            rfs = [1] + ([2] if dp in GA.FLASH_RF2_DIMS else [])
+            for rf in rfs:
+                call, xs, out = kernel_call(d, node16, "flash", rf)
+                mark = "*" if GA.FLASH_RF[dp] == rf else " "
+                row(f"flash r{rf}{mark} f16", d.time_ms(call, args.repeat), out)
+            # the same inputs in F32, as permuted views of [N, L, H, D] (the UNet's layout)
+            views = [Tensor.from_numpy(np.ascontiguousarray(a.astype(np.float32).transpose(0, 2, 1, 3))).permute(0, 2, 1, 3)
+                     for a in (q16, k16, v16)]
+            call, _, out = kernel_call(d, F.attention(*views), "flash")
+            row("flash f32 view", d.time_ms(call, args.repeat), out)
+            # the staging passes alone
+            rf = GA.FLASH_RF[dp]
+            bq = GA.WARPS * 16 * rf
+            Lqp = -(-Lq // bq) * bq
+            qd, kd, vd = xs[:3]
+
+            def stage_only():
+                d.rt.begin_kernel()
+                qh = GA._scratch(d.rt, N * H * Lqp * dp * 2)
+                kh = GA._scratch(d.rt, N * H * Lk * dp * 2)
+                vh = GA._scratch(d.rt, N * H * Lk * dp * 2)
+                GA._stage(d.rt, qd, "F16", qh, dp, Lqp, H, N, 1, 1, 0.125)
+                GA._stage(d.rt, kd, "F16", kh, dp, Lk, H, N, 1, 1, 1.0)
+                GA._stage(d.rt, vd, "F16", vh, dp, Lk, H, N, 1, 1, 1.0)
+            row("stage only", d.time_ms(stage_only, args.repeat))
+        call, _, out = kernel_call(d, node16, "gemm16")
+        row("cublas f16", d.time_ms(call, args.repeat), out)
+        if args.f32:
+            call, _, out = kernel_call(d, node16, "gemm32")
+            row("cublas f32", d.time_ms(call, max(1, args.repeat // 4)), out)
+        d.free_all()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""CUDA kernels for the element-wise ops (kernels/elementwise.cu; CPU: sdrt/ops/cpu/elementwise.py).
+
+Every input is read through its byte strides (permute/transpose/slice views, broadcast dims
+with stride 0), the output is the node's contiguous buffer. Before a launch the host merges
+adjacent dims that every operand walks through as one, so contiguous and bias-style operands
+index without division on the device. Each function only enqueues one launch on rt.stream.
+
+Dtypes: binary ops take any F32/F16/BF16 pair (the result has the first operand's dtype),
+unary ops F32/F16/BF16; `cont` copies any dtype bit for bit (block types row by row); `cast`
+converts among F32/F16/BF16 and widens F8_E4M3/F8_E5M2 to them. Declined (CPU only): casts
+to or from block types other than a same-type copy (dequantizing is the matmul family's, and
+quantizing is not done on the GPU), casts to F8 or F64.
+"""
+from __future__ import annotations
+
+from functools import cache
+
+from ...ops.cpu.elementwise import BINARY_CODES, UNARY_CODES
+from .table import CUDA
+
+MODULE = "elementwise"
+BLOCK = 256
+MAX_BLOCKS = 1 << 16  # grid-stride loops cover the rest
+FLOAT = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+CAST_SOURCES = {**FLOAT, "F8_E4M3": "f8_e4m3", "F8_E5M2": "f8_e5m2"}
+RAW = {1: "b8", 2: "b16", 4: "b32", 8: "b64"}
+STRIDED = "PPqqqq" + "q" * 4  # x, out, n, ne0, ne1, ne2, 4 strides of x
+
+
+@cache
+def _fn(rt, kernel: str, argtypes: str):
+    return rt.fn(MODULE, kernel, argtypes)
+
+
+def grid_1d(n: int):
+    return (max(1, min((n + BLOCK - 1) // BLOCK, MAX_BLOCKS)), 1, 1), (BLOCK, 1, 1)
+
+
+def operand_strides(x, out_ne) -> list[int]:
+    """x's byte strides over the output's shape: 0 along the dims x broadcasts (size 1)."""
+    return [x.nb[k] if x.ne[k] == out_ne[k] else 0 for k in range(4)]
+
+
+def merge_dims(ne, *strides):
+    """(ne3, [strides3 per operand]) walking the same elements in the same order with size-1
+    dims dropped and adjacent dims merged where every operand steps through them as one
+    (stride[k+1] == stride[k] * ne[k]). Returns ne as 3 leading sizes (the 4th is implied by
+    the element count) and 4 strides per operand, padded with size 1 / stride 0."""
+    dims: list[tuple[int, list[int]]] = []
+    for k in range(4):
+        if ne[k] == 1:
+            continue
+        st = [s[k] for s in strides]
+        if dims and all(st[j] == dims[-1][1][j] * dims[-1][0] for j in range(len(strides))):
+            dims[-1] = (dims[-1][0] * ne[k], dims[-1][1])
+        else:
+            dims.append((ne[k], st))
+    while len(dims) < 4:
+        dims.append((1, [0] * len(strides)))
+    merged_ne = [d[0] for d in dims[:3]]
+    return merged_ne, [[d[1][j] for d in dims] for j in range(len(strides))]
+
+
+def _launch_strided(rt, kernel: str, x, out, *extra, extra_types: str = "") -> None:
+    ne, (sx,) = merge_dims(out.ne, operand_strides(x, out.ne))
+    n = out.nelements
+    grid, block = grid_1d(n)
+    _fn(rt, kernel, STRIDED + extra_types)(grid, block, x.ptr, out.ptr, n, *ne, *sx, *extra)
+
+
+# ---- binary ------------------------------------------------------------------------------------
+def _float_srcs(node) -> bool:
+    return all(s.dtype.name in FLOAT for s in node.src)
+
+
+def _binary(node, xs, out, rt):
+    a, b = xs
+    ne, (sa, sb) = merge_dims(out.ne, operand_strides(a, out.ne), operand_strides(b, out.ne))
+    n = out.nelements
+    grid, block = grid_1d(n)
+    kernel = f"binary_{node.op}_{FLOAT[a.dtype.name]}_{FLOAT[b.dtype.name]}"
+    _fn(rt, kernel, "PPPqqqq" + "q" * 8)(grid, block, a.ptr, b.ptr, out.ptr, n, *ne, *sa, *sb)
+
+
+for _op in BINARY_CODES:
+    CUDA.register(_op, supports=_float_srcs)(_binary)
+
+
+# ---- unary -------------------------------------------------------------------------------------
+def unary_params(node) -> tuple[float, float]:
+    p = node.params
+    if node.op == "clamp":
+        return p["min"], p["max"]
+    if node.op == "scale":
+        return p["s"], p["b"]
+    return p.get("slope", 0.0), 0.0
+
+
+def _unary(node, xs, out, rt):
+    x, = xs
+    _launch_strided(rt, f"unary_{node.op}_{FLOAT[x.dtype.name]}", x, out, *unary_params(node), extra_types="ff")
+
+
+for _op in UNARY_CODES:
+    CUDA.register(_op, supports=_float_srcs)(_unary)
+
+
+# ---- cont / cast -------------------------------------------------------------------------------
+def _copyable(node) -> bool:
+    """Same-dtype copy: any element size the raw kernels have, or whole rows of a block type."""
+    src = node.src[0]
+    if src.dtype != node.dtype:
+        return False
+    if src.dtype.is_quantized:
+        return src.nb[0] == src.dtype.type_size
+    return src.dtype.type_size in RAW
+
+
+def _copy(x, out, rt) -> None:
+    if not x.dtype.is_quantized:
+        _launch_strided(rt, f"copy_{RAW[x.dtype.type_size]}", x, out)
+        return
+    # block rows are contiguous bytes; copy them in 4-byte words when everything is aligned
+    row_bytes = x.dtype.row_bytes(x.ne[0])
+    words = row_bytes % 4 == 0 and x.ptr % 4 == 0 and out.ptr % 4 == 0 and all(s % 4 == 0 for s in x.nb[1:])
+    unit = 4 if words else 1
+    nrows = x.nrows
+    threads = min(BLOCK, max(32, (row_bytes // unit + 31) // 32 * 32))
+    _fn(rt, f"copy_rows_{'u32' if words else 'u8'}", "PPqqqqqqq")(
+        (max(1, min(nrows, MAX_BLOCKS)), 1, 1), (threads, 1, 1),
+        x.ptr, out.ptr, row_bytes // unit, nrows, x.ne[1], x.ne[2], x.nb[1], x.nb[2], x.nb[3])
+
+
+@CUDA.register("cont", supports=_copyable)
+def _cont(node, xs, out, rt):
+    _copy(xs[0], out, rt)
+
+
+def _castable(node) -> bool:
+    return _copyable(node) or (node.src[0].dtype.name in CAST_SOURCES and node.dtype.name in FLOAT)
+
+
+@CUDA.register("cast", supports=_castable)
+def _cast(node, xs, out, rt):
+    x, = xs
+    if x.dtype == node.dtype:
+        _copy(x, out, rt)
+    else:
+        _launch_strided(rt, f"cast_{CAST_SOURCES[x.dtype.name]}_{FLOAT[node.dtype.name]}", x, out)

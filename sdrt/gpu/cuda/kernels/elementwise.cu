@@ -1,0 +1,262 @@
+// Element-wise ops (sdrt/ops/elementwise.py): binary with broadcasting, unary activations,
+// scale/clamp, casts and contiguous copies. The CPU kernels are sdrt/ops/cpu/elementwise.py;
+// the formulas here are theirs, computed in float.
+//
+// Indexing: every input is a strided view described by the output's shape ne[0..3] and the
+// input's byte strides (0 along a broadcast dim); the output is contiguous. The host merges
+// adjacent dims that every operand walks through as one (a contiguous tensor is one dim), so
+// the common cases index without any division.
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+// ---- storage types ----------------------------------------------------------------------------
+struct bf16_t { unsigned short bits; };
+struct f8e4m3_t { unsigned char bits; };
+struct f8e5m2_t { unsigned char bits; };
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(bf16_t v) { return __uint_as_float((unsigned)v.bits << 16); }
+
+// F8 E4M3 ("fn": no inf, S.1111.111 is NaN) and E5M2 (IEEE-like), as sdrt/ops/convert.py's
+// table, whose NaNs are all the positive quiet NaN 0x7FC00000
+__device__ __forceinline__ float to_f32(f8e4m3_t v) {
+    const unsigned b = v.bits, e = (b >> 3) & 0xF, m = b & 7;
+    if ((b & 0x7F) == 0x7F) return __uint_as_float(0x7FC00000u);
+    const float r = e == 0 ? ldexpf((float)m, -9)              // m/8 * 2^-6
+                           : ldexpf(1.0f + (float)m * 0.125f, (int)e - 7);
+    return (b & 0x80) ? -r : r;
+}
+__device__ __forceinline__ float to_f32(f8e5m2_t v) {
+    const unsigned b = v.bits, e = (b >> 2) & 0x1F, m = b & 3;
+    if (e == 0x1F && m) return __uint_as_float(0x7FC00000u);
+    const float r = e == 0x1F ? __uint_as_float(0x7F800000u)
+                  : e == 0 ? ldexpf((float)m, -16)                // m/4 * 2^-14
+                           : ldexpf(1.0f + (float)m * 0.25f, (int)e - 15);
+    return (b & 0x80) ? -r : r;
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+// round to nearest even; NaN keeps its top bits and is made quiet (sdrt/ops/convert.f32_to_raw)
+template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) {
+    const unsigned u = __float_as_uint(v);
+    bf16_t r;
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) r.bits = (unsigned short)((u >> 16) | 64);
+    else r.bits = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    return r;
+}
+
+template <typename T> __device__ __forceinline__ T load(const char* p, int64_t off) {
+    return *reinterpret_cast<const T*>(p + off);
+}
+
+// ---- the index walk ---------------------------------------------------------------------------
+// Calls f(i, i0, i1, i2, i3) for every flat output index i < n of a tensor of shape
+// (ne0, ne1, ne2, n / (ne0*ne1*ne2)), grid-stride. One dim: no division; otherwise 32-bit
+// division while the indices fit. The branch is uniform over the grid; keeping it inside the
+// loop leaves one copy of the op's code (three made the fatbin three times larger).
+template <typename F>
+__device__ __forceinline__ void for_each_index(int64_t n, int64_t ne0, int64_t ne1, int64_t ne2, F f) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const bool one_dim = ne0 == n, small = n <= 0xFFFFFFFFLL;
+    // unroll 1: memory-bound loops gain nothing from unrolling, and it would multiply the code
+#pragma unroll 1
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        int64_t i0 = i, i1 = 0, i2 = 0, i3 = 0;
+        if (one_dim) {
+        } else if (small) {
+            const uint32_t m0 = (uint32_t)ne0, m1 = (uint32_t)ne1, m2 = (uint32_t)ne2;
+            uint32_t r = (uint32_t)i;
+            i0 = r % m0; r /= m0;
+            i1 = r % m1; r /= m1;
+            i2 = r % m2;
+            i3 = r / m2;
+        } else {
+            int64_t r = i;
+            i0 = r % ne0; r /= ne0;
+            i1 = r % ne1; r /= ne1;
+            i2 = r % ne2;
+            i3 = r / ne2;
+        }
+        f(i, i0, i1, i2, i3);
+    }
+}
+
+// ---- binary -----------------------------------------------------------------------------------
+enum { ADD, SUB, MUL, DIV };
+
+template <int OP> __device__ __forceinline__ float binary_op(float a, float b) {
+    if (OP == ADD) return a + b;
+    if (OP == SUB) return a - b;
+    if (OP == MUL) return a * b;
+    return a / b;  // IEEE division (the build never passes -use_fast_math)
+}
+
+template <int OP, typename TA, typename TB>
+__device__ __forceinline__ void binary(const char* a, const char* b, TA* out, int64_t n,
+                                       int64_t ne0, int64_t ne1, int64_t ne2,
+                                       int64_t sa0, int64_t sa1, int64_t sa2, int64_t sa3,
+                                       int64_t sb0, int64_t sb1, int64_t sb2, int64_t sb3) {
+    for_each_index(n, ne0, ne1, ne2, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+        const float va = to_f32(load<TA>(a, i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3));
+        const float vb = to_f32(load<TB>(b, i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3));
+        out[i] = from_f32<TA>(binary_op<OP>(va, vb));
+    });
+}
+
+// ---- unary ------------------------------------------------------------------------------------
+enum { NEG, ABS, SQR, SQRT, EXP, LOG, SIN, COS, STEP, RELU, LEAKY_RELU, SILU, SIGMOID, TANH,
+       GELU, GELU_TANH, GELU_QUICK, CLAMP, SCALE };
+
+template <int OP> __device__ __forceinline__ float unary_op(float v, float p0, float p1) {
+    if (OP == NEG) return -v;
+    if (OP == ABS) return fabsf(v);
+    if (OP == SQR) return v * v;
+    if (OP == SQRT) return sqrtf(v);
+    if (OP == EXP) return expf(v);
+    if (OP == LOG) return logf(v);
+    if (OP == SIN) return sinf(v);
+    if (OP == COS) return cosf(v);
+    if (OP == STEP) return v > 0.0f ? 1.0f : 0.0f;
+    if (OP == RELU) return v > 0.0f ? v : 0.0f;             // NaN -> 0, as the CPU kernel
+    if (OP == LEAKY_RELU) return v > 0.0f ? v : v * p0;
+    if (OP == SILU) return v / (1.0f + expf(-v));
+    if (OP == SIGMOID) return 1.0f / (1.0f + expf(-v));
+    if (OP == TANH) return tanhf(v);
+    if (OP == GELU) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    // 0.5 v (1 + tanh(y)) = v / (1 + exp(-2y)), y = sqrt(2/pi) (v + 0.044715 v^3): the CPU's form;
+    // -inf gives -inf/inf = NaN as the tanh form does
+    if (OP == GELU_TANH) return v / (1.0f + expf(-1.5957691216057308f * (v + 0.044715f * v * v * v)));
+    if (OP == GELU_QUICK) return v / (1.0f + expf(-1.702f * v));
+    if (OP == CLAMP) return fminf(fmaxf(v, p0), p1);
+    return v * p0 + p1;  // SCALE
+}
+
+template <int OP, typename T>
+__device__ __forceinline__ void unary(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
+                                      int64_t s0, int64_t s1, int64_t s2, int64_t s3, float p0, float p1) {
+    for_each_index(n, ne0, ne1, ne2, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+        out[i] = from_f32<T>(unary_op<OP>(to_f32(load<T>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3)), p0, p1));
+    });
+}
+
+// ---- casts and copies -------------------------------------------------------------------------
+template <typename TS, typename TD>
+__device__ __forceinline__ void cast(const char* x, TD* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
+                                     int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
+    for_each_index(n, ne0, ne1, ne2, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+        out[i] = from_f32<TD>(to_f32(load<TS>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3)));
+    });
+}
+
+// bit-exact copy of elements of one size (any non-block dtype)
+template <typename U>
+__device__ __forceinline__ void copy(const char* x, U* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
+                                     int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
+    for_each_index(n, ne0, ne1, ne2, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+        out[i] = load<U>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3);
+    });
+}
+
+// whole rows of `units` U each (block-type rows are contiguous bytes), rows strided by nb1..nb3
+template <typename U>
+__device__ __forceinline__ void copy_rows(const char* x, U* out, int64_t units, int64_t nrows,
+                                          int64_t ne1, int64_t ne2, int64_t nb1, int64_t nb2, int64_t nb3) {
+    for (int64_t r = blockIdx.x; r < nrows; r += gridDim.x) {
+        const int64_t i1 = r % ne1, i2 = (r / ne1) % ne2, i3 = r / (ne1 * ne2);
+        const U* src = reinterpret_cast<const U*>(x + i1 * nb1 + i2 * nb2 + i3 * nb3);
+        U* dst = out + r * units;
+        for (int64_t j = threadIdx.x; j < units; j += blockDim.x) dst[j] = src[j];
+    }
+}
+
+}  // namespace
+
+// ---- entry points -----------------------------------------------------------------------------
+#define STRIDES4(s) int64_t s##0, int64_t s##1, int64_t s##2, int64_t s##3
+
+#define BINARY_ENTRY(name, OP, TA, TB)                                                               \
+    extern "C" __global__ void name(const char* a, const char* b, TA* out, int64_t n, int64_t ne0,    \
+                                    int64_t ne1, int64_t ne2, STRIDES4(sa), STRIDES4(sb)) {          \
+        binary<OP, TA, TB>(a, b, out, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sb0, sb1, sb2, sb3);     \
+    }
+#define BINARY_TYPES(op, OP)                                  \
+    BINARY_ENTRY(binary_##op##_f32_f32, OP, float, float)     \
+    BINARY_ENTRY(binary_##op##_f32_f16, OP, float, __half)    \
+    BINARY_ENTRY(binary_##op##_f32_bf16, OP, float, bf16_t)   \
+    BINARY_ENTRY(binary_##op##_f16_f32, OP, __half, float)    \
+    BINARY_ENTRY(binary_##op##_f16_f16, OP, __half, __half)   \
+    BINARY_ENTRY(binary_##op##_f16_bf16, OP, __half, bf16_t)  \
+    BINARY_ENTRY(binary_##op##_bf16_f32, OP, bf16_t, float)   \
+    BINARY_ENTRY(binary_##op##_bf16_f16, OP, bf16_t, __half)  \
+    BINARY_ENTRY(binary_##op##_bf16_bf16, OP, bf16_t, bf16_t)
+BINARY_TYPES(add, ADD)
+BINARY_TYPES(sub, SUB)
+BINARY_TYPES(mul, MUL)
+BINARY_TYPES(div, DIV)
+
+#define UNARY_ENTRY(name, OP, T)                                                                      \
+    extern "C" __global__ void name(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1,      \
+                                    int64_t ne2, STRIDES4(s), float p0, float p1) {                  \
+        unary<OP, T>(x, out, n, ne0, ne1, ne2, s0, s1, s2, s3, p0, p1);                               \
+    }
+#define UNARY_TYPES(op, OP)                         \
+    UNARY_ENTRY(unary_##op##_f32, OP, float)        \
+    UNARY_ENTRY(unary_##op##_f16, OP, __half)       \
+    UNARY_ENTRY(unary_##op##_bf16, OP, bf16_t)
+UNARY_TYPES(neg, NEG)
+UNARY_TYPES(abs, ABS)
+UNARY_TYPES(sqr, SQR)
+UNARY_TYPES(sqrt, SQRT)
+UNARY_TYPES(exp, EXP)
+UNARY_TYPES(log, LOG)
+UNARY_TYPES(sin, SIN)
+UNARY_TYPES(cos, COS)
+UNARY_TYPES(step, STEP)
+UNARY_TYPES(relu, RELU)
+UNARY_TYPES(leaky_relu, LEAKY_RELU)
+UNARY_TYPES(silu, SILU)
+UNARY_TYPES(sigmoid, SIGMOID)
+UNARY_TYPES(tanh, TANH)
+UNARY_TYPES(gelu, GELU)
+UNARY_TYPES(gelu_tanh, GELU_TANH)
+UNARY_TYPES(gelu_quick, GELU_QUICK)
+UNARY_TYPES(clamp, CLAMP)
+UNARY_TYPES(scale, SCALE)
+
+#define CAST_ENTRY(name, TS, TD)                                                                      \
+    extern "C" __global__ void name(const char* x, TD* out, int64_t n, int64_t ne0, int64_t ne1,     \
+                                    int64_t ne2, STRIDES4(s)) {                                       \
+        cast<TS, TD>(x, out, n, ne0, ne1, ne2, s0, s1, s2, s3);                                       \
+    }
+#define CAST_TO(src, TS)                           \
+    CAST_ENTRY(cast_##src##_f32, TS, float)        \
+    CAST_ENTRY(cast_##src##_f16, TS, __half)       \
+    CAST_ENTRY(cast_##src##_bf16, TS, bf16_t)
+CAST_TO(f32, float)
+CAST_TO(f16, __half)
+CAST_TO(bf16, bf16_t)
+CAST_TO(f8_e4m3, f8e4m3_t)
+CAST_TO(f8_e5m2, f8e5m2_t)
+
+#define COPY_ENTRY(name, U)                                                                           \
+    extern "C" __global__ void name(const char* x, U* out, int64_t n, int64_t ne0, int64_t ne1,      \
+                                    int64_t ne2, STRIDES4(s)) {                                       \
+        copy<U>(x, out, n, ne0, ne1, ne2, s0, s1, s2, s3);                                            \
+    }
+COPY_ENTRY(copy_b8, uint8_t)
+COPY_ENTRY(copy_b16, uint16_t)
+COPY_ENTRY(copy_b32, uint32_t)
+COPY_ENTRY(copy_b64, unsigned long long)
+
+#define COPY_ROWS_ENTRY(name, U)                                                                      \
+    extern "C" __global__ void name(const char* x, U* out, int64_t units, int64_t nrows, int64_t ne1, \
+                                    int64_t ne2, int64_t nb1, int64_t nb2, int64_t nb3) {             \
+        copy_rows<U>(x, out, units, nrows, ne1, ne2, nb1, nb2, nb3);                                  \
+    }
+COPY_ROWS_ENTRY(copy_rows_u8, uint8_t)
+COPY_ROWS_ENTRY(copy_rows_u32, uint32_t)

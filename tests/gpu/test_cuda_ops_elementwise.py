@@ -1,0 +1,246 @@
+"""CUDA element-wise ops vs the CPU backend on the same graph (skips without a GPU).
+
+Both backends compute in float32 from the same widened inputs and narrow with the same
+rounding, so add/sub/mul, neg/abs/sqr/step/relu/clamp, casts and copies must be bit exact;
+the transcendental ops (libm vs CUDA's expf/erff/tanhf...) and div (the CPU kernel may use a
+reciprocal) agree within float32 rounding, F16/BF16 outputs within one rounding step. Inputs
+include transposed, permuted and sliced views, broadcast operands on either side, views of
+computed nodes, odd sizes and the SD UNet's shapes.
+"""
+import numpy as np
+import pytest
+from opcheck import leaf
+
+from sdrt.ops import api as F
+from sdrt.ops.convert import f32_to_raw, raw_to_f32
+from sdrt.ops.graph import Graph
+from sdrt.ops.tensor import Tensor
+
+FLOATS = ["F32", "F16", "BF16"]
+TOL = {"F32": (1e-5, 1e-6), "F16": (2e-3, 2e-5), "BF16": (1.6e-2, 1e-4)}  # (rtol, atol)
+
+
+# ---- harness -------------------------------------------------------------------------------
+def cuda_backend():
+    """The cuda0 backend, or skip the test when this machine has no usable CUDA device."""
+    from sdrt.gpu import cuda
+    if not getattr(cuda, "available", lambda: False)():
+        pytest.skip("no CUDA device (sdrt.gpu.cuda.available() is False)")
+    from sdrt.ops.backend import get_backend
+    return get_backend("cuda0")
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return cuda_backend()
+
+
+def run_raw(backend, node) -> np.ndarray:
+    """The node's output as raw storage (numpy order), a copy."""
+    out = Graph(node).run(backend)["out"]
+    return np.array(out.numpy(), copy=True)
+
+
+def assert_on_cuda(node):
+    """Every computed node of the graph has a CUDA kernel (no silent CPU fallback)."""
+    import sdrt.gpu.cuda.elementwise  # noqa: F401  (registers the kernels)
+    from sdrt.gpu.cuda.table import CUDA
+    for n in Graph(node).nodes:
+        assert CUDA.find(n) is not None, f"no CUDA kernel for {n.op}({[s.dtype.name for s in n.src]})"
+
+
+def check_exact(gpu, node):
+    """Bit-exact against the CPU backend (raw storage; NaNs only need to be NaN)."""
+    assert_on_cuda(node)
+    want, got = run_raw("cpu", node), run_raw(gpu, node)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if node.dtype.is_float:
+        wf, gf = raw_to_f32(want, node.dtype), raw_to_f32(got, node.dtype)
+        nan = np.isnan(wf)
+        np.testing.assert_array_equal(np.isnan(gf), nan, err_msg=f"{node.op} NaN positions")
+        want, got = want[~nan], got[~nan]
+    np.testing.assert_array_equal(got.view(f"u{got.dtype.itemsize}"), want.view(f"u{want.dtype.itemsize}"),
+                                  err_msg=f"{node.op} {node.params} cuda vs cpu")
+
+
+def check_close(gpu, node, rtol=None, atol=None):
+    assert_on_cuda(node)
+    r, a = TOL[node.dtype.name]
+    want = raw_to_f32(run_raw("cpu", node), node.dtype)
+    got = raw_to_f32(run_raw(gpu, node), node.dtype)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=r if rtol is None else rtol, atol=a if atol is None else atol,
+                               equal_nan=True, err_msg=f"{node.op} {node.params} cuda vs cpu")
+
+
+def view_of(x: np.ndarray, dtype: str, layout: str) -> Tensor:
+    """A leaf holding float32 x (numpy order) as `dtype`, laid out as asked: 'contig'; 'transposed'
+    (stored with the last two axes swapped, a ggml transpose view); 'permuted' (stored as
+    (a, c, b, d), a permute view); 'sliced' (every other row of a wider buffer, offset 1)."""
+    if layout == "contig":
+        return leaf(x, dtype)
+    if layout == "transposed":
+        return leaf(x, dtype, noncontig=True)
+    if layout == "permuted":
+        t = leaf(np.ascontiguousarray(np.swapaxes(x, 1, 2)), dtype)  # ne (d, b, c, a)
+        return t.permute(0, 2, 1, 3)
+    assert layout == "sliced"
+    big = np.zeros(x.shape[:-2] + (2 * x.shape[-2] + 1, x.shape[-1] + 3), np.float32)
+    big[..., 1::2, 2:2 + x.shape[-1]] = x
+    t = leaf(big, dtype)
+    return t.slice(1, 1, None, 2).slice(0, 2, 2 + x.shape[-1])
+
+
+LAYOUTS = ["contig", "transposed", "permuted", "sliced"]
+
+
+# ---- unary -------------------------------------------------------------------------------------
+UNARY = {
+    "neg": F.neg, "abs": F.abs, "sqr": F.sqr, "sqrt": F.sqrt, "exp": F.exp, "log": F.log, "sin": F.sin,
+    "cos": F.cos, "step": F.step, "relu": F.relu, "silu": F.silu, "sigmoid": F.sigmoid, "tanh": F.tanh,
+    "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, "tanh"), "gelu_quick": F.gelu_quick,
+    "leaky_relu": lambda t: F.leaky_relu(t, 0.2), "clamp": lambda t: F.clamp(t, -0.5, 0.7),
+    "scale": lambda t: F.scale(t, 1.5, 0.25),
+}
+EXACT_UNARY = {"neg", "abs", "sqr", "step", "relu", "clamp"}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary(gpu, rng, name, dtype, layout):
+    x = (rng.standard_normal((2, 3, 5, 7)) * 2).astype(np.float32)
+    if name in ("sqrt", "log"):
+        x = np.abs(x) + 0.1
+    node = UNARY[name](view_of(x, dtype, layout))
+    (check_exact if name in EXACT_UNARY else check_close)(gpu, node)
+
+
+SPECIAL = np.array([0.0, -0.0, 1e-30, -1e-30, 1.0, -1.0, 20.0, -20.0, 88.0, -88.0, 100.0, -100.0,
+                    1e30, -1e30, np.inf, -np.inf, np.nan], np.float32)
+
+
+@pytest.mark.parametrize("name", ["neg", "abs", "sqr", "exp", "step", "relu", "silu", "sigmoid", "tanh", "gelu",
+                                  "gelu_tanh", "gelu_quick", "leaky_relu", "scale", "sin", "cos"])
+def test_unary_special_values(gpu, name):
+    # inf/NaN/huge/tiny inputs: same NaN positions and infinities as the CPU kernels
+    node = UNARY[name](leaf(SPECIAL))
+    # atol: where the exact result underflows, the CPU's clamped exp leaves ~1e-9 (gelu_tanh(-1e30))
+    check_close(gpu, node, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 31, 257, 100_003])
+def test_unary_odd_sizes(gpu, rng, n):
+    x = rng.standard_normal(n).astype(np.float32)
+    check_close(gpu, F.gelu(leaf(x), "tanh"))
+    check_exact(gpu, F.relu(leaf(x, "F16")))
+
+
+# ---- binary ------------------------------------------------------------------------------------
+BINARY_SHAPES = [((4, 6, 9), (4, 6, 9)), ((4, 6, 9), (9,)), ((4, 6, 9), (6, 1)), ((2, 4, 6, 9), (4, 1, 9)),
+                 ((1, 6, 1), (3, 1, 5)), ((5, 3), (1,)), ((2, 1, 5, 1), (1, 3, 1, 4)), ((7,), (7,))]
+
+
+def _binary_inputs(rng, op, sa, sb):
+    a = rng.standard_normal(sa).astype(np.float32)
+    b = rng.standard_normal(sb).astype(np.float32)
+    if op == "div":
+        b = np.sign(b) * (np.abs(b) + 0.5)
+    return a, b
+
+
+@pytest.mark.parametrize("shapes", BINARY_SHAPES)
+@pytest.mark.parametrize("db", FLOATS)
+@pytest.mark.parametrize("da", FLOATS)
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_binary_broadcast(gpu, rng, op, da, db, shapes):
+    a, b = _binary_inputs(rng, op, *shapes)
+    node = getattr(F, op)(leaf(a, da), leaf(b, db))
+    (check_close if op == "div" else check_exact)(gpu, node)
+
+
+@pytest.mark.parametrize("lb", LAYOUTS)
+@pytest.mark.parametrize("la", LAYOUTS)
+@pytest.mark.parametrize("op", ["add", "mul", "div"])
+def test_binary_views(gpu, rng, op, la, lb):
+    a, b = _binary_inputs(rng, op, (2, 3, 5, 7), (2, 3, 5, 7))
+    node = getattr(F, op)(view_of(a, "F32", la), view_of(b, "F16", lb))
+    (check_close if op == "div" else check_exact)(gpu, node)
+
+
+def test_binary_broadcast_views(gpu, rng):
+    # a transposed operand against a broadcast column of a sliced one, and a view of a computed node
+    a = view_of(rng.standard_normal((3, 8, 5)).astype(np.float32), "F32", "transposed")
+    col = leaf(rng.standard_normal((8, 2)).astype(np.float32)).slice(0, 1, 2)  # ne [1, 8], stride 8 bytes
+    s = F.mul(a, col)
+    check_exact(gpu, s)
+    check_exact(gpu, F.sub(s.permute(1, 0, 2), leaf(rng.standard_normal((3, 1, 8)).astype(np.float32))))
+
+
+def test_binary_sd_shapes(gpu, rng):
+    # bias add over a conv output, a time embedding per channel, GEGLU's half-row views
+    x = leaf(rng.standard_normal((2, 320, 64, 64)).astype(np.float32))
+    check_exact(gpu, F.add(x, leaf(rng.standard_normal((1, 320, 1, 1)).astype(np.float32))))
+    check_exact(gpu, F.add(x, leaf(rng.standard_normal((2, 320, 1, 1)).astype(np.float32))))
+    h = leaf(rng.standard_normal((2, 1024, 2560)).astype(np.float32))
+    gate = h.slice(0, 1280, 2560)
+    check_exact(gpu, F.mul(h.slice(0, 0, 1280), gate))
+    check_close(gpu, F.gelu(gate, "tanh"))
+    check_exact(gpu, F.add(leaf(rng.standard_normal((2, 4096, 320)).astype(np.float32), "F16"),
+                           leaf(rng.standard_normal(320).astype(np.float32))))
+
+
+# ---- casts and copies --------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dst", FLOATS)
+@pytest.mark.parametrize("src", FLOATS)
+def test_cast_floats(gpu, rng, src, dst, layout):
+    x = (rng.standard_normal((3, 4, 6, 5)) * 10).astype(np.float32)
+    x.flat[:4] = [np.inf, -np.inf, 65504.0, 1e-8]  # F16's max, a BF16/F16 subnormal
+    check_exact(gpu, F.cast(view_of(x, src, layout), dst))
+
+
+@pytest.mark.parametrize("dst", FLOATS)
+@pytest.mark.parametrize("src", ["F8_E4M3", "F8_E5M2"])
+def test_cast_f8_every_code(gpu, src, dst):
+    codes = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    t = Tensor.from_numpy(codes, dtype=src)
+    check_exact(gpu, F.cast(t, dst))
+    check_exact(gpu, F.cast(t.transpose(), dst))
+
+
+def _raw(rng, shape, dtype):
+    if dtype in ("I8", "I16", "I32", "I64"):
+        return rng.integers(-100, 100, shape).astype(f"int{dtype[1:]}")
+    if dtype.startswith("F8"):
+        return rng.integers(0, 256, shape).astype(np.uint8)
+    if dtype == "F64":
+        return rng.standard_normal(shape)
+    return f32_to_raw(rng.standard_normal(shape).astype(np.float32), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16", "I8", "I16", "I32", "I64", "F64", "F8_E4M3"])
+def test_cont_every_element_size(gpu, rng, dtype):
+    t = Tensor.from_numpy(_raw(rng, (3, 5, 4, 7), dtype), dtype=dtype)
+    check_exact(gpu, F.cont(t.transpose()))
+    check_exact(gpu, F.cont(t.permute(2, 0, 3, 1)))
+    check_exact(gpu, F.cont(t.slice(1, 1, None, 2)))
+    if t.dtype.is_float:  # cast takes float and block types only
+        check_exact(gpu, F.cast(t.permute(1, 2, 0, 3), dtype))  # a same-dtype cast is a copy
+
+
+@pytest.mark.parametrize("blocks", [1, 2])  # Q8_0's single 34-byte block: the byte-copy path
+@pytest.mark.parametrize("dtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+def test_cont_block_rows(gpu, rng, dtype, blocks):
+    from sdrt.ops.dtypes import get
+    dt = get(dtype)
+    rows = rng.integers(0, 256, (4, 6, blocks * dt.type_size)).astype(np.uint8)
+    t = Tensor.from_numpy(rows, dtype=dtype)  # ne [blocks*bs, 6, 4]
+    check_exact(gpu, F.cont(t.permute(0, 2, 1)))
+    check_exact(gpu, F.cont(t.slice(1, 1, 5)))
+    check_exact(gpu, F.cast(t.slice(2, 1, None, 2), dtype))
+
+
+def test_cont_of_computed_view(gpu, rng):
+    x = leaf(rng.standard_normal((2, 3, 33, 17)).astype(np.float32), "BF16")
+    check_exact(gpu, F.cont(F.silu(x).permute(3, 1, 0, 2)))

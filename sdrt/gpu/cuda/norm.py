@@ -1,0 +1,126 @@
+"""CUDA kernels for softmax and the normalizations (kernels/norm.cu; CPU: sdrt/ops/cpu/norm.py).
+
+Row ops run one block per row, reading the row through its byte strides (any view) and
+writing the node's contiguous buffer; group norm runs two launches (per-chunk statistics into
+rt.scratch, then merge-and-apply) so a large group is spread over several blocks. Inputs,
+weights, biases and masks may each be F32, F16 or BF16; the output has x's dtype, as on the CPU.
+Each function only enqueues work on rt.stream.
+"""
+from __future__ import annotations
+
+from functools import cache
+
+from ...ops.norm import group_bounds
+from .table import CUDA
+
+MODULE = "norm"
+FLOAT = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+TYPE_CODE = {"F32": 0, "F16": 1, "BF16": 2}  # load_any() in norm.cu
+MAX_GRID_YZ = 65535
+GROUP_THREADS = 256
+GROUP_TARGET_BLOCKS = 512   # enough blocks to fill an H200 (132 SMs) a few times over
+GROUP_MIN_CHUNK = 2048      # elements per block below which splitting a group costs more than it gains
+
+
+@cache
+def _fn(rt, kernel: str, argtypes: str):
+    return rt.fn(MODULE, kernel, argtypes)
+
+
+def row_threads(ne0: int) -> int:
+    """Threads of a one-row block: about 8 elements each, a multiple of 32, at most 1024."""
+    t = 32
+    while t < 1024 and t * 8 < ne0:
+        t *= 2
+    return t
+
+
+def _float_srcs(node) -> bool:
+    return all(s.dtype.name in FLOAT for s in node.src)
+
+
+# ---- softmax -----------------------------------------------------------------------------------
+@CUDA.register("softmax", supports=_float_srcs)
+def _softmax(node, xs, out, rt):
+    x = xs[0]
+    if len(xs) == 2:
+        m = xs[1]
+        kernel = f"softmax_{FLOAT[x.dtype.name]}_mask_{FLOAT[m.dtype.name]}"
+        mask, mne, mnb = m.ptr, m.ne, m.nb
+    else:
+        kernel = f"softmax_{FLOAT[x.dtype.name]}"
+        mask, mne, mnb = 0, (1, 1, 1, 1), (0, 0, 0, 0)
+    _fn(rt, kernel, "PPP" + "q" * 14 + "f")(
+        (x.nrows, 1, 1), (row_threads(x.ne[0]), 1, 1), x.ptr, mask, out.ptr, x.ne[0], x.ne[1], x.ne[2],
+        *x.nb, mne[1], mne[2], mne[3], *mnb, float(node.params["scale"]))
+
+
+# ---- layer_norm(_affine), rms_norm, l2_norm ----------------------------------------------------
+def _row_norm(node, xs, out, rt):
+    p = node.params
+    x = xs[0]
+    rest = list(xs[1:])
+    w = rest.pop(0) if p.get("has_w") else None
+    b = rest.pop(0) if p.get("has_b") else None
+    mode = "layer_norm" if node.op == "layer_norm_affine" else node.op
+    _fn(rt, f"{mode}_{FLOAT[x.dtype.name]}", "PPPP" + "q" * 9 + "iif")(
+        (x.nrows, 1, 1), (row_threads(x.ne[0]), 1, 1),
+        x.ptr, w.ptr if w else 0, b.ptr if b else 0, out.ptr, x.ne[0], x.ne[1], x.ne[2], *x.nb,
+        w.nb[0] if w else 0, b.nb[0] if b else 0,
+        TYPE_CODE[w.dtype.name] if w else 0, TYPE_CODE[b.dtype.name] if b else 0, float(p["eps"]))
+
+
+for _op in ("layer_norm", "layer_norm_affine", "rms_norm", "l2_norm"):
+    CUDA.register(_op, supports=_float_srcs)(_row_norm)
+
+
+# ---- group_norm(_affine) -----------------------------------------------------------------------
+def group_layout(ne, n_groups: int) -> tuple[int, int, int]:
+    """(channels per group, groups that exist, chunks per group K) for x ne=[W, H, C, N]."""
+    W, H, C, N = ne
+    bounds = group_bounds(C, n_groups)
+    per, n_real = bounds[0][1] - bounds[0][0], len(bounds)
+    WH = W * H
+    want = -(-GROUP_TARGET_BLOCKS // (N * n_real))
+    k = max(1, min(want, per * WH // GROUP_MIN_CHUNK, WH))
+    return per, n_real, k
+
+
+def _group_ok(node) -> bool:
+    if not _float_srcs(node):
+        return False
+    ne = node.src[0].ne4
+    _, n_real, _ = group_layout(ne, node.params["n_groups"])
+    return n_real <= MAX_GRID_YZ and ne[3] <= MAX_GRID_YZ
+
+
+def channel_stride(t, C: int) -> int:
+    """Byte step between the C values of a weight/bias stored as ne [C] or [1, 1, C, 1]."""
+    return t.nb[0] if t.ne[0] == C else t.nb[2]
+
+
+def _group_norm(node, xs, out, rt):
+    p = node.params
+    x = xs[0]
+    W, H, C, N = x.ne
+    per, n_real, k = group_layout(x.ne, p["n_groups"])
+    planes_contiguous = int(H == 1 or x.nb[1] == W * x.nb[0])
+    stats = rt.scratch(N * n_real * k * 2 * 4)
+    grid, block = (k, n_real, N), (GROUP_THREADS, 1, 1)
+    t = FLOAT[x.dtype.name]
+    _fn(rt, f"group_norm_stats_{t}", "PP" + "q" * 8 + "i")(
+        grid, block, x.ptr, stats, W, W * H, C, per, *x.nb, planes_contiguous)
+    if node.op == "group_norm_affine":
+        w, b = xs[1], xs[2]
+        wb = (w.ptr, b.ptr)
+        nbw, nbb = channel_stride(w, C), channel_stride(b, C)
+        codes = (TYPE_CODE[w.dtype.name], TYPE_CODE[b.dtype.name])
+    else:
+        wb, nbw, nbb, codes = (0, 0), 0, 0, (0, 0)
+    _fn(rt, f"group_norm_apply_{t}", "PPPPP" + "q" * 8 + "iqqiifi")(
+        grid, block, x.ptr, stats, *wb, out.ptr, W, W * H, C, per, *x.nb, planes_contiguous,
+        nbw, nbb, *codes, float(p["eps"]), int(p.get("silu", False)))
+
+
+for _op in ("group_norm", "group_norm_affine"):
+    CUDA.register(_op, supports=_group_ok)(_group_norm)

@@ -28,9 +28,21 @@ EXT_SRC=(setup.py sdrt/ops/quant/*.pyx sdrt/ops/quant/*.pxi)
 ext_stamp() { cat "${EXT_SRC[@]}" | sha256sum | cut -c1-64; }
 
 prepare() {
-    local py312=${PY312:-$(command -v python3.12 || echo /root/.pyenv/versions/3.12.1/bin/python3.12)}
-    local nvcc; nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-    local cuda_root; cuda_root=$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)
+    local py312=${PY312:-}
+    if [ -z "$py312" ]; then  # the first Python 3.12 that runs (a pyenv shim may not)
+        for c in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+            if "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then py312=$c; break; fi
+        done
+    fi
+    [ -n "$py312" ] || { echo "device_setup prepare: no Python 3.12 here (set PY312)" >&2; exit 1; }
+    local cuda_root=${CUDA_ROOT:-${CUDA_HOME:-}} nvcc c
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    if [ -z "$cuda_root" ]; then  # the toolkit holding cuda.h (nvcc may be a wrapper script)
+        for c in "$(dirname "$(readlink -f "$nvcc")")/.." /usr/local/cuda; do
+            if [ -e "$c/include/cuda.h" ]; then cuda_root=$(cd "$c" && pwd -P); break; fi
+        done
+    fi
+    [ -e "$cuda_root/include/cuda.h" ] || { echo "device_setup prepare: no CUDA toolkit (set CUDA_ROOT)" >&2; exit 1; }
     local work=/tmp/sdrt-device-prepare
     mkdir -p .whl/ext "$work"
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
@@ -48,7 +60,7 @@ EOF
     gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$work/stub/libcuda.so.1" "$work/stub/stub.c"
     ln -sf libcuda.so.1 "$work/stub/libcuda.so"
     # pycuda wheel
-    (cd "$work" && rm -rf pycuda-* && "$work/venv/bin/pip" download -q --no-deps --no-binary=:all: pycuda -d . \
+    (cd "$work" && rm -rf pycuda-* && "$work/venv/bin/pip" download -q --no-deps --no-build-isolation --no-binary=pycuda pycuda -d . \
         && tar xzf pycuda-*.tar.gz && cd "$(ls -d pycuda-*/ | head -1)" \
         && PATH="$cuda_root/bin:$PATH" "$work/venv/bin/python" configure.py --cuda-root="$cuda_root" \
              --no-cuda-enable-curand --cudadrv-lib-dir="$work/stub" > /dev/null \

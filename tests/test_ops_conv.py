@@ -123,6 +123,23 @@ def test_conv2d_dtypes(rng, wdtype, xdtype, monkeypatch):
     check(node, conv_np(values(tx), values(tw), values(tb), stride=(1, 2), padding=1), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("path", ["one_gemm", "one_gemm_parallel", "per_item"])
+@pytest.mark.parametrize("wdtype", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("case", ["basic_3x3_pad1", "stride2", "pointwise", "no_pad_valid"])
+def test_conv2d_batch_paths(rng, monkeypatch, path, wdtype, case):
+    """A batch runs as one GEMM over all items (small outputs) or as one GEMM per item: the same
+    convolution, serial or parallel regrouping, widened weights or not."""
+    import sdrt.ops.cpu.conv as K
+    monkeypatch.setattr(K, "MERGE_MAX_P", 0 if path == "per_item" else 1 << 30)
+    monkeypatch.setattr(K, "SERIAL_BELOW", 0 if path == "one_gemm_parallel" else 1 << 62)
+    c = {k: v for k, v in CONV2D_CASES[case].items() if k not in ("x", "w")}
+    ksz = CONV2D_CASES[case]["w"][2:]
+    tx, tw, tb = leaf(rnd(rng, 3, 4, 7, 6)), leaf(rnd(rng, 5, 4, *ksz), wdtype), leaf(rnd(rng, 5))
+    for b in (None, tb):
+        node = F.conv2d(tx, tw, b, **c)
+        check(node, conv_np(values(tx), values(tw), None if b is None else values(b), **c), rtol=1e-4, atol=1e-4)
+
+
 def test_conv2d_2d_weight_is_1x1(rng):
     x, w, b = rnd(rng, 2, 5, 3, 4), rnd(rng, 3, 5), rnd(rng, 3)
     node = F.conv2d(leaf(x), leaf(w), leaf(b))  # ne=[C, OC], numpy (OC, C)
@@ -160,6 +177,22 @@ def test_conv2d_3d_input_and_chunked_columns(rng, monkeypatch, parallel):
     node = F.conv2d(leaf(x), leaf(w), leaf(b), padding=1, stride=(1, 2))
     assert node.ne == (7, 5, 4)
     check(node, conv_np(x[None], w, b, padding=1, stride=(1, 2))[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("params", [dict(padding=1), dict(padding=(2, 1), dilation=(2, 1)),
+                                    dict(padding=(1, 1), dilation=(1, 3)), dict(padding=(2, 0), kernel=(5, 2))])
+def test_conv2d_same_width_rows_chunked(rng, monkeypatch, parallel, params):
+    """Stride-1 convs whose output is as wide as the input copy each column row in one piece
+    (zeroing the taps that cross a row edge); here one to a few output rows per chunk."""
+    import sdrt.ops.cpu.conv as K
+    monkeypatch.setattr(K, "SERIAL_BELOW", 0 if parallel else 1 << 62)
+    params = dict(params)
+    kw, kh = params.pop("kernel", (3, 3))
+    x, w, b = rnd(rng, 1, 3, 6, 5), rnd(rng, 4, 3, kh, kw), rnd(rng, 4)
+    for col_bytes in (64, 4 * 3 * kh * kw * 5 * 2, 1 << 26):
+        monkeypatch.setattr(K, "COL_BYTES", col_bytes)
+        check(F.conv2d(leaf(x), leaf(w), leaf(b), **params), conv_np(x, w, b, **params), rtol=1e-4, atol=1e-4)
 
 
 def test_conv2d_quantized_weight(rng):

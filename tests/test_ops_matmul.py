@@ -254,6 +254,28 @@ def test_f16_widener_bit_exact():
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("hw", [True, False])
+def test_widen_f16_all_patterns(monkeypatch, hw):
+    """widen_f16 (hardware half -> float, or the bit-arithmetic fallback) gives numpy's value for
+    all 65536 patterns; the hardware path returns signalling NaNs quiet, the fallback bit-exact."""
+    from sdrt.ops.cpu import matmul as mm
+    if hw:
+        mm.widen_f16(np.zeros((1, 1), np.uint16), np.empty((1, 1), np.float32))  # decides _F16_HW
+        if not mm._F16_HW:
+            pytest.skip("no hardware half conversion in this LLVM target")
+    else:
+        monkeypatch.setattr(mm, "_F16_HW", False)
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    out = np.empty((256, 256), np.float32)
+    mm.widen_f16(h, out)
+    want = h.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert np.isnan(out[nan]).all()
+    if not hw:
+        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
 def test_openmp_wait_policy_default():
     """sdrt.ops sets libgomp's wait policy to PASSIVE unless the user chose one (spinning OpenMP
     workers cost ~8 ms per parallel region next to BLAS on a loaded machine)."""

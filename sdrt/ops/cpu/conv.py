@@ -29,6 +29,7 @@ from ._util import f32_input
 from .matmul import fill_rows
 
 COL_BYTES = 64 << 20  # cap of the im2col / col2im column buffer
+MERGE_MAX_P = 1024     # output positions per item up to which a batch runs as one GEMM
 FLT_MAX = float(np.finfo(np.float32).max)
 # below this many column elements im2col runs serially: waking a Numba team next to OpenBLAS's
 # spinning threads costs more than the copy (as mul_mat measured for its weight tiles)
@@ -49,10 +50,11 @@ def _valid_range(off, s, n, on):
 
 # Hot loops index flat arrays with uint64: Numba adds a negative-index wraparound branch to
 # every signed index, which stops LLVM vectorizing the copies (3-4x slower measured).
-def _im2col_py(x, cols, C, D, H, W, KD, KH, KW, sd, sh, sw, pd, ph, pw, dd, dh, dw, OH, OW, r0, r1):
-    """x flat (C, D, H, W); cols flat [(c, kz, ky, kx), (r - r0)*OW + ox] for output rows
-    r = oz*OH + oy in [r0, r1). Parallel over k so each thread streams whole column rows."""
-    n = (r1 - r0) * OW
+def _im2col_py(x, cols, C, D, H, W, KD, KH, KW, sd, sh, sw, pd, ph, pw, dd, dh, dw, OH, OW, r0, r1,
+               ld, c0):
+    """x flat (C, D, H, W); cols flat [(c, kz, ky, kx), c0 + (r - r0)*OW + ox] (column rows `ld`
+    apart) for output rows r = oz*OH + oy in [r0, r1). Parallel over k so each thread streams
+    whole column rows."""
     for k in prange(C * KD * KH * KW):
         kx = k % KW
         ky = (k // KW) % KH
@@ -65,7 +67,7 @@ def _im2col_py(x, cols, C, D, H, W, KD, KH, KW, sd, sh, sw, pd, ph, pw, dd, dh, 
             oy = r - oz * OH
             iz = oz * sd + kz * dd - pd
             iy = oy * sh + ky * dh - ph
-            base = np.uint64(k * n + (r - r0) * OW)
+            base = np.uint64(k * ld + c0 + (r - r0) * OW)
             if iz < 0 or iz >= D or iy < 0 or iy >= H:
                 for o in range(OW):
                     cols[base + np.uint64(o)] = 0.0
@@ -86,6 +88,49 @@ def _im2col_py(x, cols, C, D, H, W, KD, KH, KW, sd, sh, sw, pd, ph, pw, dd, dh, 
 
 _im2col = njit(parallel=True, fastmath=True, cache=True)(_im2col_py)
 _im2col_serial = njit(fastmath=True, cache=True)(_im2col_py)
+
+
+def _im2col_same_py(x, cols, C, H, W, KH, KW, ph, pw, dh, dw, r0, r1, ld, c0):
+    """_im2col for 2-D stride-1 convs whose output is as wide as the input (OW == W, 'same'
+    padding along x): a column row holds output rows r0..r1 back to back, and so does the input
+    plane, so each (c, ky, kx) row is ONE contiguous copy of the valid input rows shifted by the
+    tap, then the few columns that wrapped across a row edge (ox + kx*dw - pw outside [0, W)) are
+    zeroed, and so are the rows above/below the input. The general kernel makes a 64-float copy
+    per output row instead: 15.4 ms for SD1.5's 2x320x64x64 columns on a quiet Xeon slot."""
+    n = (r1 - r0) * W
+    for k in prange(C * KH * KW):
+        kx = k % KW
+        ky = (k // KW) % KH
+        c = k // (KW * KH)
+        base = np.uint64(k * ld + c0)
+        lo = min(max(r0, ph - ky * dh), r1)          # output rows whose input row exists
+        hi = max(min(r1, H + ph - ky * dh), lo)
+        for j in range((lo - r0) * W):
+            cols[base + np.uint64(j)] = 0.0
+        for j in range((hi - r0) * W, n):
+            cols[base + np.uint64(j)] = 0.0
+        if hi == lo:
+            continue
+        off = kx * dw - pw
+        d0 = base + np.uint64((lo - r0) * W)
+        s0 = (c * H + lo + ky * dh - ph) * W + off   # may sit |off| before/after the plane's rows
+        a = max(0, -off)
+        b = (hi - lo) * W - max(0, off)
+        src = np.uint64(s0 + a)
+        dst = d0 + np.uint64(a)
+        for j in range(b - a):
+            cols[dst + np.uint64(j)] = x[src + np.uint64(j)]
+        if off != 0:  # the columns that read across a row edge get the zero padding
+            z0 = 0 if off < 0 else W - off
+            z1 = -off if off < 0 else W
+            for rr in range(hi - lo):
+                row = d0 + np.uint64(rr * W)
+                for o in range(max(z0, 0), min(z1, W)):
+                    cols[row + np.uint64(o)] = 0.0
+
+
+_im2col_same = njit(parallel=True, fastmath=True, cache=True)(_im2col_same_py)
+_im2col_same_serial = njit(fastmath=True, cache=True)(_im2col_same_py)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -158,6 +203,23 @@ def _add_bias(out, bias):
             row[i] += bv
 
 
+def _unmerge_py(tmp, out, bias, has_bias):
+    """out (N, OC, P) = tmp (OC, N*P) regrouped per batch item, + bias[oc]."""
+    N, OC, P = out.shape
+    for t in prange(N * OC):
+        n = t // OC
+        oc = t - n * OC
+        src = tmp[oc]
+        dst = out[n, oc]
+        bv = bias[oc] if has_bias else np.float32(0.0)
+        for i in range(P):
+            dst[i] = src[n * P + i] + bv
+
+
+_unmerge = njit(parallel=True, fastmath=True, cache=True)(_unmerge_py)
+_unmerge_serial = njit(fastmath=True, cache=True)(_unmerge_py)
+
+
 @njit(parallel=True, cache=True)
 def _pool2d(x, out, is_max, KH, KW, sh, sw, ph, pw):
     """x (B, H, W), out (B, OH, OW): ggml_pool_2d (avg divides by KH*KW, max starts at -FLT_MAX)."""
@@ -189,22 +251,14 @@ def _pool2d(x, out, is_max, KH, KW, sh, sw, ph, pw):
 _TLS = threading.local()
 
 
-def _scratch(n: int) -> np.ndarray:
-    """A reusable float32 column buffer of >= n elements, per thread: a fresh np.empty of
-    tens of MB per call would page-fault (and the kernel zero) its way in every time."""
-    buf = getattr(_TLS, "buf", None)
+def _buffer(name: str, n: int) -> np.ndarray:
+    """A reusable float32 buffer of n elements, per thread and purpose ("cols", "w" ...): a fresh
+    np.empty of tens of MB per call is a fresh mmap, page-faulted (and zeroed by the kernel) in
+    on every call — measured ~40% of the F16 widening time of a 59 MB weight."""
+    buf = getattr(_TLS, name, None)
     if buf is None or buf.size < n:
-        buf = _TLS.buf = np.empty(n, np.float32)
-    return buf
-
-
-def _wscratch(n: int) -> np.ndarray:
-    """A reusable float32 buffer for one widened weight, per thread (the largest SD1.5 conv
-    weight is 59 MB of float32: a fresh np.empty is a fresh mmap, page-faulted in on every
-    call — measured ~40% of the widening time)."""
-    buf = getattr(_TLS, "wbuf", None)
-    if buf is None or buf.size < n:
-        buf = _TLS.wbuf = np.empty(n, np.float32)
+        buf = np.empty(n, np.float32)
+        setattr(_TLS, name, buf)
     return buf[:n]
 
 
@@ -213,16 +267,37 @@ def _f32c(t, x) -> np.ndarray:
     return np.ascontiguousarray(f32_input(t, x), dtype=np.float32)
 
 
+class _WeightRows:
+    """A conv weight as OC rows of K values. F32 storage is used in place; every other type
+    (F16/BF16/F8, block types) is widened or dequantized by mul_mat's serial row fillers (block
+    rows are ne[0] long: q of them per output channel)."""
+
+    def __init__(self, t, raw, oc: int):
+        raw = np.ascontiguousarray(raw)
+        self.dt, self.oc, self.k = t.dtype, oc, t.nelements // oc
+        self.rows = raw.reshape(-1, raw.shape[-1]) if t.dtype.is_quantized else raw.reshape(oc, -1)
+        self.q = self.rows.shape[0] // oc
+
+    @property
+    def is_f32(self) -> bool:
+        return self.dt.name == "F32"
+
+    def fill(self, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
+        """Rows [r0, r1) as float32 into `out` ((r1 - r0) * K elements); returns it (r1-r0, K)."""
+        out = out[:(r1 - r0) * self.k].reshape(r1 - r0, self.k)
+        fill_rows(self.dt, self.rows, r0 * self.q, r1 * self.q, out.reshape((r1 - r0) * self.q, -1))
+        return out
+
+    def full(self) -> np.ndarray:
+        """All rows as float32 (OC, K): the storage itself for F32, else a reused buffer."""
+        if self.is_f32:
+            return self.rows
+        return self.fill(0, self.oc, _buffer("w", self.oc * self.k))
+
+
 def _weight(t, raw, shape) -> np.ndarray:
-    """float32 C-contiguous weight values in numpy `shape`, widened or dequantized once per
-    call with mul_mat's serial row fillers into a reused per-thread buffer."""
-    if t.dtype.name == "F32":
-        return np.ascontiguousarray(raw).reshape(shape)
-    raw = np.ascontiguousarray(raw)
-    rows = raw.reshape(-1, raw.shape[-1]) if t.dtype.is_quantized else raw.reshape(shape[0], -1)
-    w = _wscratch(int(np.prod(shape))).reshape(rows.shape[0], -1)
-    fill_rows(t.dtype, rows, 0, rows.shape[0], w)
-    return w.reshape(shape)
+    """float32 C-contiguous weight values in numpy `shape` (widened/dequantized once per call)."""
+    return _WeightRows(t, raw, shape[0]).full().reshape(shape)
 
 
 def _balanced_rows(n: int, cap: int) -> int:
@@ -235,28 +310,72 @@ def _bias(node, xs, oc):
     return _f32c(node.src[2], xs[2]).reshape(oc) if len(xs) > 2 else None
 
 
-def conv_core(x5, w5, b, out5, stride, pad, dil, groups, col_bytes=None):
-    """x5 (N, C, D, H, W), w5 (OC, C/g, KD, KH, KW) float32 C-contiguous; out5 (N, OC, OD, OH, OW)
-    float32 C-contiguous, overwritten. Per-axis params in numpy order (d, h, w); zero padding."""
+def _cols(x3, cols, C, D, H, W, kernel, stride, pad, dil, OH, OW, r0, r1, ld, c0):
+    """im2col of one item's (C, D, H, W) input for output rows [r0, r1) into cols flat at column
+    c0 of rows ld apart; the contiguous-copy kernel where the conv allows it, serial when small."""
+    KD, KH, KW = kernel
+    big = C * KD * KH * KW * (r1 - r0) * OW >= SERIAL_BELOW
+    if D == 1 and KD == 1 and OW == W and stride[1] == 1 and stride[2] == 1 and pad[2] < W:
+        f = _im2col_same if big else _im2col_same_serial
+        f(x3, cols, C, H, W, KH, KW, pad[1], pad[2], dil[1], dil[2], r0, r1, ld, c0)
+    else:
+        f = _im2col if big else _im2col_serial
+        f(x3, cols, C, D, H, W, KD, KH, KW, stride[0], stride[1], stride[2], pad[0], pad[1], pad[2],
+          dil[0], dil[1], dil[2], OH, OW, r0, r1, ld, c0)
+
+
+def _merged_gemm(w2: np.ndarray, cols: np.ndarray, b, out3: np.ndarray) -> None:
+    """out3 (N, OC, P) = W (OC, K) @ cols (K, N*P) (+ bias): one GEMM for the whole batch into a
+    scratch (OC, N*P), regrouped into out3 per item with the bias added on the way.
+
+    The weight is widened whole first: widening it in cache-sized tiles of rows, one GEMM per
+    tile, was 4.4x slower at 8x8x1280 (4 MB tiles: BLAS re-packs all the columns per call)."""
+    N, OC, P = out3.shape
+    tmp = _buffer("merged", OC * N * P).reshape(OC, N * P)
+    np.matmul(w2, cols, out=tmp)
+    unmerge = _unmerge if OC * N * P >= SERIAL_BELOW else _unmerge_serial
+    unmerge(tmp, out3, b if b is not None else np.zeros(1, np.float32), b is not None)
+
+
+def conv_core(x5, w: _WeightRows, kernel, b, out5, stride, pad, dil, groups, col_bytes=None):
+    """x5 (N, C, D, H, W) float32 C-contiguous, w the (OC, C/g * KD*KH*KW) weight rows, kernel
+    (KD, KH, KW); out5 (N, OC, OD, OH, OW) float32 C-contiguous, overwritten. Per-axis params in
+    numpy order (d, h, w); zero padding.
+
+    Small outputs (P = OD*OH*OW <= MERGE_MAX_P per item, groups 1, batch > 1, columns of the
+    whole batch within COL_BYTES) run as one GEMM over the batch (_merged_gemm): at 8x8..16x16
+    a GEMM per item would re-pack the whole weight for only 64..256 columns. Otherwise one GEMM
+    per item and column chunk writes straight into the output."""
     N, C, D, H, W = x5.shape
-    OC, cg = w5.shape[:2]
-    KD, KH, KW = w5.shape[2:]
+    OC = w.oc
+    KD, KH, KW = kernel
+    cg = C // groups
     OD, OH, OW = out5.shape[2:]
     og = OC // groups
     if groups == C and KD == 1 and D == 1:  # depthwise, optionally with a channel multiplier
         bias = b if b is not None else np.zeros(OC, np.float32)
-        _depthwise2d(x5.reshape(-1), w5.reshape(-1), bias, out5.reshape(-1), N, C, OC, H, W, KH, KW,
+        _depthwise2d(x5.reshape(-1), w.full().reshape(-1), bias, out5.reshape(-1), N, C, OC, H, W, KH, KW,
                      OH, OW, stride[1], stride[2], pad[1], pad[2], dil[1], dil[2])
         return
     K = cg * KD * KH * KW
-    w2 = w5.reshape(OC, K)
     P = OD * OH * OW
     out3 = out5.reshape(N, OC, P)
     pointwise = (KD, KH, KW) == (1, 1, 1) and tuple(stride) == (1, 1, 1) and tuple(pad) == (0, 0, 0)
     nrows = OD * OH
+    col_bytes = col_bytes or COL_BYTES
+    if groups == 1 and N > 1 and P <= MERGE_MAX_P and K * N * P * 4 <= col_bytes:
+        cols = _buffer("cols", K * N * P)
+        if pointwise:
+            np.copyto(cols.reshape(K, N, P), x5.reshape(N, C, P).transpose(1, 0, 2))
+        else:
+            for n in range(N):
+                _cols(x5[n].reshape(-1), cols, C, D, H, W, kernel, stride, pad, dil, OH, OW, 0, nrows, N * P, n * P)
+        _merged_gemm(w.full(), cols.reshape(K, N * P), b, out3)
+        return
+    w2 = w.full()
     if not pointwise:
-        rows = _balanced_rows(nrows, (col_bytes or COL_BYTES) // (K * OW * 4))
-        buf = _scratch(K * rows * OW)
+        rows = _balanced_rows(nrows, col_bytes // (K * OW * 4))
+        buf = _buffer("cols", K * rows * OW)
     for n in range(N):
         for g in range(groups):
             wg = w2[g * og:(g + 1) * og]
@@ -267,10 +386,9 @@ def conv_core(x5, w5, b, out5, stride, pad, dil, groups, col_bytes=None):
                 continue
             for r0 in range(0, nrows, rows):
                 r1 = min(nrows, r0 + rows)
-                cols = buf[:K * (r1 - r0) * OW].reshape(K, (r1 - r0) * OW)
-                im2col = _im2col if K * (r1 - r0) * OW >= SERIAL_BELOW else _im2col_serial
-                im2col(xg.reshape(-1), buf, cg, D, H, W, KD, KH, KW, stride[0], stride[1], stride[2], pad[0], pad[1], pad[2],
-                        dil[0], dil[1], dil[2], OH, OW, r0, r1)
+                n_cols = (r1 - r0) * OW
+                cols = buf[:K * n_cols].reshape(K, n_cols)
+                _cols(xg.reshape(-1), buf, cg, D, H, W, kernel, stride, pad, dil, OH, OW, r0, r1, n_cols, 0)
                 np.matmul(wg, cols, out=og_out[:, r0 * OW:r1 * OW])
     if b is not None:
         _add_bias(out3, b)
@@ -287,7 +405,7 @@ def _conv2d(node, xs, out):
     KW, KH, cg, OC = conv2d_weight_ne(node.src[1])
     OW, OH = node.ne[0], node.ne[1]
     x = _f32c(node.src[0], xs[0]).reshape(N, C, 1, H, W)
-    w = _weight(node.src[1], xs[1], (OC, cg, 1, KH, KW))
+    w = _WeightRows(node.src[1], xs[1], OC)
     (sx, sy), (px, py), (dx, dy) = p["stride"], p["padding"], p["dilation"]
     cx, cy = p["circular"]
     if (cx and px) or (cy and py):
@@ -295,7 +413,7 @@ def _conv2d(node, xs, out):
         pads = [(0, 0)] * 3 + [(py, py) if cy else (0, 0), (px, px) if cx else (0, 0)]
         x = np.ascontiguousarray(np.pad(x, pads, mode="wrap"))
         px, py = (0 if cx else px), (0 if cy else py)
-    conv_core(x, w, _bias(node, xs, OC), out.reshape(N, OC, 1, OH, OW),
+    conv_core(x, w, (1, KH, KW), _bias(node, xs, OC), out.reshape(N, OC, 1, OH, OW),
               (1, sy, sx), (0, py, px), (1, dy, dx), p["groups"])
 
 
@@ -305,8 +423,8 @@ def _conv1d(node, xs, out):
     L, C, N, _ = node.src[0].ne4
     K, cg, OC, _ = node.src[1].ne4
     x = _f32c(node.src[0], xs[0]).reshape(N, C, 1, 1, L)
-    w = _weight(node.src[1], xs[1], (OC, cg, 1, 1, K))
-    conv_core(x, w, _bias(node, xs, OC), out.reshape(N, OC, 1, 1, node.ne[0]),
+    w = _WeightRows(node.src[1], xs[1], OC)
+    conv_core(x, w, (1, 1, K), _bias(node, xs, OC), out.reshape(N, OC, 1, 1, node.ne[0]),
               (1, 1, p["stride"][0]), (0, 0, p["padding"][0]), (1, 1, p["dilation"][0]), p["groups"])
 
 
@@ -318,9 +436,9 @@ def _conv3d(node, xs, out):
     ic = p["ic"] if p["ic"] is not None else ICN
     N, OC = ICN // ic, ICOC // ic
     x = _f32c(node.src[0], xs[0]).reshape(N, ic, D, H, W)
-    w = _weight(node.src[1], xs[1], (OC, ic, KD, KH, KW))
+    w = _WeightRows(node.src[1], xs[1], OC)
     OW, OH, OD = node.ne[:3]
-    conv_core(x, w, _bias(node, xs, OC), out.reshape(N, OC, OD, OH, OW),
+    conv_core(x, w, (KD, KH, KW), _bias(node, xs, OC), out.reshape(N, OC, OD, OH, OW),
               p["stride"][::-1], p["padding"][::-1], p["dilation"][::-1], 1)
 
 
@@ -337,7 +455,7 @@ def _conv_transpose2d(node, xs, out):
     (sx, sy), (px, py), (dx, dy) = p["stride"], p["padding"], p["dilation"]
     M = OC * KH * KW
     rows = _balanced_rows(H, COL_BYTES // (M * W * 4))
-    buf = _scratch(M * rows * W)
+    buf = _buffer("cols", M * rows * W)
     for n in range(N):
         if b is None:
             o[n] = 0.0

@@ -28,9 +28,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from sdrt.gpu.cuda import attention as GA  # noqa: E402
-from sdrt.ops import api as F  # noqa: E402
-from sdrt.ops.tensor import Tensor  # noqa: E402
+from sdrt.gpu.cuda import attention as GA
+from sdrt.ops import api as F
+from sdrt.ops.tensor import Tensor
 
 # name, N, H, Lq, Lk, D
 SHAPES = [
@@ -148,6 +148,55 @@ def kernel_call(d: Dev, node, force: str | None = None, rf: int | None = None):
     return call, xs, out
 
 
+def bench_shape(d: Dev, args, rng, name: str, N: int, H: int, Lq: int, Lk: int, D: int) -> None:
+    flop = 4.0 * N * H * Lq * Lk * D
+    q16, k16, v16 = (rng.standard_normal((N, H, L, D)).astype(np.float16) for L in (Lq, Lk, Lk))
+    base, ref = torch_sdpa(q16, k16, v16, args.repeat)
+
+    def row(path, ms, out=None):
+        ratio = f"{ms / base:6.2f}" if base else "     -"
+        err = "       -"
+        if out is not None and ref is not None:
+            got = d.fetch(out, (N, H, Lq, D))
+            err = f"{np.abs(got - ref).max() / np.abs(ref).max():8.1e}"
+        print(f"{name:28s} {path:16s} {ms:9.4f} {flop / ms / 1e9:8.1f} {ratio} {err}", flush=True)
+
+    if base is not None:
+        row("torch sdpa f16", base)
+    node16 = F.attention(*(Tensor.from_numpy(a) for a in (q16, k16, v16)))
+    dp = GA.flash_dim(D, D)
+    if dp is not None:
+        for rf in [1] + ([2] if dp in GA.FLASH_RF2_DIMS else []):
+            call, xs, out = kernel_call(d, node16, "flash", rf)
+            mark = "*" if GA.FLASH_RF[dp] == rf else " "
+            row(f"flash r{rf}{mark} f16", d.time_ms(call, args.repeat), out)
+        # the same inputs in F32, as permuted views of [N, L, H, D] (the UNet's layout)
+        views = [Tensor.from_numpy(np.ascontiguousarray(a.astype(np.float32).transpose(0, 2, 1, 3))).permute(0, 2, 1, 3)
+                 for a in (q16, k16, v16)]
+        call, _, out = kernel_call(d, F.attention(*views), "flash")
+        row("flash f32 view", d.time_ms(call, args.repeat), out)
+        # the staging passes alone (default variant's padding)
+        bq = GA.WARPS * 16 * GA.FLASH_RF[dp]
+        Lqp = -(-Lq // bq) * bq
+        qd, kd, vd = xs[:3]
+
+        def stage_only():
+            d.rt.begin_kernel()
+            qh = GA._scratch(d.rt, N * H * Lqp * dp * 2)
+            kh = GA._scratch(d.rt, N * H * Lk * dp * 2)
+            vh = GA._scratch(d.rt, N * H * Lk * dp * 2)
+            GA._stage(d.rt, qd, "F16", qh, dp, Lqp, H, N, 1, 1, 0.125)
+            GA._stage(d.rt, kd, "F16", kh, dp, Lk, H, N, 1, 1, 1.0)
+            GA._stage(d.rt, vd, "F16", vh, dp, Lk, H, N, 1, 1, 1.0)
+        row("stage only", d.time_ms(stage_only, args.repeat))
+    call, _, out = kernel_call(d, node16, "gemm16")
+    row("cublas f16", d.time_ms(call, args.repeat), out)
+    if args.f32:
+        call, _, out = kernel_call(d, node16, "gemm32")
+        row("cublas f32", d.time_ms(call, max(1, args.repeat // 4)), out)
+    d.free_all()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=20)
@@ -159,58 +208,8 @@ def main():
     print(f"device: {d.be!r}")
     print(f"{'shape':28s} {'path':16s} {'ms':>9s} {'TFLOP/s':>8s} {'ratio':>6s} {'err':>8s}")
     for name, N, H, Lq, Lk, D in SHAPES:
-        if args.quick and name not in QUICK:
-            continue
-        flop = 4.0 * N * H * Lq * Lk * D
-        q16, k16, v16 = (rng.standard_normal((N, H, L, D)).astype(np.float16) for L in (Lq, Lk, Lk))
-        t_ms, t_out = torch_sdpa(q16, k16, v16, args.repeat)
-        ref = t_out if t_out is not None else None
-        base = t_ms
-
-        def row(path, ms, out=None):
-            ratio = f"{ms / base:6.2f}" if base else "     -"
-            err = "       -"
-            if out is not None and ref is not None:
-                got = d.fetch(out, (N, H, Lq, D))
-                err = f"{np.abs(got - ref).max() / np.abs(ref).max():8.1e}"
-            print(f"{name:28s} {path:16s} {ms:9.4f} {flop / ms / 1e9:8.1f} {ratio} {err}", flush=True)
-
-        if t_ms is not None:
-            row("torch sdpa f16", t_ms)
-        node16 = F.attention(*(Tensor.from_numpy(a) for a in (q16, k16, v16)))
-        dp = GA.flash_dim(D, D)
-        if dp is not None:
-            rfs = [1] + ([2] if dp in GA.FLASH_RF2_DIMS else [])
-            for rf in rfs:
-                call, xs, out = kernel_call(d, node16, "flash", rf)
-                mark = "*" if GA.FLASH_RF[dp] == rf else " "
-                row(f"flash r{rf}{mark} f16", d.time_ms(call, args.repeat), out)
-            # the same inputs in F32, as permuted views of [N, L, H, D] (the UNet's layout)
-            views = [Tensor.from_numpy(np.ascontiguousarray(a.astype(np.float32).transpose(0, 2, 1, 3))).permute(0, 2, 1, 3)
-                     for a in (q16, k16, v16)]
-            call, _, out = kernel_call(d, F.attention(*views), "flash")
-            row("flash f32 view", d.time_ms(call, args.repeat), out)
-            # the staging passes alone
-            rf = GA.FLASH_RF[dp]
-            bq = GA.WARPS * 16 * rf
-            Lqp = -(-Lq // bq) * bq
-            qd, kd, vd = xs[:3]
-
-            def stage_only():
-                d.rt.begin_kernel()
-                qh = GA._scratch(d.rt, N * H * Lqp * dp * 2)
-                kh = GA._scratch(d.rt, N * H * Lk * dp * 2)
-                vh = GA._scratch(d.rt, N * H * Lk * dp * 2)
-                GA._stage(d.rt, qd, "F16", qh, dp, Lqp, H, N, 1, 1, 0.125)
-                GA._stage(d.rt, kd, "F16", kh, dp, Lk, H, N, 1, 1, 1.0)
-                GA._stage(d.rt, vd, "F16", vh, dp, Lk, H, N, 1, 1, 1.0)
-            row("stage only", d.time_ms(stage_only, args.repeat))
-        call, _, out = kernel_call(d, node16, "gemm16")
-        row("cublas f16", d.time_ms(call, args.repeat), out)
-        if args.f32:
-            call, _, out = kernel_call(d, node16, "gemm32")
-            row("cublas f32", d.time_ms(call, max(1, args.repeat // 4)), out)
-        d.free_all()
+        if not args.quick or name in QUICK:
+            bench_shape(d, args, rng, name, N, H, Lq, Lk, D)
 
 
 if __name__ == "__main__":

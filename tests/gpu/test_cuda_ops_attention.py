@@ -266,7 +266,7 @@ def test_replays_with_new_inputs(gpu, rng, path):
 # ---- no GPU needed: tables vs the .cu and the fatbin ------------------------------------------
 def _compiled_variants() -> set:
     src = (KERNELS / "attention.cu").read_text()
-    return {(int(d), int(r)) for d, r in re.findall(r"^FLASH_KERNEL\((\d+), (\d+)\)", src, re.M)}
+    return {(int(d), int(r)) for d, r in re.findall(r"^FLASH_KERNEL\((\d+), (\d+)\)", src, re.MULTILINE)}
 
 
 def test_flash_tables_match_the_source():

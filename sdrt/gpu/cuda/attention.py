@@ -131,7 +131,7 @@ def _shapes(xs):
 def flash_attention(node, xs, out, rt, dp: int, rf: int) -> None:
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) == 4 else None
-    D, Dv, Lq, Lk, H, N, rh, rn = _shapes(xs)
+    _, Dv, Lq, Lk, H, N, rh, rn = _shapes(xs)
     Hkv, Nk = H // rh, N // rn
     bq = WARPS * 16 * rf
     Lqp = _round_up(Lq, bq)

@@ -6,9 +6,11 @@ Paths, chosen per node by `plan()`:
   online softmax). q, k and v are first staged (read through their ne/nb strides, converted
   from F32/F16/BF16) into contiguous half scratch buffers [batch][head][row][DP], DP the head
   dim padded with zeros to a compiled size (FLASH_DIMS); q is multiplied by scale*log2(e) on
-  the way so the kernel's softmax is exp2. The kernel then reads K/V tiles with 16-byte loads
-  and never holds more than a 64-row score tile per warp. Half staging is also what keeps the
-  kernel's re-reads of K/V (once per block of queries) at 2 bytes an element.
+  the way so the kernel's softmax is exp2. The kernel then reads K/V tiles with 16-byte loads;
+  a warp holds one (16*RF) x BK score tile, never the Lq x Lk matrix. Half staging also keeps
+  the kernel's re-reads of K/V (once per block of 64*RF queries) at 2 bytes an element.
+  Values beyond half's range (|x| > 65504, possible only for F32/BF16 inputs) become inf here;
+  such a node needs precision="F32".
 - "gemm": S = Q K^T with cuBLAS, a row softmax kernel, O = P V with cuBLAS, over chunks of
   queries so that the scores stay under SCORE_BYTES. With compute "F32" the GEMMs run pedantic
   FP32 (no tensor cores): the full-precision path, taken when the node carries

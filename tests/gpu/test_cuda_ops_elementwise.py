@@ -21,20 +21,7 @@ TOL = {"F32": (1e-5, 1e-6), "F16": (2e-3, 2e-5), "BF16": (1.6e-2, 1e-4)}  # (rto
 
 
 # ---- harness -------------------------------------------------------------------------------
-def cuda_backend():
-    """The cuda0 backend, or skip the test when this machine has no usable CUDA device."""
-    from sdrt.gpu import cuda
-    if not getattr(cuda, "available", lambda: False)():
-        pytest.skip("no CUDA device (sdrt.gpu.cuda.available() is False)")
-    from sdrt.ops.backend import get_backend
-    return get_backend("cuda0")
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    return cuda_backend()
-
-
+# `cuda` (tests/gpu/conftest.py) is the cuda0 backend; it skips the test without a GPU.
 def run_raw(backend, node) -> np.ndarray:
     """The node's output as raw storage (numpy order), a copy."""
     out = Graph(node).run(backend)["out"]
@@ -49,10 +36,10 @@ def assert_on_cuda(node):
         assert CUDA.find(n) is not None, f"no CUDA kernel for {n.op}({[s.dtype.name for s in n.src]})"
 
 
-def check_exact(gpu, node):
+def check_exact(cuda, node):
     """Bit-exact against the CPU backend (raw storage; NaNs only need to be NaN)."""
     assert_on_cuda(node)
-    want, got = run_raw("cpu", node), run_raw(gpu, node)
+    want, got = run_raw("cpu", node), run_raw(cuda, node)
     assert got.shape == want.shape and got.dtype == want.dtype
     if node.dtype.is_float:
         wf, gf = raw_to_f32(want, node.dtype), raw_to_f32(got, node.dtype)
@@ -63,11 +50,11 @@ def check_exact(gpu, node):
                                   err_msg=f"{node.op} {node.params} cuda vs cpu")
 
 
-def check_close(gpu, node, rtol=None, atol=None):
+def check_close(cuda, node, rtol=None, atol=None):
     assert_on_cuda(node)
     r, a = TOL[node.dtype.name]
     want = raw_to_f32(run_raw("cpu", node), node.dtype)
-    got = raw_to_f32(run_raw(gpu, node), node.dtype)
+    got = raw_to_f32(run_raw(cuda, node), node.dtype)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=r if rtol is None else rtol, atol=a if atol is None else atol,
                                equal_nan=True, err_msg=f"{node.op} {node.params} cuda vs cpu")
@@ -108,12 +95,12 @@ EXACT_UNARY = {"neg", "abs", "sqr", "step", "relu", "clamp"}
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("name", sorted(UNARY))
-def test_unary(gpu, rng, name, dtype, layout):
+def test_unary(cuda, rng, name, dtype, layout):
     x = (rng.standard_normal((2, 3, 5, 7)) * 2).astype(np.float32)
     if name in ("sqrt", "log"):
         x = np.abs(x) + 0.1
     node = UNARY[name](view_of(x, dtype, layout))
-    (check_exact if name in EXACT_UNARY else check_close)(gpu, node)
+    (check_exact if name in EXACT_UNARY else check_close)(cuda, node)
 
 
 SPECIAL = np.array([0.0, -0.0, 1e-30, -1e-30, 1.0, -1.0, 20.0, -20.0, 88.0, -88.0, 100.0, -100.0,
@@ -122,18 +109,18 @@ SPECIAL = np.array([0.0, -0.0, 1e-30, -1e-30, 1.0, -1.0, 20.0, -20.0, 88.0, -88.
 
 @pytest.mark.parametrize("name", ["neg", "abs", "sqr", "exp", "step", "relu", "silu", "sigmoid", "tanh", "gelu",
                                   "gelu_tanh", "gelu_quick", "leaky_relu", "scale", "sin", "cos"])
-def test_unary_special_values(gpu, name):
+def test_unary_special_values(cuda, name):
     # inf/NaN/huge/tiny inputs: same NaN positions and infinities as the CPU kernels
     node = UNARY[name](leaf(SPECIAL))
     # atol: where the exact result underflows, the CPU's clamped exp leaves ~1e-9 (gelu_tanh(-1e30))
-    check_close(gpu, node, rtol=1e-5, atol=1e-6)
+    check_close(cuda, node, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("n", [1, 31, 257, 100_003])
-def test_unary_odd_sizes(gpu, rng, n):
+def test_unary_odd_sizes(cuda, rng, n):
     x = rng.standard_normal(n).astype(np.float32)
-    check_close(gpu, F.gelu(leaf(x), "tanh"))
-    check_exact(gpu, F.relu(leaf(x, "F16")))
+    check_close(cuda, F.gelu(leaf(x), "tanh"))
+    check_exact(cuda, F.relu(leaf(x, "F16")))
 
 
 # ---- binary ------------------------------------------------------------------------------------
@@ -153,40 +140,40 @@ def _binary_inputs(rng, op, sa, sb):
 @pytest.mark.parametrize("db", FLOATS)
 @pytest.mark.parametrize("da", FLOATS)
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
-def test_binary_broadcast(gpu, rng, op, da, db, shapes):
+def test_binary_broadcast(cuda, rng, op, da, db, shapes):
     a, b = _binary_inputs(rng, op, *shapes)
     node = getattr(F, op)(leaf(a, da), leaf(b, db))
-    (check_close if op == "div" else check_exact)(gpu, node)
+    (check_close if op == "div" else check_exact)(cuda, node)
 
 
 @pytest.mark.parametrize("lb", LAYOUTS)
 @pytest.mark.parametrize("la", LAYOUTS)
 @pytest.mark.parametrize("op", ["add", "mul", "div"])
-def test_binary_views(gpu, rng, op, la, lb):
+def test_binary_views(cuda, rng, op, la, lb):
     a, b = _binary_inputs(rng, op, (2, 3, 5, 7), (2, 3, 5, 7))
     node = getattr(F, op)(view_of(a, "F32", la), view_of(b, "F16", lb))
-    (check_close if op == "div" else check_exact)(gpu, node)
+    (check_close if op == "div" else check_exact)(cuda, node)
 
 
-def test_binary_broadcast_views(gpu, rng):
+def test_binary_broadcast_views(cuda, rng):
     # a transposed operand against a broadcast column of a sliced one, and a view of a computed node
     a = view_of(rng.standard_normal((3, 8, 5)).astype(np.float32), "F32", "transposed")
     col = leaf(rng.standard_normal((8, 2)).astype(np.float32)).slice(0, 1, 2)  # ne [1, 8], stride 8 bytes
     s = F.mul(a, col)
-    check_exact(gpu, s)
-    check_exact(gpu, F.sub(s.permute(1, 0, 2), leaf(rng.standard_normal((3, 1, 8)).astype(np.float32))))
+    check_exact(cuda, s)
+    check_exact(cuda, F.sub(s.permute(1, 0, 2), leaf(rng.standard_normal((3, 1, 8)).astype(np.float32))))
 
 
-def test_binary_sd_shapes(gpu, rng):
+def test_binary_sd_shapes(cuda, rng):
     # bias add over a conv output, a time embedding per channel, GEGLU's half-row views
     x = leaf(rng.standard_normal((2, 320, 64, 64)).astype(np.float32))
-    check_exact(gpu, F.add(x, leaf(rng.standard_normal((1, 320, 1, 1)).astype(np.float32))))
-    check_exact(gpu, F.add(x, leaf(rng.standard_normal((2, 320, 1, 1)).astype(np.float32))))
+    check_exact(cuda, F.add(x, leaf(rng.standard_normal((1, 320, 1, 1)).astype(np.float32))))
+    check_exact(cuda, F.add(x, leaf(rng.standard_normal((2, 320, 1, 1)).astype(np.float32))))
     h = leaf(rng.standard_normal((2, 1024, 2560)).astype(np.float32))
     gate = h.slice(0, 1280, 2560)
-    check_exact(gpu, F.mul(h.slice(0, 0, 1280), gate))
-    check_close(gpu, F.gelu(gate, "tanh"))
-    check_exact(gpu, F.add(leaf(rng.standard_normal((2, 4096, 320)).astype(np.float32), "F16"),
+    check_exact(cuda, F.mul(h.slice(0, 0, 1280), gate))
+    check_close(cuda, F.gelu(gate, "tanh"))
+    check_exact(cuda, F.add(leaf(rng.standard_normal((2, 4096, 320)).astype(np.float32), "F16"),
                            leaf(rng.standard_normal(320).astype(np.float32))))
 
 
@@ -194,19 +181,19 @@ def test_binary_sd_shapes(gpu, rng):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dst", FLOATS)
 @pytest.mark.parametrize("src", FLOATS)
-def test_cast_floats(gpu, rng, src, dst, layout):
+def test_cast_floats(cuda, rng, src, dst, layout):
     x = (rng.standard_normal((3, 4, 6, 5)) * 10).astype(np.float32)
     x.flat[:4] = [np.inf, -np.inf, 65504.0, 1e-8]  # F16's max, a BF16/F16 subnormal
-    check_exact(gpu, F.cast(view_of(x, src, layout), dst))
+    check_exact(cuda, F.cast(view_of(x, src, layout), dst))
 
 
 @pytest.mark.parametrize("dst", FLOATS)
 @pytest.mark.parametrize("src", ["F8_E4M3", "F8_E5M2"])
-def test_cast_f8_every_code(gpu, src, dst):
+def test_cast_f8_every_code(cuda, src, dst):
     codes = np.arange(256, dtype=np.uint8).reshape(16, 16)
     t = Tensor.from_numpy(codes, dtype=src)
-    check_exact(gpu, F.cast(t, dst))
-    check_exact(gpu, F.cast(t.transpose(), dst))
+    check_exact(cuda, F.cast(t, dst))
+    check_exact(cuda, F.cast(t.transpose(), dst))
 
 
 def _raw(rng, shape, dtype):
@@ -220,27 +207,27 @@ def _raw(rng, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["F32", "F16", "BF16", "I8", "I16", "I32", "I64", "F64", "F8_E4M3"])
-def test_cont_every_element_size(gpu, rng, dtype):
+def test_cont_every_element_size(cuda, rng, dtype):
     t = Tensor.from_numpy(_raw(rng, (3, 5, 4, 7), dtype), dtype=dtype)
-    check_exact(gpu, F.cont(t.transpose()))
-    check_exact(gpu, F.cont(t.permute(2, 0, 3, 1)))
-    check_exact(gpu, F.cont(t.slice(1, 1, None, 2)))
+    check_exact(cuda, F.cont(t.transpose()))
+    check_exact(cuda, F.cont(t.permute(2, 0, 3, 1)))
+    check_exact(cuda, F.cont(t.slice(1, 1, None, 2)))
     if t.dtype.is_float:  # cast takes float and block types only
-        check_exact(gpu, F.cast(t.permute(1, 2, 0, 3), dtype))  # a same-dtype cast is a copy
+        check_exact(cuda, F.cast(t.permute(1, 2, 0, 3), dtype))  # a same-dtype cast is a copy
 
 
 @pytest.mark.parametrize("blocks", [1, 2])  # Q8_0's single 34-byte block: the byte-copy path
 @pytest.mark.parametrize("dtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
-def test_cont_block_rows(gpu, rng, dtype, blocks):
+def test_cont_block_rows(cuda, rng, dtype, blocks):
     from sdrt.ops.dtypes import get
     dt = get(dtype)
     rows = rng.integers(0, 256, (4, 6, blocks * dt.type_size)).astype(np.uint8)
     t = Tensor.from_numpy(rows, dtype=dtype)  # ne [blocks*bs, 6, 4]
-    check_exact(gpu, F.cont(t.permute(0, 2, 1)))
-    check_exact(gpu, F.cont(t.slice(1, 1, 5)))
-    check_exact(gpu, F.cast(t.slice(2, 1, None, 2), dtype))
+    check_exact(cuda, F.cont(t.permute(0, 2, 1)))
+    check_exact(cuda, F.cont(t.slice(1, 1, 5)))
+    check_exact(cuda, F.cast(t.slice(2, 1, None, 2), dtype))
 
 
-def test_cont_of_computed_view(gpu, rng):
+def test_cont_of_computed_view(cuda, rng):
     x = leaf(rng.standard_normal((2, 3, 33, 17)).astype(np.float32), "BF16")
-    check_exact(gpu, F.cont(F.silu(x).permute(3, 1, 0, 2)))
+    check_exact(cuda, F.cont(F.silu(x).permute(3, 1, 0, 2)))

@@ -21,32 +21,19 @@ TOL = {"F32": (1e-5, 1e-5), "F16": (2e-3, 2e-3), "BF16": (1.6e-2, 1.6e-2)}  # (r
 
 
 # ---- harness -------------------------------------------------------------------------------
-def cuda_backend():
-    """The cuda0 backend, or skip the test when this machine has no usable CUDA device."""
-    from sdrt.gpu import cuda
-    if not getattr(cuda, "available", lambda: False)():
-        pytest.skip("no CUDA device (sdrt.gpu.cuda.available() is False)")
-    from sdrt.ops.backend import get_backend
-    return get_backend("cuda0")
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    return cuda_backend()
-
-
+# `cuda` (tests/gpu/conftest.py) is the cuda0 backend; it skips the test without a GPU.
 def run_f32(backend, node) -> np.ndarray:
     out = Graph(node).run(backend)["out"]
     return raw_to_f32(np.array(out.numpy(), copy=True), out.dtype)
 
 
-def check(gpu, node, rtol=None, atol=None):
+def check(cuda, node, rtol=None, atol=None):
     import sdrt.gpu.cuda.position  # noqa: F401  (registers the kernels)
     from sdrt.gpu.cuda.table import CUDA
     for n in Graph(node).nodes:
         assert CUDA.find(n) is not None, f"no CUDA kernel for {n.op}({[s.dtype.name for s in n.src]})"
     r, a = TOL[node.dtype.name]
-    want, got = run_f32("cpu", node), run_f32(gpu, node)
+    want, got = run_f32("cpu", node), run_f32(cuda, node)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=r if rtol is None else rtol, atol=a if atol is None else atol,
                                err_msg=f"{node.op} {node.params} cuda vs cpu")
@@ -64,24 +51,24 @@ def permuted(x: np.ndarray, dtype: str):
 
 # ---- arange ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("args", [(0, 10, 3), (0.5, 2.0, 0.25), (5,), (-3, 3.5, 1.5), (0, 1, 1e-4), (1e6, 1.1e6, 0.1)])
-def test_arange_exact(gpu, args):
-    check(gpu, F.arange(*args), rtol=0, atol=0)
+def test_arange_exact(cuda, args):
+    check(cuda, F.arange(*args), rtol=0, atol=0)
 
 
 # ---- timestep_embedding ------------------------------------------------------------------------
 @pytest.mark.parametrize("max_period", [10000, 100])
 @pytest.mark.parametrize("dim", [1, 2, 7, 8, 33, 320, 1280])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_timestep_embedding(gpu, rng, dtype, dim, max_period):
+def test_timestep_embedding(cuda, rng, dtype, dim, max_period):
     t = np.concatenate([[0.0, 1.0, 2.5, 999.0, 500.5], rng.uniform(0, 1000, 11)]).astype(np.float32)
     tl = leaf(t, dtype)
     tmax = np.abs(raw_to_f32(tl.numpy(), tl.dtype)).max()
-    check(gpu, F.timestep_embedding(tl, dim, max_period), rtol=0, atol=1e-6 + 6e-7 * tmax)
+    check(cuda, F.timestep_embedding(tl, dim, max_period), rtol=0, atol=1e-6 + 6e-7 * tmax)
 
 
-def test_timestep_embedding_strided_t(gpu, rng):
+def test_timestep_embedding_strided_t(cuda, rng):
     t = leaf(rng.uniform(0, 1000, 12).astype(np.float32)).slice(0, 1, None, 3)  # 4 values, stride 12 bytes
-    check(gpu, F.timestep_embedding(t, 256), rtol=0, atol=1e-6 + 6e-7 * 1000)
+    check(cuda, F.timestep_embedding(t, 256), rtol=0, atol=1e-6 + 6e-7 * 1000)
 
 
 # ---- rope (sd.cpp, precomputed pe) -------------------------------------------------------------
@@ -95,28 +82,28 @@ def rope_pe_table(rng, L, R):
 @pytest.mark.parametrize("R", [6, 4, 1])  # full (head 12) and partial rotation
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_rope_pe(gpu, rng, dtype, interleaved, R, layout):
+def test_rope_pe(cuda, rng, dtype, interleaved, R, layout):
     N, L, H, D = 2, 5, 3, 12
     x = randn(rng, N, L, H, D)
     t = {"contig": lambda: leaf(x, dtype), "permuted": lambda: permuted(x, dtype),
          "transposed": lambda: leaf(x, dtype, noncontig=True)}[layout]()
-    check(gpu, F.rope(t, leaf(rope_pe_table(rng, L, R)), interleaved))
+    check(cuda, F.rope(t, leaf(rope_pe_table(rng, L, R)), interleaved))
 
 
-def test_rope_pe_strided_table(gpu, rng):
+def test_rope_pe_strided_table(cuda, rng):
     # pe as a view: every other token of a longer table, and a table stored (R, L, 2, 2) permuted
     N, L, H, D, R = 1, 6, 2, 16, 8
     x = leaf(randn(rng, N, L, H, D))
-    check(gpu, F.rope(x, leaf(rope_pe_table(rng, 2 * L, R)).slice(3, 0, None, 2)))
+    check(cuda, F.rope(x, leaf(rope_pe_table(rng, 2 * L, R)).slice(3, 0, None, 2)))
     pe = np.ascontiguousarray(rope_pe_table(rng, L, R).transpose(1, 0, 2, 3))  # ne [2, 2, L, R]
-    check(gpu, F.rope(x, leaf(pe).permute(0, 1, 3, 2), interleaved=False))
+    check(cuda, F.rope(x, leaf(pe).permute(0, 1, 3, 2), interleaved=False))
 
 
-def test_rope_pe_flux_shape(gpu, rng):
+def test_rope_pe_flux_shape(cuda, rng):
     # Flux: head_dim 128, 24 heads, 4096+512 tokens, batch 1, interleaved pairs
     N, L, H, D = 1, 4608, 24, 128
-    check(gpu, F.rope(permuted(randn(rng, N, L, H, D), "F32"), leaf(rope_pe_table(rng, L, D // 2))), atol=2e-5)
-    check(gpu, F.rope(leaf(randn(rng, N, L, H, D), "BF16"), leaf(rope_pe_table(rng, L, D // 2))))
+    check(cuda, F.rope(permuted(randn(rng, N, L, H, D), "F32"), leaf(rope_pe_table(rng, L, D // 2))), atol=2e-5)
+    check(cuda, F.rope(leaf(randn(rng, N, L, H, D), "BF16"), leaf(rope_pe_table(rng, L, D // 2))))
 
 
 # ---- rope_ext (ggml) ---------------------------------------------------------------------------
@@ -124,49 +111,49 @@ def test_rope_pe_flux_shape(gpu, rng):
 @pytest.mark.parametrize("n_dims,n_offs", [(16, 0), (8, 0), (6, 4), (2, 14)])
 @pytest.mark.parametrize("mode", ["normal", "neox"])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_rope_ext(gpu, rng, dtype, mode, n_dims, n_offs, noncontig):
+def test_rope_ext(cuda, rng, dtype, mode, n_dims, n_offs, noncontig):
     x = randn(rng, 2, 6, 3, 16)
     t = permuted(x, dtype) if noncontig else leaf(x, dtype)
     pos = np.array([0, 1, 2, 5, 9, 17], np.int32)
-    check(gpu, F.rope_ext(t, pos, n_dims, mode=mode, n_offs=n_offs))
+    check(cuda, F.rope_ext(t, pos, n_dims, mode=mode, n_offs=n_offs))
 
 
-def test_rope_ext_strided_positions_and_freq_factors(gpu, rng):
+def test_rope_ext_strided_positions_and_freq_factors(cuda, rng):
     x = leaf(randn(rng, 1, 4, 2, 8))
     pos = Tensor.from_numpy(np.array([3, -1, 0, -1, 7, -1, 11, -1], np.int32)).slice(0, 0, None, 2)
     ff = leaf(np.array([1.0, 0, 2.0, 0, 1e30, 0, 0.5, 0], np.float32)).slice(0, 0, None, 2)  # stride 8 bytes
-    check(gpu, F.rope_ext(x, pos, 8, mode="neox", freq_base=500.0, freq_factors=ff))
-    check(gpu, F.rope_ext(x, pos, 8, mode="normal", freq_factors=leaf(np.array([1, 2, 3, 4], np.float32))))
+    check(cuda, F.rope_ext(x, pos, 8, mode="neox", freq_base=500.0, freq_factors=ff))
+    check(cuda, F.rope_ext(x, pos, 8, mode="normal", freq_factors=leaf(np.array([1, 2, 3, 4], np.float32))))
 
 
-def test_rope_ext_yarn(gpu, rng):
+def test_rope_ext_yarn(cuda, rng):
     # GPT-OSS in sd.cpp: neox, n_ctx_orig 4096, ext_factor 1, freq_scale 1/32
     x = leaf(randn(rng, 1, 5, 2, 32))
     pos = np.array([0, 1, 2, 10, 30], np.int32)
-    check(gpu, F.rope_ext(x, pos, 32, mode="neox", freq_base=150000.0, freq_scale=1 / 32, ext_factor=1.0,
+    check(cuda, F.rope_ext(x, pos, 32, mode="neox", freq_base=150000.0, freq_scale=1 / 32, ext_factor=1.0,
                           attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=4096))
-    check(gpu, F.rope_ext(x, pos, 24, mode="normal", freq_scale=0.25, ext_factor=0.5, attn_factor=0.9,
+    check(cuda, F.rope_ext(x, pos, 24, mode="normal", freq_scale=0.25, ext_factor=0.5, attn_factor=0.9,
                           n_ctx_orig=2048, n_offs=4))
 
 
-def test_rope_ext_large_positions(gpu, rng):
+def test_rope_ext_large_positions(cuda, rng):
     # Qwen-style head 128, base 1e6, positions up to 30000: the running product matters here
     x = leaf(randn(rng, 1, 4, 2, 128))
     pos = np.array([0, 1, 4000, 30000], np.int32)
-    check(gpu, F.rope_ext(x, pos, 128, mode="neox", freq_base=1e6), atol=2e-5)
+    check(cuda, F.rope_ext(x, pos, 128, mode="neox", freq_base=1e6), atol=2e-5)
 
 
 @pytest.mark.parametrize("mode,n_dims,sections,D", [("mrope", 16, (2, 3, 3, 0), 20), ("imrope", 16, (3, 3, 2, 0), 16),
                                                       ("mrope", 12, (2, 2, 1, 1), 12), ("vision", 8, (4, 4, 0, 0), 16),
                                                       ("vision", 16, (2, 3, 2, 1), 32)])
 @pytest.mark.parametrize("dtype", ["F32", "BF16"])
-def test_rope_multi(gpu, rng, dtype, mode, n_dims, sections, D):
+def test_rope_multi(cuda, rng, dtype, mode, n_dims, sections, D):
     x = randn(rng, 2, 5, 3, D)
     pos4 = rng.integers(0, 40, 20).astype(np.int32)
-    check(gpu, F.rope_multi(permuted(x, dtype), pos4, n_dims, sections, mode=mode))
+    check(cuda, F.rope_multi(permuted(x, dtype), pos4, n_dims, sections, mode=mode))
 
 
-def test_rope_ext_llm_shape(gpu, rng):
+def test_rope_ext_llm_shape(cuda, rng):
     # a text encoder's attention: head 128, 28 heads, 512 tokens, batch 2, neox
     x = leaf(randn(rng, 2, 512, 28, 128), "F16")
-    check(gpu, F.rope_ext(x, np.arange(512, dtype=np.int32), 128, mode="neox", freq_base=1e6))
+    check(cuda, F.rope_ext(x, np.arange(512, dtype=np.int32), 128, mode="neox", freq_base=1e6))

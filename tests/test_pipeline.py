@@ -524,6 +524,24 @@ def test_model_manager_quantized_vectors_load_as_f32(tmp_path):
     assert m.tensors["lin.weight"].dtype.name == "Q8_0"                                     # matrices stay
 
 
+def test_release_weight_pages_keeps_values_and_lazy_leaves(tmp_path):
+    from sdrt.engine.model_manager import load_models
+    from sdrt.io.base import ConvertedTensor
+    from sdrt.ops import dtypes
+    m = load_models(ModelParams(model=_ckpt(tmp_path)))
+    pipe = PL.Pipeline(version="sd1", prediction="eps", models=m)
+    dm = {k: t for k, t in m.tensors.items() if k.startswith("model.diffusion_model.")}
+    before = {k: t.to_f32().copy() for k, t in dm.items()}
+    assert pipe.release_weight_pages("diffusion") == sum(t.owner.span_bytes() for t in dm.values())
+    assert all(np.array_equal(t.to_f32(), before[k]) for k, t in dm.items())   # re-read from the file
+    lazy = ConvertedTensor(dtypes.get("F32"), (2,), lambda: pytest.fail("filled"), name="first_stage_model.x")
+    m.tensors = {"first_stage_model.x": lazy}
+    assert pipe.release_weight_pages("vae") == 0 and not lazy.is_loaded    # a lazy leaf stays unfilled
+    m.tensors, pipe.executors = dict(dm), {"diffusion": "cuda0"}
+    assert pipe.release_weight_pages("diffusion") == 0                     # not computing on the CPU
+    assert PL.Pipeline(version="sd1", prediction="eps").release_weight_pages("diffusion") == 0
+
+
 def test_model_manager_errors(tmp_path):
     from sdrt.engine.model_manager import load_models
     from sdrt.errors import ModelFileError

@@ -1,0 +1,178 @@
+"""SD1.5 512x512 and SDXL 1024x1024 on an NVIDIA GPU (issue 6): sdrt's CUDA backend vs
+diffusers/PyTorch eager fp16 vs stable-diffusion.cpp's sd-cli CUDA build, in one run.
+
+    python bench/bench_cuda_sd.py --arch sd15 [--sdcli PATH] [--engines sdrt,torch,sdcli] [--steps 20]
+
+Each engine runs in its own child process (so one's GPU memory pool never slows another) on
+the same machine, one after the other:
+* sdrt: the UNet of the random full-size checkpoint (tools/make_sd_checkpoint.py, made first
+  when missing) called with backend "cuda0": one CFG step = one forward at batch 2 (cond +
+  uncond), timed over --steps calls after 3 warm-up calls (the first call runs eagerly, the
+  second captures the CUDA graph, the rest replay it); then the VAE decode of one latent.
+* torch: diffusers' UNet2DConditionModel and AutoencoderKL with the same configs, fp16, its own
+  random init, the same batch-2 forward, timed the same way with torch.cuda.synchronize().
+* sdcli: `sd-cli --steps N --diffusion-fa` on the same checkpoint; its "sampling completed,
+  taking X s" and "decode_first_stage completed, taking Y s" lines (sampling includes its
+  per-step overheads, which is what a user sees as it/s).
+Prints one table: it/s of the CFG step, VAE decode ms, and sdrt's ratio to each peer.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+ARCH = {
+    "sd15": dict(size=512, ctx=768, adm=0, tflop=1.354),
+    "sdxl": dict(size=1024, ctx=2048, adm=2816, tflop=13.5),
+}
+
+
+def inputs(arch):
+    a = ARCH[arch]
+    rng = np.random.default_rng(1)
+    lat = a["size"] // 8
+    x = rng.standard_normal((2, 4, lat, lat), dtype=np.float32)
+    t = np.array([999.0, 999.0], np.float32)
+    ctx = rng.standard_normal((2, 77, a["ctx"]), dtype=np.float32)
+    y = rng.standard_normal((2, a["adm"]), dtype=np.float32) if a["adm"] else None
+    z = rng.standard_normal((1, 4, lat, lat), dtype=np.float32)
+    return x, t, ctx, y, z
+
+
+def time_calls(fn, steps, sync=lambda: None):
+    for _ in range(3):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / steps
+
+
+def run_sdrt(arch, ckpt, steps):
+    from sdrt.io import open_model
+    from sdrt.ops import api as F
+    from sdrt.ops.tensor import Tensor
+    from sdrt.models.diffusion.unet import UNetModel
+    from sdrt.models.vae.autoencoder_kl import AutoencoderKL
+    x, t, ctx, y, z = inputs(arch)
+    mf = open_model(ckpt)
+    unet = UNetModel(mf.tensors)
+    t0 = time.perf_counter()
+    unet(x, t, ctx, y, backend="cuda0")
+    first = time.perf_counter() - t0
+    step = time_calls(lambda: unet(x, t, ctx, y, backend="cuda0"), steps)
+    vae = AutoencoderKL(mf.tensors)
+    graph = F.Graph({"img": vae.decode_graph(Tensor.from_numpy(z))})  # built once: replayed
+    dec = time_calls(lambda: graph.run("cuda0"), 5)
+    return dict(step_s=step, first_call_s=first, decode_s=dec)
+
+
+def run_torch(arch, steps):
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    dev, dt = "cuda", torch.float16
+    if arch == "sd15":
+        unet = UNet2DConditionModel(cross_attention_dim=768)
+    else:
+        unet = UNet2DConditionModel(
+            sample_size=128, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+            block_out_channels=(320, 640, 1280), layers_per_block=2, transformer_layers_per_block=(1, 2, 10),
+            attention_head_dim=(5, 10, 20), cross_attention_dim=2048, use_linear_projection=True,
+            addition_embed_type="text_time", addition_time_embed_dim=256,
+            projection_class_embeddings_input_dim=2816)
+    unet = unet.to(dev, dt).eval()
+    vae = AutoencoderKL(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
+                        up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4).to(dev, dt).eval()
+    x, t, ctx, y, z = (None if v is None else torch.from_numpy(v).to(dev, dt) for v in inputs(arch))
+    extra = {} if y is None else {"added_cond_kwargs": {"text_embeds": y[:, :1280], "time_ids": y[:, 1280:1286]}}
+
+    @torch.no_grad()
+    def step():
+        unet(x, t, encoder_hidden_states=ctx, **extra)
+
+    @torch.no_grad()
+    def dec():
+        vae.decode(z)
+
+    return dict(step_s=time_calls(step, steps, torch.cuda.synchronize),
+                decode_s=time_calls(dec, 5, torch.cuda.synchronize), torch=torch.__version__)
+
+
+def run_sdcli(arch, ckpt, steps, sdcli):
+    size = str(ARCH[arch]["size"])
+    cmd = [sdcli, "-m", ckpt, "-p", "a lovely cat", "-W", size, "-H", size, "--steps", str(steps),
+           "-s", "42", "--diffusion-fa", "-o", f"/tmp/bench_cuda_{arch}_sdcli.png"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    smp = re.search(r"sampling completed, taking ([0-9.]+)s", p.stdout)
+    dec = re.search(r"decode_first_stage completed, taking ([0-9.]+)s", p.stdout)
+    if p.returncode or not smp:
+        raise SystemExit(f"sd-cli failed ({p.returncode}):\n{p.stdout[-3000:]}")
+    return dict(step_s=float(smp.group(1)) / steps, decode_s=float(dec.group(1)) if dec else float("nan"))
+
+
+def child(a):
+    if a.engine == "sdrt":
+        r = run_sdrt(a.arch, a.ckpt, a.steps)
+    elif a.engine == "torch":
+        r = run_torch(a.arch, a.steps)
+    else:
+        r = run_sdcli(a.arch, a.ckpt, a.steps, a.sdcli)
+    print("RESULT " + json.dumps(r), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", choices=tuple(ARCH), default="sd15")
+    ap.add_argument("--ckpt", default=None, help="default /tmp/<arch>_rand_f16.safetensors, made when missing")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--engines", default="sdrt,torch,sdcli")
+    ap.add_argument("--sdcli", default=None)
+    ap.add_argument("--engine", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    a.ckpt = a.ckpt or f"/tmp/{a.arch}_rand_f16.safetensors"
+    if a.engine:
+        return child(a)
+    if not os.path.exists(a.ckpt):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_sd_checkpoint.py"), "--arch", a.arch,
+                        "-o", a.ckpt], check=True)
+        print(f"made {a.ckpt} in {time.perf_counter() - t0:.0f} s", flush=True)
+    res = {}
+    for eng in a.engines.split(","):
+        if eng == "sdcli" and not a.sdcli:
+            continue
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--engine", eng, "--arch", a.arch,
+                            "--ckpt", a.ckpt, "--steps", str(a.steps), "--sdcli", a.sdcli or ""],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode or not line:
+            print(f"{eng} failed ({p.returncode}):\n{p.stdout[-4000:]}", flush=True)
+            continue
+        res[eng] = json.loads(line[-1][7:])
+        print(f"{eng}: {res[eng]}", flush=True)
+    tf = ARCH[a.arch]["tflop"]
+    print(f"\n{a.arch} {ARCH[a.arch]['size']}x{ARCH[a.arch]['size']}, CFG step = batch-2 UNet forward "
+          f"({tf} TFLOP), {a.steps} timed steps\n")
+    print("| engine | it/s | ms per step | TFLOP/s | VAE decode ms | sdrt it/s / engine it/s |\n|---|---:|---:|---:|---:|---:|")
+    s = res.get("sdrt", {}).get("step_s")
+    for eng, r in res.items():
+        ratio = f"{r['step_s'] / s:.2f}" if s else "-"
+        print(f"| {eng} | {1 / r['step_s']:.2f} | {r['step_s'] * 1e3:.1f} | {tf / r['step_s']:.0f} | "
+              f"{r['decode_s'] * 1e3:.0f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()

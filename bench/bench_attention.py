@@ -13,6 +13,12 @@ Memory: each side runs once more in its own subprocess (inputs made, kernels war
 reset through /proc/self/clear_refs), and reports the peak RSS above that baseline ("peak"),
 and the same less the 8 MiB output both must produce ("working").
 
+SD1.5 heads (--sd15, on by default; --no-sd15 skips): the UNet's three attention shapes with
+batch 2 (CFG) and 8 heads as the model views them (strided head views of [N, L, H*D] storage):
+40-wide self-attention over 4096 tokens, cross-attention to 77 text tokens, 80-wide over 1024
+tokens; sdrt against PyTorch's scaled_dot_product_attention (the step's peer) when torch is
+installed, interleaved, median times and the median of per-repeat ratios.
+
 Norms: x F32 ne=[64, 64, 320, 2] (numpy (2, 320, 64, 64)), 32 groups, eps 1e-6, per-channel
 w/b; numpy reference does mean/var over (N, G, -1) then the affine and SiLU. softmax rows
 ne=[4096, 1024, 8] with scale (a score block), layer_norm ne=[768, 4096, 2] (a text encoder's).
@@ -160,11 +166,52 @@ def bench_norms(repeat):
     return rows
 
 
+SD15_SHAPES = [("self 4096 x 40", 40, 4096, 4096), ("cross 4096 x 77 x 40", 40, 4096, 77),
+               ("self 1024 x 80", 80, 1024, 1024)]
+
+
+def bench_sd15(repeat):
+    """Rows (name, GFLOP, sdrt times, torch times or None, max |diff| vs torch or numpy)."""
+    try:
+        import torch
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(2)
+    rows = []
+    for name, d, lq, lk in SD15_SHAPES:
+        n, h = 2, 8
+        # [N, L, H*D] storage viewed as [N, H, L, D], as multihead_attention's head views are
+        q, k, v = (rng.standard_normal((n, ln, h, d), dtype=np.float32).transpose(0, 2, 1, 3)
+                   for ln in (lq, lk, lk))
+        tq, tk, tv = (Tensor.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 1, 3))).reshape(d, h, a.shape[2], n)
+                      .permute(0, 2, 1, 3) for a in (q, k, v))
+        graph = Graph(F.attention(tq, tk, tv))
+        run = lambda g=graph: g.run("cpu")["out"].numpy()  # noqa: E731
+        got = run().reshape(n, h, lq, d)
+        if torch is not None:
+            pq, pk, pv = (torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v))
+            peer = lambda: torch.nn.functional.scaled_dot_product_attention(pq, pk, pv)  # noqa: E731
+            want = peer().numpy()
+        else:
+            peer, want = None, numpy_attention(q, k, v, 1 / math.sqrt(d))
+        err = float(np.max(np.abs(got - want)))
+        ts, tp = [], []
+        for _ in range(repeat):
+            ts.append(median_time(run, 1)[0])
+            if peer is not None:
+                tp.append(median_time(peer, 1)[0])
+        rows.append((name, 4 * n * h * lq * lk * d / 1e9, ts, tp or None, err))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--mem-child", choices=["sdrt", "numpy"])
     ap.add_argument("--skip-norms", action="store_true")
+    ap.add_argument("--sd15", action=argparse.BooleanOptionalAction, default=True,
+                    help="SD1.5's attention shapes against PyTorch SDPA")
     a = ap.parse_args()
     if a.mem_child:
         return mem_child(a.mem_child)
@@ -191,6 +238,21 @@ def main():
     print(f"time sdrt/numpy {t_s / t_n:.2f} (target <= 2); peak memory sdrt/numpy "
           f"{m_s['peak_mib'] / m_n['peak_mib']:.3f}, working memory sdrt/numpy "
           f"{(m_s['peak_mib'] - m_s['out_mib']) / (m_n['peak_mib'] - m_n['out_mib']):.3f} (target < 0.125)")
+    if a.sd15:
+        print()
+        rows = bench_sd15(a.repeat)
+        peer = "torch SDPA" if rows[0][3] is not None else "-"
+        print(f"{'SD1.5 attention, N=2, 8 heads':30s} {'GFLOP':>6s} {'sdrt s':>7s} {'GFLOP/s':>8s} "
+              f"{peer + ' s':>13s} {'sdrt/peer':>10s} {'max|diff|':>10s}")
+        for name, gf, ts, tp, e in rows:
+            t = float(np.median(ts))
+            line = f"{name:30s} {gf:6.1f} {t:7.3f} {gf / t:8.1f} "
+            if tp is not None:
+                ratio = float(np.median([x / y for x, y in zip(ts, tp)]))
+                line += f"{float(np.median(tp)):13.3f} {ratio:10.2f} "
+            else:
+                line += f"{'':13s} {'':10s} "
+            print(line + f"{e:10.2e}")
     if a.skip_norms:
         return
     print()

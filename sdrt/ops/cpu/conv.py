@@ -363,7 +363,8 @@ def conv_core(x5, w: _WeightRows, kernel, b, out5, stride, pad, dil, groups, col
     pointwise = (KD, KH, KW) == (1, 1, 1) and tuple(stride) == (1, 1, 1) and tuple(pad) == (0, 0, 0)
     nrows = OD * OH
     col_bytes = col_bytes or COL_BYTES
-    if groups == 1 and N > 1 and P <= MERGE_MAX_P and K * N * P * 4 <= col_bytes:
+    # a 1x1 conv's columns are a copy of x made only to merge: worth it at 8x8..16x16, not at 32x32
+    if groups == 1 and N > 1 and P <= (MERGE_MAX_P // 4 if pointwise else MERGE_MAX_P) and K * N * P * 4 <= col_bytes:
         cols = _buffer("cols", K * N * P)
         if pointwise:
             np.copyto(cols.reshape(K, N, P), x5.reshape(N, C, P).transpose(1, 0, 2))

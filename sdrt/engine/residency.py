@@ -18,17 +18,29 @@ segment runs, every weight it reads must be on the device; the `ResidencyManager
   copy stream, after the compute stream's work so far (an event), so the uploads overlap
   segment k; `begin_segment(k+1)` makes the compute stream wait for them. Off with
   --disable-prefetch. A prefetch never evicts what the next segments need sooner.
-- The budget (`--max-vram`): positive GiB = that many bytes for weights plus the running
-  graph's activations (plan arena + cross-segment + outputs); 0 or unset = the device's live
-  free memory (allocation failure triggers eviction); negative = free memory when the
-  manager was made minus that many GiB. When every weight of a graph fits, nothing is ever
-  evicted and steps upload nothing; when it does not and segmented compute is disabled,
-  `begin_graph` raises DeviceOutOfMemoryError naming the sizes.
+- The budget (`--max-vram`) is one per device, shared by every component and graph computing
+  there (sd.cpp's managed per-device budget): positive GiB = that many bytes; 0 or unset = the
+  device's live free memory (allocation failure triggers eviction); negative = free memory when
+  the manager was made minus that many GiB. It counts what sdrt holds on the device: resident
+  weights, the running graph's activations (plan arena + cross-segment + outputs) and the
+  backend's scratch, other graphs' device state (arenas the backend keeps for their next run)
+  and the device allocator's cache of freed blocks — measured from the allocator when the
+  memory object reports `stats()`. Room is made, in this order, by giving the allocator's cache
+  back, evicting weights the running graph does not read (LRU), releasing other graphs' device
+  state (the backend, passed as `graphs`, rebuilds it on their next run), then evicting the
+  running graph's own weights (farthest next use). `begin_graph` makes room for the graph's
+  activations before the backend allocates them. When every weight of a graph fits, nothing is
+  ever evicted and steps upload nothing; when it does not and segmented compute is disabled,
+  `begin_graph` raises DeviceOutOfMemoryError naming the sizes. Not counted: the driver's
+  context and a scratch buffer growing during a graph's first run (counted from the next check).
 
 The device-memory object (`memory`) is duck-typed: name, mem_get_info() -> (free, total),
 alloc(n) -> ptr (raises DeviceOutOfMemoryError), free(ptr), upload(ptr, host_u8, stream) ->
-event, wait(event, stream), synchronize(), and optionally record(stream) -> event.
-`SimulatedDevice` implements it on the host for tests.
+event, wait(event, stream), synchronize(), and optionally record(stream) -> event, stats() ->
+{"in_use": bytes, "cached": bytes} and empty_cache() (a caching allocator's). The `graphs`
+object (the backend, optional): graph_bytes(plan) -> (device bytes held for that graph, for
+all others) and release_graphs(keep_plan) -> bytes released. `SimulatedDevice` implements the
+memory contract on the host for tests (with a caching allocator's size classes if asked).
 """
 from __future__ import annotations
 
@@ -120,42 +132,93 @@ class HostPageRelease:
 class SimulatedDevice:
     """The device-memory contract on the host: a byte budget, a first-fit allocator, two streams
     as an event log. With `store=True` uploads copy into `mem`, and `view(ptr, n)` reads them back
-    (tests run CPU kernels on these bytes). `used_elsewhere` bytes are taken by "other processes"."""
+    (tests run CPU kernels on these bytes). `used_elsewhere` bytes are taken by "other processes".
+    With `caching=True` it behaves as the CUDA backend's CachingAllocator: sizes round to its
+    classes, a freed block stays held in a per-class cache (reused by an allocation of its class,
+    returned by `empty_cache()` or when an allocation would not fit otherwise); `peak_held` is
+    the peak of what the device sees held (in use + cached), `peak_used` of what is in use."""
     BASE = 1 << 20          # device addresses start here: 0 is never a valid pointer
 
-    def __init__(self, total_bytes: int, name: str = "sim0", *, store: bool = True, used_elsewhere: int = 0):
+    def __init__(self, total_bytes: int, name: str = "sim0", *, store: bool = True, used_elsewhere: int = 0,
+                 caching: bool = False):
         self.name, self.total, self.used_elsewhere = name, int(total_bytes), int(used_elsewhere)
         self.mem = np.zeros(self.total, np.uint8) if store else None
         self.holes: list[tuple[int, int]] = [(0, self.total)]      # sorted free (offset, size)
         self.allocs: dict[int, int] = {}                           # ptr -> size
+        self.caching = caching
+        self.cache: dict[int, list[int]] = {}                      # size class -> freed ptrs
+        self.cached = 0
         self.events: list[tuple] = []
         self.peak_used = 0
+        self.peak_held = 0
         self._next_event = 0
 
     @property
     def used(self) -> int:
         return sum(self.allocs.values())
 
+    @staticmethod
+    def round_size(nbytes: int) -> int:
+        """The CUDA CachingAllocator's size classes: 512 B, then 1/8 of the power of two."""
+        if nbytes <= 512:
+            return 512
+        g = max(512, 1 << (nbytes.bit_length() - 4))
+        return (nbytes + g - 1) // g * g
+
     def mem_get_info(self) -> tuple[int, int]:
-        return max(self.total - self.used - self.used_elsewhere, 0), self.total
+        return max(self.total - self.used - self.cached - self.used_elsewhere, 0), self.total
+
+    def stats(self) -> dict:
+        return {"in_use": self.used, "cached": self.cached}
+
+    def _taken(self, ptr: int, nbytes: int) -> int:
+        self.allocs[ptr] = nbytes
+        used = self.used
+        self.peak_used = max(self.peak_used, used)
+        self.peak_held = max(self.peak_held, used + self.cached)
+        self.events.append(("alloc", ptr, nbytes))
+        return ptr
 
     def alloc(self, nbytes: int) -> int:
         nbytes = -(-int(nbytes) // ALIGN) * ALIGN
-        if self.used + self.used_elsewhere + nbytes <= self.total:
-            for i, (off, size) in enumerate(self.holes):
-                if size >= nbytes:
-                    self.holes[i:i + 1] = [(off + nbytes, size - nbytes)] if size > nbytes else []
-                    ptr = self.BASE + off
-                    self.allocs[ptr] = nbytes
-                    self.peak_used = max(self.peak_used, self.used)
-                    self.events.append(("alloc", ptr, nbytes))
-                    return ptr
+        if self.caching:
+            nbytes = self.round_size(nbytes)
+            bucket = self.cache.get(nbytes)
+            if bucket:
+                self.cached -= nbytes
+                return self._taken(bucket.pop(), nbytes)
+        for retry in (False, True):
+            if self.used + self.cached + self.used_elsewhere + nbytes <= self.total:
+                for i, (off, size) in enumerate(self.holes):
+                    if size >= nbytes:
+                        self.holes[i:i + 1] = [(off + nbytes, size - nbytes)] if size > nbytes else []
+                        return self._taken(self.BASE + off, nbytes)
+            if retry or not self.cached:
+                break
+            self.empty_cache()          # as the CUDA allocator does when the driver is out of memory
         free, _ = self.mem_get_info()
         raise DeviceOutOfMemoryError(f"{self.name}: cannot allocate {_mb(nbytes)}: {_mb(free)} free of "
                                      f"{_mb(self.total)}")
 
     def free(self, ptr: int) -> None:
         size = self.allocs.pop(ptr)
+        self.events.append(("free", ptr, size))
+        if self.caching:
+            self.cache.setdefault(size, []).append(ptr)
+            self.cached += size
+        else:
+            self._release(ptr, size)
+
+    def empty_cache(self) -> None:
+        """Give every cached block back (the device's free memory grows)."""
+        for size, ptrs in self.cache.items():
+            for p in ptrs:
+                self._release(p, size)
+                self.events.append(("release", p, size))
+        self.cache.clear()
+        self.cached = 0
+
+    def _release(self, ptr: int, size: int) -> None:
         self.holes.append((ptr - self.BASE, size))
         self.holes.sort()
         merged: list[tuple[int, int]] = []
@@ -165,7 +228,6 @@ class SimulatedDevice:
             else:
                 merged.append((o, n))
         self.holes = merged
-        self.events.append(("free", ptr, size))
 
     def _check_inside(self, ptr: int, nbytes: int) -> None:
         for p, n in self.allocs.items():
@@ -243,6 +305,7 @@ class _PlanInfo:
     uses: dict = field(default_factory=dict)   # id(entry) -> segment indices
     runs: int = 0
     last_upload: int = -1
+    warned: bool = False
 
     def weight_bytes(self, k: int) -> int:
         return sum(e.nbytes for e in self.segments[k])
@@ -257,7 +320,8 @@ class _RunStats:
     blocks: int = 0
     prefetched: int = 0
     evicted: int = 0
-    device_peak: int = 0            # the device's used memory (all users), sampled at segment starts
+    held_peak: int = 0              # what sdrt holds on the device (the budget's measure), sampled
+    device_peak: int = 0            # the device's used memory (all users, the driver's context too)
 
 
 class ResidencyManager:
@@ -265,10 +329,11 @@ class ResidencyManager:
 
     `max_vram`: GiB (positive budget, 0/None live free memory, negative keep that much free);
     `prefetch`: overlap the next segment's uploads (--disable-prefetch turns it off);
-    `segmented`: False (--disable-segmented-compute) requires a graph's weights to fit at once."""
+    `segmented`: False (--disable-segmented-compute) requires a graph's weights to fit at once;
+    `graphs`: the backend keeping graphs' device state (graph_bytes, release_graphs), if any."""
 
     def __init__(self, memory, *, max_vram: float | None = None, prefetch: bool = True, segmented: bool = True,
-                 block_bytes: int = BLOCK_BYTES):
+                 block_bytes: int = BLOCK_BYTES, graphs=None):
         from .placement import resolve_budget
         self.memory, self.name = memory, getattr(memory, "name", "device")
         free = memory.mem_get_info()[0]
@@ -277,11 +342,14 @@ class ResidencyManager:
             raise DeviceOutOfMemoryError(f"{self.name}: --max-vram {max_vram:g} keeps {-max_vram:g} GiB free, but "
                                          f"only {_mb(free)} is free: nothing is left for sdrt")
         self.prefetch, self.segmented, self.block_bytes = prefetch, segmented, int(block_bytes)
+        self.graphs = graphs
         self._entries: dict[int, _Entry] = {}
         self._blocks: list[_Block] = []
         self._plans: dict[int, _PlanInfo] = {}
         self._current: _PlanInfo | None = None
         self._activation = 0
+        self._pending = 0               # the running graph's activations the backend has not allocated yet
+        self._freed: dict[int, int] = {}    # sizes of blocks evicted into the allocator's cache, unclaimed
         self._pinned: dict[int, list[_Block]] = {}
         self._epoch = 0
         self._seg = 0
@@ -347,8 +415,9 @@ class ResidencyManager:
 
     def begin_graph(self, plan, extra_bytes: int = 0) -> bool:
         """Announce the graph about to run (its Plan; call before allocating its arenas): checks
-        the budget, logs the segment split the first time, enables prefetch. `extra_bytes`: device
-        scratch the backend adds to the plan's arenas. True when all its weights are resident."""
+        the budget, makes room for the graph's activations within it, logs the segment split the
+        first time, enables prefetch. `extra_bytes`: device scratch the backend adds to the plan's
+        arenas. True when all its weights are resident."""
         self._unpin(list(self._pinned))    # a run that raised midway left its pins
         info = self._plan_info(plan)
         self._current, self._activation = info, info.activation_bytes + int(extra_bytes)
@@ -374,11 +443,25 @@ class ResidencyManager:
                 f"{self.name}: the graph does not fit: {what} + {_mb(self._activation)} of activations, over the "
                 f"{budget_txt}" + (f" ({_mb(kept_other)} held by weights kept on the device)" if kept_other else "")
                 + "; raise --max-vram, or use --vae-tiling / a smaller image")
+        graph_bytes = getattr(self.graphs, "graph_bytes", None)
+        self._pending = info.activation_bytes if graph_bytes is not None and not graph_bytes(plan)[0] else 0
+        if limit is not None:
+            # the backend allocates this graph's arenas next: they must fit beside what stays
+            while self._footprint() > limit and self._free_step(set(), False):
+                pass
+            held = self._footprint()
+            if held > limit and not info.warned:
+                info.warned = True
+                log.warning("residency %s: %s held on the device with this graph's activations, over the %s: "
+                            "nothing more can be evicted or released (weights kept on the device, memory the "
+                            "backend holds for itself)", self.name, _mb(held), budget_txt)
         if info.runs == 0:
             comps = sorted({e.component for e in ents})
-            log.info("residency %s: %s graph, %d segments, weights %s + activations %s, %s: %s", self.name,
+            everyone = sorted({e.component for e in self._entries.values()})
+            shared = f" (one for {', '.join(everyone)} on {self.name})" if limit is not None and len(everyone) > 1 else ""
+            log.info("residency %s: %s graph, %d segments, weights %s + activations %s, %s%s: %s", self.name,
                      "/".join(comps) or "weightless", len(info.segments), _mb(total), _mb(self._activation),
-                     budget_txt, "fits, weights stay resident" if fits else
+                     budget_txt, shared, "fits, weights stay resident" if fits else
                      f"streams segment by segment (largest {_mb(seg_max)})")
             log.info("residency %s: segment weights (MB): %s", self.name, ", ".join(
                 f"{n or 'final'} {info.weight_bytes(k) / MiB:.1f}" for k, n in enumerate(info.names)))
@@ -403,6 +486,7 @@ class ResidencyManager:
             ents = list({id(e): e for e in map(self._entry, leaves) if e is not None}.values())
         self._unpin([index])               # stale: that segment of an aborted run never ended
         self._seg = index
+        self._pending = 0                  # the backend has allocated the graph's arenas by now
         self._epoch += 1
         pinned: list[_Block] = []
         for b in {id(e.block): e.block for e in ents if e.block is not None}.values():
@@ -416,8 +500,7 @@ class ResidencyManager:
             b = self._stage(group, "compute", protect=pinned)
             b.pins += 1
             pinned.append(b)
-        free, total = self.memory.mem_get_info()
-        self.stats.device_peak = max(self.stats.device_peak, total - free)
+        self._sample(device=True)
         hold = -1 if known and not self.segmented else index     # -1: the whole graph's pins
         self._pinned.setdefault(hold, []).extend(pinned)
         if self.prefetch and self.segmented and known and index + 1 < len(info.segments):
@@ -438,6 +521,7 @@ class ResidencyManager:
 
     def end_segment(self, index: int) -> None:
         """Unpin the segment's blocks (they stay resident until evicted)."""
+        self._sample(device=True)          # the scratch may have grown during the segment
         self._unpin([index])
         info = self._current
         if info is not None and index == len(info.segments) - 1:
@@ -449,12 +533,17 @@ class ResidencyManager:
         s = self.stats
         first = info.runs == 0
         info.runs += 1
-        level = logging.INFO if first or s.uploaded != info.last_upload else logging.DEBUG
+        over = self.budget is not None and s.held_peak > self.budget
+        level = (logging.WARNING if over else
+                 logging.INFO if first or s.uploaded != info.last_upload else logging.DEBUG)
         info.last_upload = s.uploaded
-        log.log(level, "residency %s: run %d uploaded %s in %d blocks (%s prefetched), evicted %s; "
-                "peak %s managed (weights + activations), device peak %s used; %s resident", self.name,
-                info.runs, _mb(s.uploaded), s.blocks, _mb(s.prefetched), _mb(s.evicted), _mb(self.peak_bytes),
-                _mb(s.device_peak), _mb(self.resident_bytes))
+        vs = (f"the --max-vram budget {_mb(self.budget)}" + (" (over it)" if over else "")
+              if self.budget is not None else "no --max-vram budget")
+        log.log(level, "residency %s: run %d uploaded %s in %d blocks (%s prefetched), evicted %s; device peak %s "
+                "held by sdrt (weights, arenas, scratch, allocator cache) vs %s; %s used on the device (all "
+                "processes and the driver's context); %s resident", self.name, info.runs, _mb(s.uploaded), s.blocks,
+                _mb(s.prefetched), _mb(s.evicted), _mb(s.held_peak), vs, _mb(s.device_peak),
+                _mb(self.resident_bytes))
 
     # ---- staging ------------------------------------------------------------------------------
     def _pack(self, entries: list[_Entry]) -> list[list[_Entry]]:
@@ -479,13 +568,17 @@ class ResidencyManager:
         for e in group:
             offsets.append(size)
             size += -(-e.nbytes // ALIGN) * ALIGN
-        ptr = self._alloc(size, protect, optional)
+        # a block filled past 7/8 takes a whole block_bytes (the CUDA allocator's size classes are
+        # 1/8 of the power of two apart there anyway): equal sizes let the memory of an evicted
+        # block, in the allocator's cache, serve the next one without a driver call
+        room = self.block_bytes if self.block_bytes * 7 // 8 < size <= self.block_bytes else size
+        ptr = self._alloc(room, protect, optional)
         if ptr is None:
             return None
-        b = _Block(ptr, size, list(group), permanent=all(e.params == "device" for e in group),
+        b = _Block(ptr, room, list(group), permanent=all(e.params == "device" for e in group),
                    last_use=self._epoch)
         self._blocks.append(b)
-        self.resident_bytes += size
+        self.resident_bytes += room
         self.peak_bytes = max(self.peak_bytes, self.resident_bytes + self._activation)
         ev = None
         for e, off in zip(group, offsets):
@@ -518,25 +611,119 @@ class ResidencyManager:
                 break
 
     # ---- memory -------------------------------------------------------------------------------
+    def _mem_stats(self) -> tuple[int, int] | None:
+        """(bytes in use, bytes cached) of the device allocator, when the memory object says."""
+        fn = getattr(self.memory, "stats", None)
+        if fn is None:
+            return None
+        st = fn()
+        return int(st.get("in_use", 0)), int(st.get("cached", 0))
+
+    def _running_plan(self):
+        return self._current.plan_ref() if self._current is not None else None
+
+    def _idle_bytes(self) -> int:
+        """Device bytes the backend holds for graphs other than the running one."""
+        fn = getattr(self.graphs, "graph_bytes", None)
+        return int(fn(self._running_plan())[1]) if fn is not None else 0
+
+    def _footprint(self, nbytes: int = 0) -> int:
+        """What sdrt would hold on the device with `nbytes` more allocated: the larger of the ledger
+        (resident weights + the running graph's activations and scratch + other graphs' state) and
+        the allocator's bytes in use (+ the running graph's arenas still to come), plus the
+        allocator's cache — less `nbytes` when a block of that size was evicted into the cache
+        (the allocation takes it back, the device's footprint does not grow)."""
+        ledger = self.resident_bytes + self._activation + self._idle_bytes() + nbytes
+        st = self._mem_stats()
+        if st is None:
+            return ledger
+        in_use, cached = st
+        if not cached:
+            self._freed.clear()
+        reuse = nbytes if nbytes and cached >= nbytes and self._freed.get(nbytes) else 0
+        return max(ledger, in_use + self._pending + nbytes) + cached - reuse
+
     def _fits_budget(self, nbytes: int) -> bool:
         # live free memory (no budget): the allocation itself decides, since a caching allocator
         # can serve it from blocks mem_get_info does not count as free
-        return self.budget is None or self.resident_bytes + self._activation + nbytes <= self.budget
+        return self.budget is None or self._footprint(nbytes) <= self.budget
+
+    def _sample(self, device: bool = False) -> None:
+        st = self._mem_stats()
+        held = self.resident_bytes + self._activation + self._idle_bytes()
+        if st is not None:
+            held = max(held, st[0] + self._pending) + st[1]
+        self.stats.held_peak = max(self.stats.held_peak, held)
+        if device:
+            free, total = self.memory.mem_get_info()
+            self.stats.device_peak = max(self.stats.device_peak, total - free)
 
     def _alloc(self, nbytes: int, protect, optional: bool) -> int | None:
         protected = {id(b) for b in protect}
         while True:
             if self._fits_budget(nbytes):
+                before = self._mem_stats()
                 try:
-                    return self.memory.alloc(nbytes)
+                    ptr = self.memory.alloc(nbytes)
                 except DeviceOutOfMemoryError:
-                    pass
-            victim = self._victim(protected, optional)
-            if victim is None:
+                    ptr = None
+                if ptr is not None:
+                    self._allocated(nbytes, before)
+                    return ptr
+            if not self._free_step(protected, optional):
                 if optional:
                     return None
                 raise DeviceOutOfMemoryError(self._oom_message(nbytes))
+
+    def _allocated(self, nbytes: int, before) -> None:
+        """Bookkeeping after an allocation: which evicted block it reused from the allocator's
+        cache; if it grew the footprint past the budget after all (another user took the block
+        it was to reuse), the cache goes back at once."""
+        after = self._mem_stats()
+        if before is not None and after is not None and self._freed.get(nbytes):
+            if after[1] < before[1]:
+                self._freed[nbytes] -= 1
+            else:
+                del self._freed[nbytes]
+        if self.budget is not None and after is not None and after[1] and self._footprint() > self.budget:
+            self._trim_cache()
+        self._sample()
+
+    def _trim_cache(self) -> int:
+        """Give the allocator's cached blocks back to the driver; returns the bytes."""
+        st = self._mem_stats()
+        empty = getattr(self.memory, "empty_cache", None)
+        if st is None or not st[1] or empty is None:
+            return 0
+        self.memory.synchronize()       # queued kernels may still read memory freed into the cache
+        empty()
+        self._freed.clear()
+        return st[1]
+
+    def _release_graphs(self) -> int:
+        fn = getattr(self.graphs, "release_graphs", None)
+        return int(fn(self._running_plan()) or 0) if fn is not None else 0
+
+    def _free_step(self, protected: set, optional: bool, trim: bool = True) -> int:
+        """Make some room; the bytes freed (0: nothing left to free). In order: the allocator's
+        cache (free memory nobody uses), weights the running graph does not read (LRU), other
+        graphs' device state (rebuilt on their next run), the running graph's own weights
+        (farthest next use)."""
+        if trim:
+            freed = self._trim_cache()
+            if freed:
+                return freed
+        victim, own = self._victim(protected, optional)
+        if victim is not None and not own:
             self._evict(victim)
+            return victim.nbytes
+        freed = self._release_graphs()
+        if freed:
+            return freed
+        if victim is not None:
+            self._evict(victim)
+            return victim.nbytes
+        return 0
 
     def _oom_message(self, nbytes: int) -> str:
         free, total = self.memory.mem_get_info()
@@ -551,9 +738,10 @@ class ResidencyManager:
                     f"graph's weights must be resident at once")
         return msg
 
-    def _victim(self, protected: set, optional: bool) -> _Block | None:
-        """Unused-by-this-graph blocks LRU first, then this graph's by farthest next use. For a
-        prefetch (optional), never a block the graph needs before the segment being fetched."""
+    def _victim(self, protected: set, optional: bool) -> tuple[_Block | None, bool]:
+        """(block, whether the running graph reads it): unused-by-this-graph blocks LRU first,
+        then this graph's by farthest next use. For a prefetch (optional), never a block the
+        graph needs before the segment being fetched."""
         info, cur = self._current, self._seg
         n = len(info.segments) if info is not None else 0
         best, best_key = None, None
@@ -574,13 +762,14 @@ class ResidencyManager:
                 key = (1, -dist)
             if best_key is None or key < best_key:
                 best, best_key = b, key
-        return best
+        return best, best_key is not None and best_key[0] == 1
 
     def _evict(self, b: _Block) -> None:
         if b.ready is not None:     # a prefetch still writing it: later users of the memory wait
             self.memory.wait(b.ready, "compute")
             b.ready = None
         self.memory.free(b.ptr)
+        self._freed[b.nbytes] = self._freed.get(b.nbytes, 0) + 1
         self._blocks.remove(b)
         self.resident_bytes -= b.nbytes
         self.stats.evicted += b.nbytes
@@ -589,16 +778,17 @@ class ResidencyManager:
             e.block = None
 
     def make_room(self, nbytes: int) -> int:
-        """Evict unpinned weights, at least `nbytes` of them if there are, and return how many
-        bytes were freed (the backend calls this when its own allocation, e.g. an activation
-        arena, failed, and then retries it)."""
-        freed = 0
+        """Free at least `nbytes` of device memory if there is that much to free — the allocator's
+        cache, unpinned weights, other graphs' device state, in _free_step's order — and return
+        how many bytes were freed (the backend calls this when its own allocation, e.g. an
+        activation arena, failed, and then retries it once)."""
+        freed = self._trim_cache()
         while freed < nbytes:
-            victim = self._victim(set(), False)
-            if victim is None:
+            step = self._free_step(set(), False, trim=False)
+            if not step:
                 break
-            freed += victim.nbytes
-            self._evict(victim)
+            freed += step
+        self._trim_cache()              # what was evicted sits in the allocator's cache: give it back
         return freed
 
     def release_all(self) -> None:
@@ -607,6 +797,7 @@ class ResidencyManager:
         for b in list(self._blocks):
             b.pins = 0
             self._evict(b)
+        self._trim_cache()
 
 
 class PlacedBackend:
@@ -668,7 +859,7 @@ def bind_components(placement, tensors: dict, *, prefetch: bool = True, segmente
         mgr = managers.get(dev)
         if mgr is None:
             mgr = managers[dev] = ResidencyManager(be.memory, max_vram=max_vram_for(placement.max_vram, dev),
-                                                   prefetch=prefetch, segmented=segmented)
+                                                   prefetch=prefetch, segmented=segmented, graphs=be)
         size = mgr.register(parts[c], c, "device" if where == dev else where)
         out[c] = PlacedBackend(be, mgr)
         log.info("%s computes on %s, weights (%s) %s", c, dev, _mb(size),

@@ -36,7 +36,7 @@ import weakref
 
 import numpy as np
 
-from ...errors import UnsupportedError
+from ...errors import DeviceOutOfMemoryError, UnsupportedError
 from ...ops.graph import ALIGN
 from . import cudagraph
 from .devtensor import DevTensor
@@ -110,11 +110,14 @@ class _LiveStorages:
 class _GraphState:
     """What one Graph keeps on one device between runs."""
 
-    def __init__(self, backend: "CudaBackend", graph, plan):
+    def __init__(self, backend: "CudaBackend", graph, plan, residency=None):
         self.backend = backend
         self.plan = plan
         self.blocks: list[int] = []
         self.pinned: list[PinnedBuffer] = []
+        self.captured = None
+        self.nbytes = 0                  # device bytes held (a residency manager counts idle graphs')
+        self._residency = residency      # asked to make room when an allocation fails
         self.arena = self._alloc(plan.arena_bytes)
         self.cross = self._alloc(plan.cross_bytes)
         self.node_ptr: dict[int, int] = {id(n): self._alloc(_align(n.nbytes)) for n in plan.outputs}
@@ -165,10 +168,12 @@ class _GraphState:
         self.captured: cudagraph.CapturedGraph | None = None
         self.capture_ok = True
         self.runs = 0
+        self._residency = None
 
     def _alloc(self, nbytes: int) -> int:
-        p = self.backend.device.allocator.alloc(nbytes)
+        p = self.backend.alloc_or_make_room(nbytes, self._residency)
         self.blocks.append(p)
+        self.nbytes += nbytes
         return p
 
     def ptr(self, t, residency=None) -> int:
@@ -297,7 +302,7 @@ class CudaBackend:
             residency.begin_graph(plan, self.rt.scratch_capacity)
         state = self._states.get(graph)
         if state is None or state.plan is not plan:
-            state = self._states[graph] = _GraphState(self, graph, plan)
+            state = self._states[graph] = _GraphState(self, graph, plan, residency)
             if debug:
                 log.info("%s plan: %d nodes, %d segments, arena %.1f MB, cross-segment %.1f MB, outputs %.1f MB, "
                          "%d inputs, %d weight leaves", self.name, len(graph.nodes), len(plan.segments),
@@ -409,6 +414,45 @@ class CudaBackend:
             st = o.storage if o.op is None else host[id(o)]
             result[name] = Tensor(t.dtype, t.ne, t.nb, storage=st, offset=t.offset, name=t.name or name)
         return result
+
+    # ---- device memory of graphs (for a residency manager) -------------------------------------
+    def alloc_or_make_room(self, nbytes: int, residency=None) -> int:
+        """A device allocation of the backend's own; when it fails, the residency object frees
+        memory (make_room: allocator cache, unpinned weights, idle graphs) and it is retried once."""
+        try:
+            return self.device.allocator.alloc(nbytes)
+        except DeviceOutOfMemoryError:
+            make_room = getattr(residency, "make_room", None)
+            if make_room is None:
+                raise
+            make_room(nbytes)
+            self.device.activate()       # runs the frees deferred meanwhile
+            return self.device.allocator.alloc(nbytes)
+
+    def graph_bytes(self, plan=None) -> tuple[int, int]:
+        """(device bytes kept for the graph planned as `plan`, for every other graph): arenas,
+        input and output buffers held between runs."""
+        mine = other = 0
+        for state in list(self._states.values()):
+            if state.plan is plan:
+                mine += state.nbytes
+            else:
+                other += state.nbytes
+        return mine, other
+
+    def release_graphs(self, keep_plan=None) -> int:
+        """Free the device state of every graph but the one planned as `keep_plan` (rebuilt on its
+        next run); returns the bytes freed. A residency manager calls this when its budget needs
+        the room (the memory goes to the allocator's cache, which the manager then empties)."""
+        with self._lock:
+            freed = 0
+            for graph, state in list(self._states.items()):
+                if state.plan is not keep_plan:
+                    del self._states[graph]
+                    state.release()
+                    freed += state.nbytes
+            self.device.activate()       # runs the deferred frees now
+            return freed
 
     # ---- housekeeping ------------------------------------------------------------------------
     def forget(self, graph) -> None:

@@ -350,6 +350,7 @@ class ResidencyManager:
         self._activation = 0
         self._pending = 0               # the running graph's activations the backend has not allocated yet
         self._freed: dict[int, int] = {}    # sizes of blocks evicted into the allocator's cache, unclaimed
+        self._warned_over = False
         self._pinned: dict[int, list[_Block]] = {}
         self._epoch = 0
         self._seg = 0
@@ -673,7 +674,28 @@ class ResidencyManager:
             if not self._free_step(protected, optional):
                 if optional:
                     return None
+                if self.budget is not None and self.resident_bytes + self._activation + nbytes <= self.budget:
+                    # what is over the budget is held outside the manager's reach (memory the
+                    # backend keeps for itself, graphs' state it cannot release): go on, say so
+                    self._over_budget(nbytes)
+                    try:
+                        ptr = self.memory.alloc(nbytes)
+                    except DeviceOutOfMemoryError:
+                        ptr = None
+                    if ptr is not None:
+                        self._allocated(nbytes, None)
+                        return ptr
                 raise DeviceOutOfMemoryError(self._oom_message(nbytes))
+
+    def _over_budget(self, nbytes: int) -> None:
+        if self._warned_over:
+            return
+        self._warned_over = True
+        held = self._footprint(nbytes)
+        log.warning("residency %s: %s would be held on the device, over the --max-vram budget %s, though the "
+                    "weights (%s) and the running graph's activations (%s) fit in it: the rest is memory the "
+                    "residency manager cannot free (other graphs' arenas, the backend's own buffers)", self.name,
+                    _mb(held), _mb(self.budget), _mb(self.resident_bytes + nbytes), _mb(self._activation))
 
     def _allocated(self, nbytes: int, before) -> None:
         """Bookkeeping after an allocation: which evicted block it reused from the allocator's

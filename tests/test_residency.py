@@ -1,7 +1,9 @@
 """Residency manager on a simulated device (no GPU): LRU eviction, pinning, prefetch ordering,
 segment streaming of a real tiny UNet under a small budget (outputs equal to the plain CPU run,
 with every weight read from the simulated device's bytes), --max-vram arithmetic, disk params
-(file pages dropped after staging), errors for impossible budgets."""
+(file pages dropped after staging), errors for impossible budgets; one budget per device shared
+by a text encoder, a UNet and a VAE on a simulated GPU that keeps graphs' arenas and caches freed
+blocks as the CUDA backend does; the CUDA backend's graph-memory methods on a stand-in device."""
 from __future__ import annotations
 
 import os
@@ -36,14 +38,15 @@ def one_thread():
     set_threads(before)
 
 
-def weight(units: int, seed: int, name: str = "") -> Tensor:
+def weight(units: float, seed: int, name: str = "") -> Tensor:
     rng = np.random.default_rng(seed)
-    return Tensor.from_numpy(rng.standard_normal(units * N).astype(np.float32), name=name or f"w{seed}")
+    return Tensor.from_numpy(rng.standard_normal(int(units * N)).astype(np.float32), name=name or f"w{seed}")
 
 
-def chain(units: list[int], seed: int = 0):
-    """x -> cut(x + w_i[:N]) for each weight: one segment per weight (a view of a bigger one)."""
-    x = Tensor.from_numpy(np.linspace(-1, 1, N, dtype=np.float32), name="x")
+def chain(units: list[int], seed: int = 0, width: int = 1):
+    """x -> cut(x + w_i[:N]) for each weight: one segment per weight (a view of a bigger one);
+    x has `width` rows of N (each intermediate is width * U bytes)."""
+    x = Tensor.from_numpy(np.linspace(-1, 1, N * width, dtype=np.float32).reshape(width, N), name="x")
     ws = [weight(u, seed + i) for i, u in enumerate(units)]
     h = x
     for i, w in enumerate(ws):
@@ -474,3 +477,353 @@ def test_disk_params_drop_file_pages_cpu_params_keep_them(tmp_path):
     # RAM arrays are never touched
     ram = np.ones(U, np.uint8)
     assert not release_file_pages(ram, 0, U) and ram.sum() == U
+
+
+# ---- one budget per device: te + unet + vae on a GPU that keeps arenas and caches freed blocks -----
+
+class SimGpu:
+    """The CUDA backend's device-memory behaviour on a SimulatedDevice (the kernels are the CPU
+    ones, reading managed weights from the device's bytes): `res.begin_graph(plan, scratch)`
+    first, then each graph's state (arena, cross-segment, outputs, inputs) is allocated once and
+    kept for its later runs until the Graph is garbage or `release_graphs` frees it; one scratch
+    buffer for every graph; an allocation that fails asks `res.make_room` and is retried once.
+    Marks in the device's event log: "state <label>" after a graph's state is allocated,
+    "release <label>" when it is released."""
+    name = "cuda0"
+
+    def __init__(self, sim, scratch_bytes: int = 0):
+        import weakref
+        self.memory = sim
+        self.scratch_bytes = scratch_bytes
+        if scratch_bytes:
+            sim.alloc(scratch_bytes)
+        self.states = weakref.WeakKeyDictionary()
+        self.retries = 0
+
+    def find(self, node):
+        from sdrt.ops.cpu import CPU
+        return CPU.find(node)
+
+    def alloc(self, nbytes, residency):
+        try:
+            return self.memory.alloc(nbytes)
+        except DeviceOutOfMemoryError:
+            self.retries += 1
+            residency.make_room(nbytes)
+            return self.memory.alloc(nbytes)
+
+    def graph_bytes(self, plan=None):
+        mine = sum(st.nbytes for st in self.states.values() if st.plan is plan)
+        return mine, sum(st.nbytes for st in self.states.values()) - mine
+
+    def release_graphs(self, keep_plan=None):
+        freed = 0
+        for g, st in list(self.states.items()):
+            if st.plan is not keep_plan:
+                del self.states[g]
+                freed += st.release()
+                self.memory.mark(f"release {st.label}")
+        return freed
+
+    def run_graph(self, graph, plan, on_segment=None, residency=None):
+        residency.begin_graph(plan, self.scratch_bytes)
+        st = self.states.get(graph)
+        if st is None or st.plan is not plan:
+            st = self.states[graph] = _SimGraphState(self, graph, plan, residency)
+            self.memory.mark(f"state {st.label}")
+        return graph.run(DeviceReadingCPU(self.memory, residency), on_segment, residency=residency)
+
+
+class _SimGraphState:
+    def __init__(self, gpu, graph, plan, residency):
+        self.gpu, self.plan, self.label = gpu, plan, getattr(graph, "label", "")
+        inputs = {id(s.owner): s.owner for n in graph.nodes for s in n.src
+                  if s.owner.op is None and not residency.manages(s)}
+        sizes = [plan.arena_bytes, plan.cross_bytes, plan.output_bytes] + [o.span_bytes() for o in inputs.values()]
+        self.ptrs = [gpu.alloc(n, residency) for n in sizes if n]
+        self.nbytes = sum(sizes)
+
+    def release(self) -> int:
+        for p in self.ptrs:
+            self.gpu.memory.free(p)
+        self.ptrs = []
+        return self.nbytes
+
+    def __del__(self):          # the Graph is garbage: its device state goes (as _GraphState's)
+        self.release()
+
+
+def vae_like(w: Tensor, rows: int = 24, label: str = "vae"):
+    """A VAE decode's shape: a small latent, one small weight `w` (N floats), big activations
+    (rows * U bytes per intermediate, one segment)."""
+    z = Tensor.from_numpy(np.linspace(-1, 1, N, dtype=np.float32), name="z")
+    h = F.scale(F.add(F.repeat(z, (N, rows)), w), 0.5)
+    g = F.Graph({"out": F.scale(h, 1.0)})
+    g._plan, g.label = g.plan(), label
+    return g
+
+
+def activation(plan) -> int:
+    return plan.arena_bytes + plan.cross_bytes + plan.output_bytes
+
+
+def frees_after(sim, label):
+    i = sim.events.index(("mark", label))
+    return [e[1] for e in sim.events[i:] if e[0] == "free"]
+
+
+def test_caching_simulated_device_holds_freed_blocks_like_the_cuda_allocator():
+    sim = SimulatedDevice(64 * U, caching=True)
+    assert [sim.round_size(n) for n in (1, 513, 5 * U, 5 * U + 1, 9 * U)] == [512, 1024, 5 * U, 5 * U + U // 2, 9 * U]
+    a = sim.alloc(8 * U)
+    sim.free(a)
+    assert sim.stats() == {"in_use": 0, "cached": 8 * U} and sim.mem_get_info()[0] == 56 * U
+    assert sim.alloc(8 * U) == a and sim.cached == 0          # the same class comes back from the cache
+    b = sim.alloc(6 * U)
+    sim.free(b)
+    c = sim.alloc(7 * U)                                      # another class: fresh memory, the cache stays
+    assert c != b and sim.cached == 6 * U and sim.peak_held == 21 * U and sim.peak_used == 15 * U
+    sim.free(a)
+    sim.free(c)
+    assert sim.cached == 21 * U and sim.mem_get_info()[0] == 43 * U
+    assert sim.alloc(48 * U) == sim.BASE                      # fits once the cache is given back
+    assert sim.cached == 0 and ("release", b, 6 * U) in sim.events
+
+
+SCRATCH = 2 * U
+
+
+def three_components():
+    """SDXL's case at toy size: a text encoder that fits, a UNet that streams, a VAE whose
+    activations fit only once the UNet's weights are evicted and its arenas released. Returns
+    the graphs (labelled), their weights by component, and the budget."""
+    te, te_ws, _ = chain([6, 6, 6, 6], seed=10)
+    unet, unet_ws, _ = chain([10, 8, 10, 9, 10, 7, 10, 10], seed=20, width=4)
+    vae_ws = [weight(1, 30)]
+    vae = vae_like(vae_ws[0])
+    te.label, unet.label = "te", "unet"
+    # the VAE's activations + weight + latent + scratch, with 2U to spare: less than the UNet's
+    # arenas (12U, kept for its next run) would need beside them
+    budget = activation(vae._plan) + 2 * U + SCRATCH + 2 * U
+    assert budget < activation(vae._plan) + 2 * U + SCRATCH + activation(unet._plan)
+    assert 74 * U + activation(unet._plan) + SCRATCH > budget                         # the UNet streams
+    assert 24 * U + activation(te._plan) + SCRATCH < budget                           # the te fits
+    return (te, unet, vae), {"te": te_ws, "diffusion": unet_ws, "vae": vae_ws}, budget
+
+
+def test_te_unet_vae_share_one_budget_on_the_device(caplog):
+    """The device's footprint (in use + the allocator's cache) never goes over the one budget."""
+    from sdrt.engine.residency import PlacedBackend
+    (te, unet, vae), weights, budget = three_components()
+    te_ws, unet_ws, vae_ws = weights["te"], weights["diffusion"], weights["vae"]
+    refs = {g: g.run("cpu")["out"].to_f32() for g in (te, unet)}
+    vae_ref = vae.run("cpu")["out"].to_f32()
+    sim = SimulatedDevice(4 * budget, caching=True)
+    gpu = SimGpu(sim, SCRATCH)
+    mgr = ResidencyManager(sim, max_vram=budget / GiB, graphs=gpu)
+    for comp, ws in weights.items():
+        mgr.register(ws, comp)
+    on = PlacedBackend(gpu, mgr)
+    with caplog.at_level("INFO", logger="sdrt"):
+        np.testing.assert_array_equal(te.run(on)["out"].to_f32(), refs[te])
+        te_ptrs = {mgr.device_ptr(w) for w in te_ws}
+        assert mgr.all_resident(te._plan)
+        sim.mark("unet")
+        for _ in range(3):
+            np.testing.assert_array_equal(unet.run(on)["out"].to_f32(), refs[unet])
+            assert mgr.stats.uploaded > 0 and mgr.stats.held_peak <= budget
+        # the te's weights were the first to go when the UNet needed room
+        first = frees_after(sim, "unet")[:len(te_ws)]
+        assert set(first) == te_ptrs and not any(mgr.is_resident(w) for w in te_ws)
+        sim.mark("vae")
+        np.testing.assert_array_equal(vae.run(on)["out"].to_f32(), vae_ref)
+        # the UNet's arenas went (after its weights) before the VAE's were allocated
+        ev = sim.events
+        assert ev.index(("mark", "release unet")) < ev.index(("mark", "state vae"))
+        assert unet not in gpu.states and vae in gpu.states
+        assert not any(mgr.is_resident(w) for w in unet_ws)
+        # a second image: a new te graph (as the conditioner builds one per prompt), the UNet
+        # again, a new VAE graph; the old VAE graph is garbage: its arenas wait in the allocator's
+        # cache, given back when the te needs the room
+        vae_act = activation(vae._plan)
+        del vae
+        assert sim.cached >= vae_act
+        te2, _, _ = chain([6, 6, 6, 6], seed=10)
+        te2.label = "te2"
+        np.testing.assert_array_equal(te2.run(on)["out"].to_f32(), refs[te])
+        assert sim.cached < vae_act
+        np.testing.assert_array_equal(unet.run(on)["out"].to_f32(), refs[unet])
+        vae2 = vae_like(vae_ws[0], label="vae2")
+        np.testing.assert_array_equal(vae2.run(on)["out"].to_f32(), vae_ref)
+    assert sim.peak_held <= budget
+    text = caplog.text
+    assert "(one for diffusion, te, vae on sim0)" in text
+    assert "device peak" in text and f"vs the --max-vram budget {budget / 2**20:.1f} MB;" in text
+    assert "(over it)" not in text and "over the --max-vram" not in text
+
+
+def test_without_the_backends_graph_methods_the_run_goes_over_and_says_so(caplog):
+    """A backend that cannot release its idle graphs' arenas: the manager cannot keep the budget;
+    the run still completes (weights + activations fit), with a warning and the per-run line."""
+    from sdrt.engine.residency import PlacedBackend
+    (te, _, vae), weights, budget = three_components()
+    sim = SimulatedDevice(4 * budget, caching=True)
+    gpu = SimGpu(sim, SCRATCH)
+    mgr = ResidencyManager(sim, max_vram=budget / GiB)
+    for comp, ws in weights.items():
+        mgr.register(ws, comp)
+    on = PlacedBackend(gpu, mgr)
+    te.run(on)
+    with caplog.at_level("INFO", logger="sdrt"):
+        np.testing.assert_array_equal(vae.run(on)["out"].to_f32(), vae.run("cpu")["out"].to_f32())
+    assert sim.peak_held > budget and te in gpu.states
+    assert "over the --max-vram budget" in caplog.text and "the residency manager cannot free" in caplog.text
+    assert f"vs the --max-vram budget {budget / 2**20:.1f} MB (over it)" in caplog.text
+
+
+def test_full_blocks_are_allocated_whole_and_reused_from_the_cache():
+    """Blocks filled past 7/8 take a whole block_bytes: when streaming evicts one into the
+    allocator's cache, the next staging takes it back, nothing is given back to the driver."""
+    g, ws, _ = chain([7.5, 7.25, 7.75, 7.5])
+    sim = SimulatedDevice(64 * U, caching=True)
+    budget = activation(g._plan) + 3 * 8 * U                    # three of the four blocks at a time
+    mgr = manager(sim, budget, block_bytes=8 * U)
+    mgr.register(ws, "diffusion")
+    ref = g.run("cpu")["out"].to_f32()
+    be = DeviceReadingCPU(sim, mgr)
+    for run in range(4):
+        sim.events.clear()
+        np.testing.assert_array_equal(run_segments(g, mgr, be), ref)
+        assert {e[2] for e in sim.events if e[0] == "alloc"} == {8 * U} and mgr.stats.uploaded > 0
+        if run:         # steady streaming: evicted blocks come back from the cache as they are
+            assert not any(e[0] == "release" for e in sim.events)
+    assert sim.peak_held <= budget - activation(g._plan)
+
+
+def test_a_failed_backend_allocation_makes_room_and_is_retried():
+    """Live memory (no budget): the VAE's arena does not fit beside the te's weights and the te
+    graph's arenas; make_room evicts the weights, releases the idle graph, and the retry fits."""
+    from sdrt.engine.residency import PlacedBackend
+    te, te_ws, _ = chain([6, 6, 6, 6], seed=10)
+    te.label = "te"
+    vae_w = weight(1, 30)
+    vae = vae_like(vae_w, rows=16)
+    sim = SimulatedDevice(60 * U, caching=True)
+    gpu = SimGpu(sim, 2 * U)
+    mgr = ResidencyManager(sim, max_vram=0, graphs=gpu)
+    mgr.register(te_ws, "te")
+    mgr.register([vae_w], "vae")
+    on = PlacedBackend(gpu, mgr)
+    np.testing.assert_array_equal(te.run(on)["out"].to_f32(), te.run("cpu")["out"].to_f32())
+    assert mgr.all_resident(te._plan) and gpu.retries == 0
+    np.testing.assert_array_equal(vae.run(on)["out"].to_f32(), vae.run("cpu")["out"].to_f32())
+    assert gpu.retries == 1 and ("mark", "release te") in sim.events
+    assert not any(mgr.is_resident(w) for w in te_ws) and mgr.is_resident(vae_w)
+
+
+# ---- the CUDA backend's graph-memory methods, on a stand-in device ----------------------------------
+
+class StandInCudaDevice:
+    """What CudaBackend's graph-memory code uses of a CudaDevice: the allocator (here a caching
+    SimulatedDevice), defer(fn) and activate() (which runs the deferred frees)."""
+
+    def __init__(self, sim):
+        self.allocator, self._deferred = sim, []
+
+    def defer(self, fn):
+        self._deferred.append(fn)
+
+    def activate(self):
+        todo, self._deferred = self._deferred, []
+        for fn in todo:
+            fn()
+
+
+@pytest.fixture
+def standin_cuda(monkeypatch):
+    """A CudaBackend whose device is a StandInCudaDevice over a caching SimulatedDevice (host
+    buffers instead of pinned ones, a no-op kernel for every node: graphs are laid out, not run)."""
+    import threading
+    import weakref
+
+    from sdrt.gpu.cuda import backend as cb
+
+    class HostBuffer:
+        def __init__(self, device, nbytes):
+            self.array, self.nbytes, self.ptr = np.empty(nbytes, np.uint8), nbytes, 0
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(cb, "PinnedBuffer", HostBuffer)
+    sim = SimulatedDevice(72 * U, caching=True)
+    be = object.__new__(cb.CudaBackend)
+    be.name, be.device, be.memory = "cuda0", StandInCudaDevice(sim), sim
+    be._states, be._lock, be._registered = weakref.WeakKeyDictionary(), threading.RLock(), cb._LiveStorages()
+    be.find = lambda node: Kernel(node.op, None, None)
+    return be, cb._GraphState, sim
+
+
+def test_cuda_backend_counts_releases_and_makes_room_for_graph_state(standin_cuda):
+    be, GraphState, sim = standin_cuda
+    te, te_ws, _ = chain([6, 6, 6, 6], seed=10)
+    vae_w = weight(1, 30)
+    vae = vae_like(vae_w, rows=16)
+    mgr = ResidencyManager(sim, max_vram=0, graphs=be)
+    mgr.register(te_ws, "te")
+    mgr.register([vae_w], "vae")
+    be.register_weights(te_ws + [vae_w])
+    inputs = {"te": U, "vae": U}                        # x and z: the graphs' only inputs
+    be._states[te] = GraphState(be, te, te._plan, mgr)
+    te_bytes = activation(te._plan) + inputs["te"]
+    assert be.graph_bytes(te._plan) == (te_bytes, 0) and be.graph_bytes(None) == (0, te_bytes)
+    for k, seg in enumerate(te._plan.segments):         # the te's weights, resident
+        mgr.begin_segment(k, seg.name, [s for n in seg.nodes for s in n.src if s.owner.op is None])
+        mgr.end_segment(k)
+    assert mgr.resident_bytes == 24 * U
+    # the VAE's state does not fit beside them on this 72U device: the backend's allocation
+    # fails, make_room evicts te weights (into the allocator's cache, then gives that back), the
+    # retry fits
+    vae_bytes = activation(vae._plan) + inputs["vae"]
+    assert vae_bytes > 72 * U - 24 * U - te_bytes
+    mgr.begin_graph(vae._plan)
+    be._states[vae] = GraphState(be, vae, vae._plan, mgr)
+    assert be.graph_bytes(vae._plan) == (vae_bytes, te_bytes)
+    assert 0 < mgr.resident_bytes < 24 * U and mgr.evictions and sim.cached == 0
+    # release_graphs frees every graph's state but the one kept (into the allocator's cache)
+    used = sim.used
+    assert be.release_graphs(vae._plan) == te_bytes and te not in be._states and vae in be._states
+    assert used - sim.used >= te_bytes and sim.cached == used - sim.used
+
+
+def test_cuda_te_unet_vae_share_one_budget():
+    """On a GPU (skips without one): the three components through the CUDA backend under one
+    budget just above what the VAE needs besides what the device already holds; the footprint
+    the allocator reports (in use + cached) stays within it at every check, the UNet's arenas
+    are released for the VAE, and the outputs are the CPU's."""
+    from sdrt.engine.residency import PlacedBackend
+    from sdrt.gpu import cuda
+    if not cuda.available():
+        pytest.skip(f"no CUDA device: {cuda.unavailable_reason()}")
+    from sdrt.ops.backend import get_backend
+    be = get_backend("cuda0")
+    (te, unet, vae), weights, need = three_components()
+    be.release_graphs(None)                 # other tests' graphs
+    be.memory.synchronize()
+    be.memory.empty_cache()
+    budget = be.memory.stats()["in_use"] + need        # what stays held (scratch included) + the toy need
+    mgr = ResidencyManager(be.memory, max_vram=budget / GiB, graphs=be)
+    for comp, ws in weights.items():
+        be.register_weights(ws)             # writeable numpy weights: weights, not per-run inputs
+        mgr.register(ws, comp)
+    on = PlacedBackend(be, mgr)
+    try:
+        for g, runs in ((te, 1), (unet, 3), (vae, 1)):
+            for _ in range(runs):
+                np.testing.assert_allclose(g.run(on)["out"].to_f32(), g.run("cpu")["out"].to_f32(), rtol=1e-6)
+                assert mgr.stats.held_peak <= budget
+        assert not any(mgr.is_resident(w) for w in weights["te"] + weights["diffusion"])
+        assert be.graph_bytes(vae._plan)[0] > 0 and be.graph_bytes(unet._plan)[0] == 0
+    finally:
+        mgr.release_all()
+        be.release_graphs(None)

@@ -302,6 +302,7 @@ class _PlanInfo:
     names: list
     segments: list                  # per segment: its entries
     activation_bytes: int
+    leaf_bytes: int                 # leaves the manager does not place: the backend copies them (inputs)
     uses: dict = field(default_factory=dict)   # id(entry) -> segment indices
     runs: int = 0
     last_upload: int = -1
@@ -402,11 +403,14 @@ class ResidencyManager:
         info = self._plans.get(id(plan))
         if info is not None and info.plan_ref() is plan:
             return info
-        segs = []
+        segs, others = [], {}
         for seg in plan.segments:
-            segs.append(list({id(e): e for e in map(self._entry, _segment_leaves(seg)) if e is not None}.values()))
+            leaves = _segment_leaves(seg)
+            segs.append(list({id(e): e for e in map(self._entry, leaves) if e is not None}.values()))
+            others.update((id(t.owner), t.owner) for t in leaves if id(t.owner) not in self._entries)
         info = _PlanInfo(weakref.ref(plan), [s.name for s in plan.segments], segs,
-                         plan.arena_bytes + plan.cross_bytes + plan.output_bytes)
+                         plan.arena_bytes + plan.cross_bytes + plan.output_bytes,
+                         sum(o.span_bytes() for o in others.values()))
         for k, ents in enumerate(segs):
             for e in ents:
                 info.uses.setdefault(id(e), []).append(k)
@@ -445,7 +449,8 @@ class ResidencyManager:
                 f"{budget_txt}" + (f" ({_mb(kept_other)} held by weights kept on the device)" if kept_other else "")
                 + "; raise --max-vram, or use --vae-tiling / a smaller image")
         graph_bytes = getattr(self.graphs, "graph_bytes", None)
-        self._pending = info.activation_bytes if graph_bytes is not None and not graph_bytes(plan)[0] else 0
+        fresh = graph_bytes is not None and not graph_bytes(plan)[0]
+        self._pending = info.activation_bytes + info.leaf_bytes if fresh else 0
         if limit is not None:
             # the backend allocates this graph's arenas next: they must fit beside what stays
             while self._footprint() > limit and self._free_step(set(), False):

@@ -728,8 +728,11 @@ class ResidencyManager:
         return st[1]
 
     def _release_graphs(self) -> int:
+        """Other graphs' device state, through the backend; never without a known running graph
+        (its own state would go too)."""
         fn = getattr(self.graphs, "release_graphs", None)
-        return int(fn(self._running_plan()) or 0) if fn is not None else 0
+        plan = self._running_plan()
+        return int(fn(plan) or 0) if fn is not None and plan is not None else 0
 
     def _free_step(self, protected: set, optional: bool, trim: bool = True) -> int:
         """Make some room; the bytes freed (0: nothing left to free). In order: the allocator's

@@ -820,7 +820,7 @@ def test_cuda_te_unet_vae_share_one_budget():
     try:
         for g, runs in ((te, 1), (unet, 3), (vae, 1)):
             for _ in range(runs):
-                np.testing.assert_allclose(g.run(on)["out"].to_f32(), g.run("cpu")["out"].to_f32(), rtol=1e-6)
+                np.testing.assert_allclose(g.run(on)["out"].to_f32(), g.run("cpu")["out"].to_f32(), rtol=1e-6, atol=1e-6)
                 assert mgr.stats.held_peak <= budget
         assert not any(mgr.is_resident(w) for w in weights["te"] + weights["diffusion"])
         assert be.graph_bytes(vae._plan)[0] > 0 and be.graph_bytes(unet._plan)[0] == 0

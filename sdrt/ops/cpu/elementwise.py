@@ -12,7 +12,8 @@ from numba import njit, prange
 
 from . import CPU
 from ._util import as4d, f32_input, f32_output, store
-from .norm import FM, fexp
+from ._util import exp32
+from .norm import FM
 
 BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 UNARY_CODES = {"neg": 0, "abs": 1, "sqr": 2, "sqrt": 3, "exp": 4, "log": 5, "sin": 6, "cos": 7,
@@ -168,9 +169,9 @@ def _unary4(x, out, op, p0, p1):
 def _gelu_tanh1(v):
     """0.5*v*(1 + tanh(y)) = v / (1 + exp(-2y)), y = sqrt(2/pi)*(v + 0.044715 v^3), with the
     vectorizable float32 exp of norm.py (libm's tanh is a scalar call: this measured several
-    times faster). NaN stays NaN (fexp(NaN) = 0), -inf gives NaN as the tanh form does."""
+    times faster). NaN stays NaN (exp32(NaN) = 0), -inf gives NaN as the tanh form does."""
     z = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
-    g = v / (np.float32(1.0) + fexp(z))
+    g = v / (np.float32(1.0) + exp32(z))
     return g if v != -np.inf else np.float32(np.nan)
 
 

@@ -4,9 +4,8 @@ Inputs of any float dtype are widened to float32 (Numba has no fp16/bf16); stati
 accumulated in float64 as ggml's ggml_float. Rows (or groups) are spread over threads with
 prange.
 
-`fexp` is a vectorizable float32 exp (Cephes expf: reduction by ln 2 and its polynomial, |rel err|
-< 1e-7 on [-87, 0]): LLVM's libm expf is a scalar call (2.4 ns/element here, no SVML) while
-this one vectorizes (0.6 ns); softmax and attention spend most of their non-GEMM time in exp.
+Softmax and SiLU use `_util.exp32`, a float32 exp that vectorizes (LLVM's libm expf is a scalar
+call: 2.4 ns/element here, no SVML; exp32 0.3 ns).
 `fmax32` is llvm.maxnum, which LLVM vectorizes as a reduction where Numba's max() does not
 (0.05 vs 0.54 ns/element). The kernels' fastmath flags leave out nnan/ninf on purpose: masks
 are -inf and the kernels must compare with it.
@@ -23,16 +22,9 @@ from numba.extending import intrinsic
 
 from ..norm import group_bounds
 from . import CPU
-from ._util import as4d, f32_input, f32_output, store
+from ._util import as4d, exp32, f32_input, f32_output, store
 
 FM = {"nsz", "arcp", "contract", "afn", "reassoc"}  # 'fast' minus nnan/ninf
-
-
-@intrinsic
-def _i32_as_f32(typingctx, x):
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.FloatType())
-    return types.float32(types.int32), codegen
 
 
 @intrinsic
@@ -43,24 +35,6 @@ def fmax32(typingctx, a, b):
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.maxnum.f32")
         return builder.call(fn, args)
     return types.float32(types.float32, types.float32), codegen
-
-
-@njit(fastmath=FM, inline="always")
-def fexp(x):
-    """exp(x) in float32 (clamped above at 88.7); exactly 0 below -87.3 and for NaN (-inf - -inf)."""
-    xc = min(max(x, np.float32(-87.3)), np.float32(88.7))
-    n = math.floor(xc * np.float32(1.4426950408889634) + np.float32(0.5))
-    r = xc - n * np.float32(0.693359375)
-    r = r - n * np.float32(-2.12194440e-4)
-    p = np.float32(1.9875691500e-4)
-    p = p * r + np.float32(1.3981999507e-3)
-    p = p * r + np.float32(8.3334519073e-3)
-    p = p * r + np.float32(4.1665795894e-2)
-    p = p * r + np.float32(1.6666665459e-1)
-    p = p * r + np.float32(5.0000001201e-1)
-    p = p * r * r + r + np.float32(1.0)
-    v = p * _i32_as_f32((np.int32(n) + np.int32(127)) << 23)
-    return v if x > np.float32(-87.3) else np.float32(0.0)
 
 
 # ---- softmax --------------------------------------------------------------------------------
@@ -86,7 +60,7 @@ def _softmax4(x, mask, has_mask, scale, out):
             m = fmax32(m, ro[i])
         s = 0.0
         for i in range(n0):
-            e = fexp(ro[i] - m)
+            e = exp32(ro[i] - m)
             ro[i] = e
             s += e
         inv = np.float32(1.0 / s)  # a row of -inf: s == 0 -> inf -> 0*inf = NaN, as ggml
@@ -198,7 +172,7 @@ def _group_norm4(x, out, bounds, eps, w, b, affine, silu):
                 if silu:
                     for i in range(W):
                         v = rx[i] * a + d
-                        ro[i] = v / (np.float32(1.0) + fexp(-v))
+                        ro[i] = v / (np.float32(1.0) + exp32(-v))
                 else:
                     for i in range(W):
                         ro[i] = rx[i] * a + d

@@ -22,10 +22,8 @@
 // fragment of that type shares the mapping, on any architecture (and on HIP's rocWMMA).
 //
 // Warp = 32 lanes is assumed (softmax lane pairs); AMD wave64 devices would need a variant.
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+#include "common.cuh"
 #include <mma.h>
-#include <stdint.h>
 
 namespace wm = nvcuda::wmma;
 
@@ -36,14 +34,6 @@ namespace wm = nvcuda::wmma;
 
 #define LOG2E 1.4426950408889634f
 #define NEG_INF (-__int_as_float(0x7f800000))
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
 
 // One element of a mask (F32/F16/BF16, code `dt`) at byte offset `off`.
 __device__ __forceinline__ float load_mask(const char* base, int64_t off, int dt) {
@@ -75,9 +65,9 @@ __device__ void stage_body(const char* src, int64_t nb0, int64_t nb1, int64_t nb
         float x = 0.0f;
         if (l < L && d < D) {
             const int64_t off = (int64_t)(n / rn) * nb3 + (int64_t)(h / rh) * nb2 + (int64_t)l * nb1 + (int64_t)d * nb0;
-            x = to_float(*reinterpret_cast<const Tin*>(src + off)) * scale;
+            x = load_f<Tin>(src, off) * scale;
         }
-        dst[idx] = from_float<Tout>(x);
+        dst[idx] = from_f32<Tout>(x);
     }
 }
 
@@ -151,7 +141,7 @@ __device__ void softmax_body(const float* S, Tout* P, int B, int rows, int Lk, i
         const float mu = (m == NEG_INF) ? 0.0f : m;
         for (int j = lane; j < Lk; j += 32) {
             const float x = srow[j] + (mrow ? load_mask(mrow, (int64_t)j * mnb0, mdt) : 0.0f);
-            prow[j] = from_float<Tout>(expf(x - mu) * inv);  // x = -inf gives 0
+            prow[j] = from_f32<Tout>(expf(x - mu) * inv);  // x = -inf gives 0
         }
     }
 }

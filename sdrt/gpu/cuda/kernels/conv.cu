@@ -15,20 +15,12 @@
 //   pool1d is pool2d with a 1-row kernel.
 //
 // Every kernel is a 1-D grid-stride loop over its outputs (int64 indices).
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <stdint.h>
+#include "common.cuh"
 #include <float.h>
 
 #define GRID_STRIDE_LOOP(i, n) \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (int64_t)blockDim.x * gridDim.x)
-
-__device__ __forceinline__ float load_f(const float* p) { return *p; }
-__device__ __forceinline__ float load_f(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ float load_f(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store_f(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_f(__half* p, float v) { *p = __float2half_rn(v); }
 
 // input coordinate along one axis; -1 when it falls in the zero padding
 __device__ __forceinline__ int64_t conv_src(int64_t o, int64_t k, int s, int p, int d, int64_t n, int circular) {

@@ -6,53 +6,9 @@
 // input's byte strides (0 along a broadcast dim); the output is contiguous. The host merges
 // adjacent dims that every operand walks through as one (a contiguous tensor is one dim), so
 // the common cases index without any division.
-#include <cuda_fp16.h>
-#include <stdint.h>
+#include "common.cuh"
 
 namespace {
-
-// ---- storage types ----------------------------------------------------------------------------
-struct bf16_t { unsigned short bits; };
-struct f8e4m3_t { unsigned char bits; };
-struct f8e5m2_t { unsigned char bits; };
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(bf16_t v) { return __uint_as_float((unsigned)v.bits << 16); }
-
-// F8 E4M3 ("fn": no inf, S.1111.111 is NaN) and E5M2 (IEEE-like), as sdrt/ops/convert.py's
-// table, whose NaNs are all the positive quiet NaN 0x7FC00000
-__device__ __forceinline__ float to_f32(f8e4m3_t v) {
-    const unsigned b = v.bits, e = (b >> 3) & 0xF, m = b & 7;
-    if ((b & 0x7F) == 0x7F) return __uint_as_float(0x7FC00000u);
-    const float r = e == 0 ? ldexpf((float)m, -9)              // m/8 * 2^-6
-                           : ldexpf(1.0f + (float)m * 0.125f, (int)e - 7);
-    return (b & 0x80) ? -r : r;
-}
-__device__ __forceinline__ float to_f32(f8e5m2_t v) {
-    const unsigned b = v.bits, e = (b >> 2) & 0x1F, m = b & 3;
-    if (e == 0x1F && m) return __uint_as_float(0x7FC00000u);
-    const float r = e == 0x1F ? __uint_as_float(0x7F800000u)
-                  : e == 0 ? ldexpf((float)m, -16)                // m/4 * 2^-14
-                           : ldexpf(1.0f + (float)m * 0.25f, (int)e - 15);
-    return (b & 0x80) ? -r : r;
-}
-
-template <typename T> __device__ __forceinline__ T from_f32(float v);
-template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-// round to nearest even; NaN keeps its top bits and is made quiet (sdrt/ops/convert.f32_to_raw)
-template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) {
-    const unsigned u = __float_as_uint(v);
-    bf16_t r;
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) r.bits = (unsigned short)((u >> 16) | 64);
-    else r.bits = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-    return r;
-}
-
-template <typename T> __device__ __forceinline__ T load(const char* p, int64_t off) {
-    return *reinterpret_cast<const T*>(p + off);
-}
 
 // ---- the index walk ---------------------------------------------------------------------------
 // Calls f(i, i0, i1, i2, i3) for every flat output index i < n of a tensor of shape
@@ -102,8 +58,8 @@ __device__ __forceinline__ void binary(const char* a, const char* b, TA* out, in
                                        int64_t sa0, int64_t sa1, int64_t sa2, int64_t sa3,
                                        int64_t sb0, int64_t sb1, int64_t sb2, int64_t sb3) {
     for_each_index(n, ne0, ne1, ne2, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-        const float va = to_f32(load<TA>(a, i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3));
-        const float vb = to_f32(load<TB>(b, i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3));
+        const float va = load_f<TA>(a, i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3);
+        const float vb = load_f<TB>(b, i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3);
         out[i] = from_f32<TA>(binary_op<OP>(va, vb));
     });
 }
@@ -140,7 +96,7 @@ template <int OP, typename T>
 __device__ __forceinline__ void unary(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
                                       int64_t s0, int64_t s1, int64_t s2, int64_t s3, float p0, float p1) {
     for_each_index(n, ne0, ne1, ne2, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-        out[i] = from_f32<T>(unary_op<OP>(to_f32(load<T>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3)), p0, p1));
+        out[i] = from_f32<T>(unary_op<OP>(load_f<T>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3), p0, p1));
     });
 }
 
@@ -149,7 +105,7 @@ template <typename TS, typename TD>
 __device__ __forceinline__ void cast(const char* x, TD* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
                                      int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
     for_each_index(n, ne0, ne1, ne2, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-        out[i] = from_f32<TD>(to_f32(load<TS>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3)));
+        out[i] = from_f32<TD>(load_f<TS>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3));
     });
 }
 

@@ -11,12 +11,7 @@
 // decomposition into (i0, i1, i2, i3) run in uint32 when the tensor has < 2^31 elements (64-bit
 // integer division costs several times more and dominates these memory-light kernels); byte
 // offsets are always int64.
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <stdint.h>
-
-#define GRID_STRIDE_LOOP(I, i, n)                                                                          \
-    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (I)blockDim.x * gridDim.x)
+#include "common.cuh"
 
 // flat index i of a contiguous (n0, n1, n2, *) tensor -> j[0..3]
 template <typename I>
@@ -30,13 +25,29 @@ __device__ __forceinline__ void unravel4(I i, I n0, I n1, I n2, int64_t* j) {
     j[3] = (int64_t)t;
 }
 
-// ---- float loads/stores ----------------------------------------------------------------------
-__device__ __forceinline__ float load_f(const float* p) { return *p; }
-__device__ __forceinline__ float load_f(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ float load_f(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store_f(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_f(__half* p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void store_f(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+// Calls f(i, i0, i1, i2, i3) for every flat index i (of type I) of a contiguous (n0, n1, n2, n3)
+// tensor, grid-stride. f by reference: a copy made nvcc order pad's code differently.
+template <typename I, typename F>
+__device__ __forceinline__ void for_each_index4(int64_t n0, int64_t n1, int64_t n2, int64_t n3, const F& f) {
+    const I total = (I)(n0 * n1 * n2 * n3);
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)blockDim.x * gridDim.x) {
+        int64_t j[4];
+        unravel4<I>(i, (I)n0, (I)n1, (I)n2, j);
+        f(i, j[0], j[1], j[2], j[3]);
+    }
+}
+
+// impl<T, uint32_t>(...) when the n elements have 32-bit indices, else impl<T, int64_t>(...)
+#define WITH_INDEX_TYPE(n, impl, T, ...)   \
+    if ((n) < INT32_MAX) {                 \
+        impl<T, uint32_t>(__VA_ARGS__);    \
+    } else {                               \
+        impl<T, int64_t>(__VA_ARGS__);     \
+    }
+
+// the parameters int64_t x0 .. x3, and the arguments x0 .. x3
+#define DIMS4(x) int64_t x##0, int64_t x##1, int64_t x##2, int64_t x##3
+#define ARGS4(x) x##0, x##1, x##2, x##3
 
 // ---- pad -------------------------------------------------------------------------------------
 // modes as sdrt.ops.layout.PAD_MODES: constant, circular, reflect, replicate
@@ -54,16 +65,9 @@ __device__ __forceinline__ int64_t pad_index(int64_t i, int64_t lo, int64_t n, i
 }
 
 template <typename T, typename I>
-__device__ void pad_impl(T* __restrict__ dst, const char* __restrict__ src,
-                         int64_t n0, int64_t n1, int64_t n2, int64_t n3,
-                         int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
-                         int64_t o0, int64_t o1, int64_t o2, int64_t o3,
-                         int64_t lo0, int64_t lo1, int64_t lo2, int64_t lo3, int mode, T fill) {
-    const I total = (I)(o0 * o1 * o2 * o3);
-    GRID_STRIDE_LOOP(I, i, total) {
-        int64_t j[4];
-        unravel4<I>(i, (I)o0, (I)o1, (I)o2, j);
-        const int64_t i0 = j[0], i1 = j[1], i2 = j[2], i3 = j[3];
+__device__ void pad_impl(T* __restrict__ dst, const char* __restrict__ src, DIMS4(n), DIMS4(nb), DIMS4(o),
+                         DIMS4(lo), int mode, T fill) {
+    for_each_index4<I>(o0, o1, o2, o3, [&](I i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
         const int64_t j0 = pad_index(i0, lo0, n0, mode), j1 = pad_index(i1, lo1, n1, mode);
         const int64_t j2 = pad_index(i2, lo2, n2, mode), j3 = pad_index(i3, lo3, n3, mode);
         if ((j0 | j1 | j2 | j3) < 0) {
@@ -71,22 +75,14 @@ __device__ void pad_impl(T* __restrict__ dst, const char* __restrict__ src,
         } else {
             dst[i] = *(const T*)(src + j0 * nb0 + j1 * nb1 + j2 * nb2 + j3 * nb3);
         }
-    }
+    });
 }
 
 #define PAD_KERNEL(suffix, T)                                                                              \
-    extern "C" __global__ void pad_##suffix(                                                               \
-        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                           \
-        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                                \
-        int64_t o0, int64_t o1, int64_t o2, int64_t o3,                                                    \
-        int64_t lo0, int64_t lo1, int64_t lo2, int64_t lo3, int mode, int64_t fill_bits) {                 \
-        if (o0 * o1 * o2 * o3 < INT32_MAX) {                                                               \
-            pad_impl<T, uint32_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3,            \
-                    lo0, lo1, lo2, lo3, mode, (T)(uint64_t)fill_bits);                                     \
-        } else {                                                                                           \
-            pad_impl<T, int64_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3,             \
-                    lo0, lo1, lo2, lo3, mode, (T)(uint64_t)fill_bits);                                     \
-        }                                                                                                  \
+    extern "C" __global__ void pad_##suffix(T* dst, const char* src, DIMS4(n), DIMS4(nb), DIMS4(o),        \
+                                            DIMS4(lo), int mode, int64_t fill_bits) {                      \
+        WITH_INDEX_TYPE(o0 * o1 * o2 * o3, pad_impl, T, dst, src, ARGS4(n), ARGS4(nb), ARGS4(o), ARGS4(lo), \
+                        mode, (T)(uint64_t)fill_bits)                                                      \
     }
 PAD_KERNEL(u8, uint8_t)
 PAD_KERNEL(u16, uint16_t)
@@ -96,31 +92,17 @@ PAD_KERNEL(u64, uint64_t)
 // ---- repeat ----------------------------------------------------------------------------------
 // out[i3,i2,i1,i0] = src[i3 % n3, i2 % n2, i1 % n1, i0 % n0]
 template <typename T, typename I>
-__device__ void repeat_impl(T* __restrict__ dst, const char* __restrict__ src,
-                            int64_t n0, int64_t n1, int64_t n2, int64_t n3,
-                            int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
-                            int64_t o0, int64_t o1, int64_t o2, int64_t o3) {
-    const I total = (I)(o0 * o1 * o2 * o3);
-    GRID_STRIDE_LOOP(I, i, total) {
-        int64_t j[4];
-        unravel4<I>(i, (I)o0, (I)o1, (I)o2, j);
-        const int64_t i0 = j[0], i1 = j[1], i2 = j[2], i3 = j[3];
+__device__ void repeat_impl(T* __restrict__ dst, const char* __restrict__ src, DIMS4(n), DIMS4(nb), DIMS4(o)) {
+    for_each_index4<I>(o0, o1, o2, o3, [&](I i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
         const int64_t j0 = (int64_t)((I)i0 % (I)n0), j1 = (int64_t)((I)i1 % (I)n1);
         const int64_t j2 = (int64_t)((I)i2 % (I)n2), j3 = (int64_t)((I)i3 % (I)n3);
         dst[i] = *(const T*)(src + j0 * nb0 + j1 * nb1 + j2 * nb2 + j3 * nb3);
-    }
+    });
 }
 
 #define REPEAT_KERNEL(suffix, T)                                                                           \
-    extern "C" __global__ void repeat_##suffix(                                                            \
-        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                           \
-        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                                \
-        int64_t o0, int64_t o1, int64_t o2, int64_t o3) {                                                  \
-        if (o0 * o1 * o2 * o3 < INT32_MAX) {                                                               \
-            repeat_impl<T, uint32_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3);        \
-        } else {                                                                                           \
-            repeat_impl<T, int64_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3);         \
-        }                                                                                                  \
+    extern "C" __global__ void repeat_##suffix(T* dst, const char* src, DIMS4(n), DIMS4(nb), DIMS4(o)) {   \
+        WITH_INDEX_TYPE(o0 * o1 * o2 * o3, repeat_impl, T, dst, src, ARGS4(n), ARGS4(nb), ARGS4(o))        \
     }
 REPEAT_KERNEL(u8, uint8_t)
 REPEAT_KERNEL(u16, uint16_t)
@@ -130,29 +112,18 @@ REPEAT_KERNEL(u64, uint64_t)
 // ---- strided copy (concat writes each source into its slot of the output) ----------------------
 // dst[i3,i2,i1,i0] (byte strides dnb*) = src[i3,i2,i1,i0] (byte strides snb*), shape ne*
 template <typename T, typename I>
-__device__ void copy4d_impl(char* __restrict__ dst, int64_t dnb0, int64_t dnb1, int64_t dnb2, int64_t dnb3,
-                            const char* __restrict__ src, int64_t snb0, int64_t snb1, int64_t snb2, int64_t snb3,
-                            int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
-    const I total = (I)(n0 * n1 * n2 * n3);
-    GRID_STRIDE_LOOP(I, i, total) {
-        int64_t j[4];
-        unravel4<I>(i, (I)n0, (I)n1, (I)n2, j);
-        const int64_t i0 = j[0], i1 = j[1], i2 = j[2], i3 = j[3];
+__device__ void copy4d_impl(char* __restrict__ dst, DIMS4(dnb), const char* __restrict__ src, DIMS4(snb),
+                            DIMS4(n)) {
+    for_each_index4<I>(n0, n1, n2, n3, [&](I, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
         *(T*)(dst + i0 * dnb0 + i1 * dnb1 + i2 * dnb2 + i3 * dnb3) =
             *(const T*)(src + i0 * snb0 + i1 * snb1 + i2 * snb2 + i3 * snb3);
-    }
+    });
 }
 
 #define COPY4D_KERNEL(suffix, T)                                                                           \
-    extern "C" __global__ void copy4d_##suffix(                                                            \
-        char* dst, int64_t dnb0, int64_t dnb1, int64_t dnb2, int64_t dnb3,                                 \
-        const char* src, int64_t snb0, int64_t snb1, int64_t snb2, int64_t snb3,                           \
-        int64_t n0, int64_t n1, int64_t n2, int64_t n3) {                                                  \
-        if (n0 * n1 * n2 * n3 < INT32_MAX) {                                                               \
-            copy4d_impl<T, uint32_t>(dst, dnb0, dnb1, dnb2, dnb3, src, snb0, snb1, snb2, snb3, n0, n1, n2, n3); \
-        } else {                                                                                           \
-            copy4d_impl<T, int64_t>(dst, dnb0, dnb1, dnb2, dnb3, src, snb0, snb1, snb2, snb3, n0, n1, n2, n3); \
-        }                                                                                                  \
+    extern "C" __global__ void copy4d_##suffix(char* dst, DIMS4(dnb), const char* src, DIMS4(snb),          \
+                                               DIMS4(n)) {                                                 \
+        WITH_INDEX_TYPE(n0 * n1 * n2 * n3, copy4d_impl, T, dst, ARGS4(dnb), src, ARGS4(snb), ARGS4(n))     \
     }
 COPY4D_KERNEL(u8, uint8_t)
 COPY4D_KERNEL(u16, uint16_t)
@@ -168,30 +139,19 @@ __device__ __forceinline__ int64_t nearest_index(int64_t i, int64_t n_in, int64_
 }
 
 template <typename T, typename I>
-__device__ void upscale_nearest_impl(T* __restrict__ dst, const char* __restrict__ src,
-                                     int64_t n0, int64_t n1, int64_t n2, int64_t n3,
-                                     int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
-                                     int64_t o0, int64_t o1, int64_t o2, int64_t o3) {
-    const I total = (I)(o0 * o1 * o2 * o3);
-    GRID_STRIDE_LOOP(I, i, total) {
-        int64_t j[4];
-        unravel4<I>(i, (I)o0, (I)o1, (I)o2, j);
-        const int64_t i0 = j[0], i1 = j[1], i2 = j[2], i3 = j[3];
+__device__ void upscale_nearest_impl(T* __restrict__ dst, const char* __restrict__ src, DIMS4(n), DIMS4(nb),
+                                     DIMS4(o)) {
+    for_each_index4<I>(o0, o1, o2, o3, [&](I i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
         dst[i] = *(const T*)(src + nearest_index(i0, n0, o0) * nb0 + nearest_index(i1, n1, o1) * nb1 +
                              nearest_index(i2, n2, o2) * nb2 + nearest_index(i3, n3, o3) * nb3);
-    }
+    });
 }
 
 #define UPSCALE_NEAREST_KERNEL(suffix, T)                                                                  \
-    extern "C" __global__ void upscale_nearest_##suffix(                                                   \
-        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                           \
-        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                                \
-        int64_t o0, int64_t o1, int64_t o2, int64_t o3) {                                                  \
-        if (o0 * o1 * o2 * o3 < INT32_MAX) {                                                               \
-            upscale_nearest_impl<T, uint32_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3); \
-        } else {                                                                                           \
-            upscale_nearest_impl<T, int64_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3); \
-        }                                                                                                  \
+    extern "C" __global__ void upscale_nearest_##suffix(T* dst, const char* src, DIMS4(n), DIMS4(nb),       \
+                                                        DIMS4(o)) {                                        \
+        WITH_INDEX_TYPE(o0 * o1 * o2 * o3, upscale_nearest_impl, T, dst, src, ARGS4(n), ARGS4(nb),          \
+                        ARGS4(o))                                                                          \
     }
 UPSCALE_NEAREST_KERNEL(u8, uint8_t)
 UPSCALE_NEAREST_KERNEL(u16, uint16_t)
@@ -297,13 +257,12 @@ __device__ __forceinline__ float tap_weight(const AxisTaps& t, int k) {
 }
 
 template <typename T, typename I>
-__device__ void upscale_interp_impl(T* __restrict__ dst, const char* __restrict__ src,
-                                    int64_t n0, int64_t n1, int64_t n2, int64_t n3,
-                                    int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
-                                    int64_t o0, int64_t o1, int64_t o2, int64_t o3,
-                                    int mode, int align_corners, int antialias) {
+__device__ void upscale_interp_impl(T* __restrict__ dst, const char* __restrict__ src, DIMS4(n), DIMS4(nb),
+                                    DIMS4(o), int mode, int align_corners, int antialias) {
+    // the loop written out, not through for_each_index4: with the lambda nvcc 13.0 schedules and
+    // allocates this kernel differently (its SASS is kept as it was measured)
     const I total = (I)(o0 * o1 * o2 * o3);
-    GRID_STRIDE_LOOP(I, i, total) {
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)blockDim.x * gridDim.x) {
         int64_t j[4];
         unravel4<I>(i, (I)o0, (I)o1, (I)o2, j);
         const int64_t i0 = j[0], i1 = j[1], i2 = j[2], i3 = j[3];
@@ -326,17 +285,11 @@ __device__ void upscale_interp_impl(T* __restrict__ dst, const char* __restrict_
 }
 
 #define UPSCALE_INTERP_KERNEL(suffix, T)                                                                   \
-    extern "C" __global__ void upscale_interp_##suffix(                                                    \
-        T* dst, const char* src, int64_t n0, int64_t n1, int64_t n2, int64_t n3,                           \
-        int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                                                \
-        int64_t o0, int64_t o1, int64_t o2, int64_t o3, int mode, int align_corners, int antialias) {      \
-        if (o0 * o1 * o2 * o3 < INT32_MAX) {                                                               \
-            upscale_interp_impl<T, uint32_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3, \
-                               mode, align_corners, antialias);                                            \
-        } else {                                                                                           \
-            upscale_interp_impl<T, int64_t>(dst, src, n0, n1, n2, n3, nb0, nb1, nb2, nb3, o0, o1, o2, o3,  \
-                               mode, align_corners, antialias);                                            \
-        }                                                                                                  \
+    extern "C" __global__ void upscale_interp_##suffix(T* dst, const char* src, DIMS4(n), DIMS4(nb),        \
+                                                       DIMS4(o), int mode, int align_corners,               \
+                                                       int antialias) {                                     \
+        WITH_INDEX_TYPE(o0 * o1 * o2 * o3, upscale_interp_impl, T, dst, src, ARGS4(n), ARGS4(nb), ARGS4(o), \
+                        mode, align_corners, antialias)                                                    \
     }
 UPSCALE_INTERP_KERNEL(f32, float)
 UPSCALE_INTERP_KERNEL(f16, __half)

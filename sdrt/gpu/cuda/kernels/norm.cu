@@ -11,38 +11,15 @@
 // that stays in L2), gn_apply merges the K pairs (Chan et al., in double) into the group's mean
 // and variance and writes its chunk. So a group of SD's 10 x 64 x 64 values is spread over K
 // blocks instead of one.
-#include <cuda_fp16.h>
-#include <stdint.h>
+#include "common.cuh"
 
 namespace {
 
-// ---- storage types (as elementwise.cu) --------------------------------------------------------
-struct bf16_t { unsigned short bits; };
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(bf16_t v) { return __uint_as_float((unsigned)v.bits << 16); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float v);
-template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) {
-    const unsigned u = __float_as_uint(v);
-    bf16_t r;
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) r.bits = (unsigned short)((u >> 16) | 64);
-    else r.bits = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-    return r;
-}
-
-template <typename T> __device__ __forceinline__ float load(const char* p, int64_t off) {
-    return to_f32(*reinterpret_cast<const T*>(p + off));
-}
-
 // small per-channel / per-column vectors (weights, biases, masks' dtype): 0 F32, 1 F16, 2 BF16
 __device__ __forceinline__ float load_any(const char* p, int64_t off, int dtype) {
-    if (dtype == 0) return load<float>(p, off);
-    if (dtype == 1) return load<__half>(p, off);
-    return load<bf16_t>(p, off);
+    if (dtype == 0) return load_f<float>(p, off);
+    if (dtype == 1) return load_f<__half>(p, off);
+    return load_f<bf16_t>(p, off);
 }
 
 // ---- reductions (blockDim.x is a multiple of 32, at most 1024) --------------------------------
@@ -103,8 +80,8 @@ __device__ __forceinline__ void block_ms(float& m, float& s, float* shm, float* 
 template <typename TX, typename TM, bool MASK>
 __device__ __forceinline__ float softmax_w(const char* xr, int64_t nb0, const char* mr, int64_t nbm0,
                                            int64_t i, float scale) {
-    float w = load<TX>(xr, i * nb0) * scale;
-    if (MASK) w += load<TM>(mr, i * nbm0);
+    float w = load_f<TX>(xr, i * nb0) * scale;
+    if (MASK) w += load_f<TM>(mr, i * nbm0);
     return w == w ? w : -INFINITY;
 }
 
@@ -151,21 +128,21 @@ __device__ __forceinline__ void row_norm(const char* x, const char* w, const cha
     const char* xr = x + i1 * nb1 + i2 * nb2 + i3 * nb3;
     float mean = 0.0f;
     if (MODE == LAYER) {
-        const float shift = load<T>(xr, 0);
+        const float shift = load_f<T>(xr, 0);
         float s = 0.0f;
-        for (int64_t i = threadIdx.x; i < ne0; i += blockDim.x) s += load<T>(xr, i * nb0) - shift;
+        for (int64_t i = threadIdx.x; i < ne0; i += blockDim.x) s += load_f<T>(xr, i * nb0) - shift;
         mean = shift + block_sum(s, sh) / (float)ne0;
     }
     float s2 = 0.0f;
     for (int64_t i = threadIdx.x; i < ne0; i += blockDim.x) {
-        const float v = load<T>(xr, i * nb0) - mean;
+        const float v = load_f<T>(xr, i * nb0) - mean;
         s2 += v * v;
     }
     s2 = block_sum(s2, sh);
     const float sc = MODE == L2 ? 1.0f / fmaxf(sqrtf(s2), eps) : 1.0f / sqrtf(s2 / (float)ne0 + eps);
     T* o = out + r * ne0;
     for (int64_t i = threadIdx.x; i < ne0; i += blockDim.x) {
-        float v = (load<T>(xr, i * nb0) - mean) * sc;
+        float v = (load_f<T>(xr, i * nb0) - mean) * sc;
         if (w) v *= load_any(w, i * nbw, w_type);
         if (b) v += load_any(b, i * nbb, b_type);
         o[i] = from_f32<T>(v);
@@ -218,14 +195,14 @@ __device__ __forceinline__ void gn_stats(const char* x, float* stats, int64_t W,
     const GroupChunk q = group_chunk(C, per, WH, K);
     const char* xn = x + (int64_t)blockIdx.z * nb3;
     const bool pc = planes_contiguous != 0;
-    const float shift = load<T>(xn, q.c0 * nb2);
+    const float shift = load_f<T>(xn, q.c0 * nb2);
     float s = 0.0f;
-    walk_chunk(q, [&](int64_t c, int64_t p) { s += load<T>(xn, c * nb2 + plane_offset(p, W, nb0, nb1, pc)) - shift; });
+    walk_chunk(q, [&](int64_t c, int64_t p) { s += load_f<T>(xn, c * nb2 + plane_offset(p, W, nb0, nb1, pc)) - shift; });
     s = block_sum(s, sh);
     const float cnt = (float)(q.nc * q.plen), mean = shift + (cnt > 0.0f ? s / cnt : 0.0f);
     float s2 = 0.0f;
     walk_chunk(q, [&](int64_t c, int64_t p) {
-        const float v = load<T>(xn, c * nb2 + plane_offset(p, W, nb0, nb1, pc)) - mean;
+        const float v = load_f<T>(xn, c * nb2 + plane_offset(p, W, nb0, nb1, pc)) - mean;
         s2 += v * v;
     });
     s2 = block_sum(s2, sh);
@@ -261,7 +238,7 @@ __device__ __forceinline__ void gn_apply(const char* x, const float* stats, cons
                 m2 += st[2 * k + 1] + nk * d * d;
             }
         }
-        mean_rstd[0] = (float)((double)load<T>(xn, q.c0 * nb2) + shifted_mean);
+        mean_rstd[0] = (float)((double)load_f<T>(xn, q.c0 * nb2) + shifted_mean);
         mean_rstd[1] = (float)(1.0 / sqrt(m2 / total + (double)eps));
     }
     __syncthreads();
@@ -271,7 +248,7 @@ __device__ __forceinline__ void gn_apply(const char* x, const float* stats, cons
     walk_chunk(q, [&](int64_t c, int64_t p) {
         const float a = w ? rstd * load_any(w, c * nbw, w_type) : rstd;
         const float d = (b ? load_any(b, c * nbb, b_type) : 0.0f) - mean * a;
-        float v = load<T>(xn, c * nb2 + plane_offset(p, W, nb0, nb1, pc)) * a + d;
+        float v = load_f<T>(xn, c * nb2 + plane_offset(p, W, nb0, nb1, pc)) * a + d;
         if (silu) v = v / (1.0f + expf(-v));
         on[c * WH + p] = from_f32<T>(v);
     });

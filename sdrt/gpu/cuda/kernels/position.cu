@@ -7,32 +7,9 @@
 // theta is a running product pos*s*s*... (not pos*s^k), then YaRN's mix and the attention
 // factor; the products are written with __fmul_rn/__fadd_rn so the compiler cannot fuse them
 // into FMAs numpy does not do. rope_rotate then rotates every row through that table.
-#include <cuda_fp16.h>
-#include <stdint.h>
+#include "common.cuh"
 
 namespace {
-
-// ---- storage types (as elementwise.cu) --------------------------------------------------------
-struct bf16_t { unsigned short bits; };
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(bf16_t v) { return __uint_as_float((unsigned)v.bits << 16); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float v);
-template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) {
-    const unsigned u = __float_as_uint(v);
-    bf16_t r;
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) r.bits = (unsigned short)((u >> 16) | 64);
-    else r.bits = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-    return r;
-}
-
-template <typename T> __device__ __forceinline__ float load(const char* p, int64_t off) {
-    return to_f32(*reinterpret_cast<const T*>(p + off));
-}
 
 // ---- timestep_embedding -----------------------------------------------------------------------
 // out [dim, n] F32: cos(t*f_j) for j < half, sin(t*f_j) for half <= j < 2*half, 0 for an odd
@@ -41,7 +18,7 @@ template <typename T>
 __device__ __forceinline__ void timestep_embedding(const char* t, float* out, int64_t nbt, int dim, int half,
                                                    float neg_log_max_period) {
     const int64_t i = blockIdx.x;
-    const float ts = load<T>(t, i * nbt);
+    const float ts = load_f<T>(t, i * nbt);
     float* o = out + i * dim;
     for (int j = threadIdx.x; j < dim; j += blockDim.x) {
         float v = 0.0f;
@@ -79,11 +56,11 @@ __device__ __forceinline__ void rope_pe(const char* x, const char* pe, T* out, i
             } else {
                 k = d < R ? d : d - R; ia = k; ib = k + R; second = d >= R;
             }
-            const float a = load<T>(xr, ia * nb0), b = load<T>(xr, ib * nb0);
+            const float a = load_f<T>(xr, ia * nb0), b = load_f<T>(xr, ib * nb0);
             const char* m = pl + k * pb2 + second * pb1;  // row `second` of the 2x2 matrix
-            v = a * load<float>(m, 0) + b * load<float>(m, pb0);
+            v = a * load_f<float>(m, 0) + b * load_f<float>(m, pb0);
         } else {
-            v = load<T>(xr, d * nb0);
+            v = load_f<T>(xr, d * nb0);
         }
         o[d] = from_f32<T>(v);
     }
@@ -173,10 +150,10 @@ __device__ __forceinline__ void rope_rotate(const char* x, const float* cache, T
             } else {
                 second = rel >= half; k = second ? rel - half : rel; ia = lo + k; ib = ia + half;
             }
-            const float a = load<T>(xr, ia * nb0), b = load<T>(xr, ib * nb0);
+            const float a = load_f<T>(xr, ia * nb0), b = load_f<T>(xr, ib * nb0);
             v = second ? a * sn[k] + b * cs[k] : a * cs[k] - b * sn[k];
         } else {
-            v = load<T>(xr, d * nb0);
+            v = load_f<T>(xr, d * nb0);
         }
         o[d] = from_f32<T>(v);
     }

@@ -352,6 +352,14 @@ SDRT_FN void iq2_grid(uint32_t code, float* g) {
     }
 }
 
+// v[k] = +-db * byte k of iq2 grid entry `code`, negative where bit k of `signs` is set
+SDRT_FN void iq2_dq8(uint32_t code, float db, uint32_t signs, float* v) {
+    float g[8];
+    iq2_grid(code, g);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = flip(db * g[k], signs & (1u << k));
+}
+
 // the 8 signed bytes (-1, 0, 1) of an iq1s grid entry, as floats
 SDRT_FN void iq1_grid(uint32_t code, float* g) {
 #pragma unroll
@@ -359,6 +367,14 @@ SDRT_FN void iq1_grid(uint32_t code, float* g) {
         g[k] = (float)((int)(code % 3) - 1);
         code /= 3;
     }
+}
+
+// v[k] = dl * (byte k of iq1s grid entry `code` + delta)
+SDRT_FN void iq1_dq8(uint32_t code, float dl, float delta, float* v) {
+    float g[8];
+    iq1_grid(code, g);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = dl * (g[k] + delta);
 }
 
 SDRT_FN float iq3xxs_byte(uint32_t code, int k) {
@@ -424,25 +440,18 @@ struct BlkQ5_1 {  // half d, half m, uint32 qh, uint8 qs[16]
     }
 };
 
-struct BlkQ8_0 {  // half d, int8 qs[32]
-    static constexpr int BS = 32, TS = 34;
+template <int QS, int TSIZE>
+struct BlkQ8 {  // half d @0, int8 qs[32] @QS
+    static constexpr int BS = 32, TS = TSIZE;
     SDRT_FN void dq8(const uint8_t* x, int e0, float* v) {
         const float d = ld_f16(x);
-        const int8_t* q = (const int8_t*)(x + 2 + e0);
+        const int8_t* q = (const int8_t*)(x + QS + e0);
 #pragma unroll
         for (int k = 0; k < 8; ++k) v[k] = (float)q[k] * d;
     }
 };
-
-struct BlkQ8_1 {  // half d, half s (s = d * sum(qs), unused here), int8 qs[32]
-    static constexpr int BS = 32, TS = 36;
-    SDRT_FN void dq8(const uint8_t* x, int e0, float* v) {
-        const float d = ld_f16(x);
-        const int8_t* q = (const int8_t*)(x + 4 + e0);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = (float)q[k] * d;
-    }
-};
+using BlkQ8_0 = BlkQ8<2, 34>;  // half d, int8 qs[32]
+using BlkQ8_1 = BlkQ8<4, 36>;  // half d, half s (s = d * sum(qs), unused here), int8 qs[32]
 
 struct BlkMXFP4 {  // uint8 e (E8M0 scale), uint8 qs[16] (FP4 E2M1 codes)
     static constexpr int BS = 32, TS = 17;
@@ -508,14 +517,21 @@ SDRT_FN void scale_min_k4(int j, const uint8_t* q, uint32_t* d, uint32_t* m) {
     }
 }
 
+// Q4_K/Q5_K (half d @0, half dmin @2, scales[12] @4): sub-block j's scale d*sc and min dmin*m
+SDRT_FN void k4_scale_min(const uint8_t* x, int j, float* d1, float* m1) {
+    uint32_t sc, mn;
+    scale_min_k4(j, x + 4, &sc, &mn);
+    *d1 = ld_f16(x) * (float)sc;
+    *m1 = ld_f16(x + 2) * (float)mn;
+}
+
 // 256 values = 4 chunks jj of 64 over 32 qs bytes: low nibbles (sub-block 2jj), then high (2jj+1)
 struct BlkQ4_K {  // half d @0, half dmin @2, scales[12] @4, qs[128] @16
     static constexpr int BS = 256, TS = 144;
     SDRT_FN void dq8(const uint8_t* x, int e0, float* v) {
         const int jj = e0 >> 6, hi = (e0 >> 5) & 1, l0 = e0 & 31;
-        uint32_t sc, mn;
-        scale_min_k4(2 * jj + hi, x + 4, &sc, &mn);
-        const float d1 = ld_f16(x) * (float)sc, m1 = ld_f16(x + 2) * (float)mn;
+        float d1, m1;
+        k4_scale_min(x, 2 * jj + hi, &d1, &m1);
         const uint8_t* q = x + 16 + 32 * jj + l0;
         const int sh = 4 * hi;
 #pragma unroll
@@ -527,9 +543,8 @@ struct BlkQ5_K {  // half d @0, half dmin @2, scales[12] @4, qh[32] @16, qs[128]
     static constexpr int BS = 256, TS = 176;
     SDRT_FN void dq8(const uint8_t* x, int e0, float* v) {
         const int jj = e0 >> 6, hi = (e0 >> 5) & 1, l0 = e0 & 31;
-        uint32_t sc, mn;
-        scale_min_k4(2 * jj + hi, x + 4, &sc, &mn);
-        const float d1 = ld_f16(x) * (float)sc, m1 = ld_f16(x + 2) * (float)mn;
+        float d1, m1;
+        k4_scale_min(x, 2 * jj + hi, &d1, &m1);
         const uint8_t* ql = x + 48 + 32 * jj + l0;
         const uint8_t* qh = x + 16 + l0;
         const int sh = 4 * hi, hb = 2 * jj + hi;
@@ -615,10 +630,7 @@ struct BlkIQ2_XXS {  // half d @0, per ib 8 bytes @2+8ib: 4 grid indices + uint3
         const uint32_t aux = ld_u32(q8 + 4);
         const float db = ld_f16(x) * (0.5f + (float)(aux >> 28)) * 0.25f;
         const uint32_t signs = ksigns((aux >> (7 * l)) & 127);
-        float g[8];
-        iq2_grid(iq2xxs_codes[q8[l]], g);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = flip(db * g[k], signs & (1u << k));
+        iq2_dq8(iq2xxs_codes[q8[l]], db, signs, v);
     }
 };
 
@@ -630,10 +642,7 @@ struct BlkIQ2_XS {  // half d @0, uint16 qs[32] @2 (9-bit grid index, 7-bit sign
         const float db = ld_f16(x) * (0.5f + (float)s) * 0.25f;
         const uint32_t q = ld_u16(x + 2 + 2 * (4 * ib + l));
         const uint32_t signs = ksigns(q >> 9);
-        float g[8];
-        iq2_grid(iq2xs_codes[q & 511], g);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = flip(db * g[k], signs & (1u << k));
+        iq2_dq8(iq2xs_codes[q & 511], db, signs, v);
     }
 };
 
@@ -645,10 +654,7 @@ struct BlkIQ2_S {  // half d @0, qs[32] @2, signs[32] @34, qh[8] @66, scales[8] 
         const float db = ld_f16(x) * (0.5f + (float)s) * 0.25f;
         const uint32_t idx = x[2 + 4 * ib + l] | (((uint32_t)x[66 + ib] << (8 - 2 * l)) & 0x300);
         const uint32_t signs = x[34 + 4 * ib + l];
-        float g[8];
-        iq2_grid(iq2s_codes[idx], g);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = flip(db * g[k], signs & (1u << k));
+        iq2_dq8(iq2s_codes[idx], db, signs, v);
     }
 };
 
@@ -695,10 +701,7 @@ struct BlkIQ1_S {  // half d @0, qs[32] @2, uint16 qh[8] @34 (3 high index bits 
         const uint32_t qh = ld_u16(x + 34 + 2 * ib);
         const float dl = ld_f16(x) * (float)(2 * ((qh >> 12) & 7) + 1);
         const float delta = (qh & 0x8000) ? -0.125f : 0.125f;
-        float g[8];
-        iq1_grid(iq1s_codes[x[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7) << 8)], g);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = dl * (g[k] + delta);
+        iq1_dq8(iq1s_codes[x[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7) << 8)], dl, delta, v);
     }
 };
 
@@ -713,10 +716,7 @@ struct BlkIQ1_M {  // qs[32] @0, qh[16] @32, 4 uint16 scales @48 (3-bit scales; 
         const uint32_t qh = x[32 + 2 * ib + l / 2];
         const uint32_t idx = x[4 * ib + l] | ((qh << ((l & 1) ? 4 : 8)) & 0x700);
         const float delta = (qh & ((l & 1) ? 0x80 : 0x08)) ? -0.125f : 0.125f;
-        float g[8];
-        iq1_grid(iq1s_codes[idx], g);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = dl * (g[k] + delta);
+        iq1_dq8(iq1s_codes[idx], dl, delta, v);
     }
 };
 

@@ -28,6 +28,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from _cuda_timing import CudaDev
+
 from sdrt.gpu.cuda import attention as GA
 from sdrt.ops import api as F
 from sdrt.ops.tensor import Tensor
@@ -45,59 +47,6 @@ SHAPES = [
     ("VAE mid-block 64x64", 1, 1, 4096, 4096, 512),
 ]
 QUICK = {"SD1.5 self 64x64", "SDXL self 64x64 (1024px)", "SDXL self 32x32 (1024px)"}
-
-
-class Dev:
-    def __init__(self):
-        from sdrt.gpu import cuda
-        if not cuda.available():
-            sys.exit(f"bench_cuda_attention: no CUDA device ({cuda.unavailable_reason()})")
-        from sdrt.gpu.cuda.driver import pycuda_driver
-        from sdrt.ops.backend import get_backend
-        self.be = get_backend("cuda0")
-        self.rt, self.mem, self.cuda = self.be.rt, self.be.memory, pycuda_driver()
-        self.ptrs = []
-
-    def put(self, t: Tensor):
-        from sdrt.gpu.cuda.devtensor import DevTensor
-        raw = t.owner.storage
-        ptr = self.mem.alloc(raw.nbytes)
-        self.ptrs.append(ptr)
-        self.mem.upload(ptr, raw)
-        return DevTensor.of(t, ptr + t.offset)
-
-    def out(self, node):
-        from sdrt.gpu.cuda.devtensor import DevTensor
-        ptr = self.mem.alloc(node.nbytes)
-        self.ptrs.append(ptr)
-        return DevTensor.of(node, ptr)
-
-    def fetch(self, dev, shape) -> np.ndarray:
-        host = np.empty(int(np.prod(shape)) * 4, np.uint8)
-        self.mem.synchronize()
-        self.mem.download(host, dev.ptr)
-        return host.view(np.float32).reshape(shape)
-
-    def free_all(self):
-        self.mem.synchronize()
-        for p in self.ptrs:
-            self.mem.free(p)
-        self.ptrs.clear()
-
-    def time_ms(self, fn, repeat: int) -> float:
-        """Median over 3 runs of the mean time of `repeat` back-to-back calls, by CUDA events."""
-        fn()
-        self.mem.synchronize()
-        runs = []
-        for _ in range(3):
-            a, b = self.cuda.Event(), self.cuda.Event()
-            a.record(self.rt.stream)
-            for _ in range(repeat):
-                fn()
-            b.record(self.rt.stream)
-            b.synchronize()
-            runs.append(b.time_since(a) / repeat)
-        return statistics.median(runs)
 
 
 def torch_sdpa(q, k, v, repeat):
@@ -124,7 +73,7 @@ def torch_sdpa(q, k, v, repeat):
     return statistics.median(runs), o.float().cpu().numpy()
 
 
-def kernel_call(d: Dev, node, force: str | None = None, rf: int | None = None):
+def kernel_call(d: CudaDev, node, force: str | None = None, rf: int | None = None):
     """A closure running the attention kernel function as the backend would, with the path
     forced (FORCE_PATH) and the rows-per-warp variant chosen; and the output DevTensor."""
     from sdrt.gpu.cuda.table import CUDA
@@ -148,7 +97,7 @@ def kernel_call(d: Dev, node, force: str | None = None, rf: int | None = None):
     return call, xs, out
 
 
-def bench_shape(d: Dev, args, rng, name: str, N: int, H: int, Lq: int, Lk: int, D: int) -> None:
+def bench_shape(d: CudaDev, args, rng, name: str, N: int, H: int, Lq: int, Lk: int, D: int) -> None:
     flop = 4.0 * N * H * Lq * Lk * D
     q16, k16, v16 = (rng.standard_normal((N, H, L, D)).astype(np.float16) for L in (Lq, Lk, Lk))
     base, ref = torch_sdpa(q16, k16, v16, args.repeat)
@@ -203,7 +152,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="SD1.5 and SDXL self-attention only")
     ap.add_argument("--f32", action="store_true", help="also time the pedantic FP32 gemm path")
     args = ap.parse_args()
-    d = Dev()
+    d = CudaDev("bench_cuda_attention")
     rng = np.random.default_rng(0)
     print(f"device: {d.be!r}")
     print(f"{'shape':28s} {'path':16s} {'ms':>9s} {'TFLOP/s':>8s} {'ratio':>6s} {'err':>8s}")

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from _cuda_timing import CudaDev
 
 from sdrt.ops import api as F
 from sdrt.ops import quant
@@ -46,60 +47,13 @@ SHAPES = [
 QUICK = {"issue: 3072x3072, N=8192", "issue: 1280->5120, N=4096", "Flux mod 3072->18432, N=1"}
 
 
-class Dev:
-    def __init__(self):
-        from sdrt.gpu import cuda
-        if not cuda.available():
-            sys.exit(f"bench_cuda_matmul: no CUDA device ({cuda.unavailable_reason()})")
-        from sdrt.gpu.cuda.driver import pycuda_driver
-        from sdrt.ops.backend import get_backend
-        self.be = get_backend("cuda0")
-        self.rt, self.mem, self.cuda = self.be.rt, self.be.memory, pycuda_driver()
-        self.ptrs = []
-
-    def put(self, t: Tensor):
-        from sdrt.gpu.cuda.devtensor import DevTensor
-        raw = t.owner.storage
-        ptr = self.mem.alloc(raw.nbytes)
-        self.ptrs.append(ptr)
-        self.mem.upload(ptr, raw)
-        return DevTensor.of(t, ptr + t.offset)
-
-    def out(self, node):
-        from sdrt.gpu.cuda.devtensor import DevTensor
-        ptr = self.mem.alloc(node.nbytes)
-        self.ptrs.append(ptr)
-        return DevTensor.of(Tensor(node.dtype, node.ne), ptr)
-
-    def free_all(self):
-        self.mem.synchronize()
-        for p in self.ptrs:
-            self.mem.free(p)
-        self.ptrs.clear()
-
-    def time_ms(self, fn, repeat: int) -> float:
-        """Median over 3 runs of the mean time of `repeat` back-to-back calls, by CUDA events."""
-        fn()
-        self.mem.synchronize()
-        runs = []
-        for _ in range(3):
-            a, b = self.cuda.Event(), self.cuda.Event()
-            a.record(self.rt.stream)
-            for _ in range(repeat):
-                fn()
-            b.record(self.rt.stream)
-            b.synchronize()
-            runs.append(b.time_since(a) / repeat)
-        return statistics.median(runs)
-
-
-def kernel_call(d: Dev, node):
+def kernel_call(d: CudaDev, node):
     """A closure that runs the CUDA kernel function of `node` (as the backend does)."""
-    from sdrt.gpu.cuda.table import CUDA
     import sdrt.gpu.cuda.matmul  # noqa: F401
+    from sdrt.gpu.cuda.table import CUDA
     k = CUDA.find(node)
     xs = [d.put(s) for s in node.src]
-    out = d.out(node)
+    out = d.out(Tensor(node.dtype, node.ne))
 
     def call():
         d.rt.begin_kernel()
@@ -117,7 +71,7 @@ def main():
     ap.add_argument("--types", default="Q8_0,Q4_K,Q4_0")
     ap.add_argument("--quick", action="store_true", help="the issue's two shapes and one mat-vec only")
     args = ap.parse_args()
-    d = Dev()
+    d = CudaDev("bench_cuda_matmul")
     rng = np.random.default_rng(0)
     print(f"device: {d.be!r}")
     print(f"{'shape':34s} {'path':14s} {'ms':>9s} {'TFLOP/s':>8s} {'ratio':>6s}")

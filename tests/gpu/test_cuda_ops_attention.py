@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from opcheck import leaf
 
 from sdrt.gpu.cuda import attention as GA
 from sdrt.ops import api as F
@@ -21,56 +22,24 @@ from sdrt.ops.graph import Graph
 from sdrt.ops.registry import make_node
 from sdrt.ops.tensor import Tensor
 
+from ._helpers import assert_on_cuda, randn, run_f32
+
 PATHS = ["flash", "gemm16", "gemm32"]
 TOL = {"flash": 2e-3, "gemm16": 2e-3, "gemm32": 1e-5}
 KERNELS = Path(GA.__file__).parent / "kernels"
 
 
-# ---- harness -------------------------------------------------------------------------------
-def cuda_backend():
-    """The cuda0 backend, or skip the test when this machine has no usable CUDA device."""
-    from sdrt.gpu import cuda
-    if not getattr(cuda, "available", lambda: False)():
-        pytest.skip("no CUDA device (sdrt.gpu.cuda.available() is False)")
-    from sdrt.ops.backend import get_backend
-    return get_backend("cuda0")
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    return cuda_backend()
-
-
+# ---- harness (the `cuda` fixture is tests/gpu/conftest.py's: the cuda0 backend, or skip) ----
 @pytest.fixture(params=PATHS)
 def path(request, monkeypatch):
     monkeypatch.setattr(GA, "FORCE_PATH", request.param)
     return request.param
 
 
-def leaf(x, dtype="F32", noncontig=False) -> Tensor:
-    """float32 `x` stored as `dtype`; noncontig stores it with the last two axes swapped and
-    returns the transposed view (same values, ne[0] not contiguous)."""
-    x = np.asarray(x, np.float32)
-    if noncontig:
-        t = Tensor.from_numpy(f32_to_raw(np.ascontiguousarray(np.swapaxes(x, -1, -2)), dtype), dtype=dtype)
-        return t.transpose()
-    return Tensor.from_numpy(f32_to_raw(x, dtype), dtype=dtype)
-
-
-def rand(rng, *shape, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-
-def run(node, backend) -> np.ndarray:
-    out = Graph(node).run(backend)["out"]
-    return raw_to_f32(np.array(out.numpy(), copy=True), out.dtype)
-
-
-def check(gpu, node, path, tol=None):
+def check(cuda, node, path, tol=None):
     """Run `node` on cuda0 and on the CPU; assert the error relative to the output scale."""
-    from sdrt.gpu.cuda.table import CUDA
-    assert CUDA.find(node) is not None, "no CUDA kernel for this attention node"
-    got, ref = run(node, gpu), run(node, "cpu")
+    assert_on_cuda("attention", node)
+    got, ref = run_f32(cuda, node), run_f32("cpu", node)
     assert got.shape == ref.shape
     assert np.isfinite(got).all(), f"{path}: non-finite output"
     scale = max(float(np.abs(ref).max()), 1e-30)
@@ -81,184 +50,184 @@ def check(gpu, node, path, tol=None):
 
 # ---- head dims, lengths, dtypes --------------------------------------------------------------
 @pytest.mark.parametrize("D", [40, 64, 80, 128, 160])
-def test_head_dims(gpu, rng, path, D):
+def test_head_dims(cuda, rng, path, D):
     """SD1.x 40/80/160, SDXL 64, Flux 128; self- and cross-attention lengths."""
-    q, k, v = rand(rng, 2, 3, 100, D), rand(rng, 2, 3, 77, D), rand(rng, 2, 3, 77, D)
-    check(gpu, F.attention(leaf(q), leaf(k), leaf(v)), path)
+    q, k, v = randn(rng, 2, 3, 100, D), randn(rng, 2, 3, 77, D), randn(rng, 2, 3, 77, D)
+    check(cuda, F.attention(leaf(q), leaf(k), leaf(v)), path)
 
 
 @pytest.mark.parametrize("Lq,Lk", [(1, 1), (1, 77), (77, 1), (100, 77), (77, 100), (1, 4096),
                                    (100, 4096), (4096, 77), (129, 65)])
-def test_odd_lengths(gpu, rng, path, Lq, Lk):
+def test_odd_lengths(cuda, rng, path, Lq, Lk):
     """Lq not a multiple of the query block, Lk not a multiple of the key tile (padded keys
     must be masked out, padded queries never written)."""
-    q, k, v = rand(rng, 1, 2, Lq, 40), rand(rng, 1, 2, Lk, 40), rand(rng, 1, 2, Lk, 40)
-    check(gpu, F.attention(leaf(q), leaf(k), leaf(v)), path)
+    q, k, v = randn(rng, 1, 2, Lq, 40), randn(rng, 1, 2, Lk, 40), randn(rng, 1, 2, Lk, 40)
+    check(cuda, F.attention(leaf(q), leaf(k), leaf(v)), path)
 
 
 @pytest.mark.parametrize("D,H,N", [(40, 8, 1), (64, 2, 2)])
-def test_sd_self_attention_4096(gpu, rng, path, D, H, N):
+def test_sd_self_attention_4096(cuda, rng, path, D, H, N):
     """The SD1.5 / SDXL 64x64-latent self-attention length (64 key tiles, online rescaling)."""
-    q, k, v = (rand(rng, N, H, 4096, D) for _ in range(3))
-    check(gpu, F.attention(leaf(q), leaf(k), leaf(v)), path)
+    q, k, v = (randn(rng, N, H, 4096, D) for _ in range(3))
+    check(cuda, F.attention(leaf(q), leaf(k), leaf(v)), path)
 
 
 @pytest.mark.parametrize("D,Dv", [(40, 24), (24, 72), (8, 8), (112, 100)])
-def test_value_dim_differs(gpu, rng, path, D, Dv):
-    q, k, v = rand(rng, 1, 2, 33, D), rand(rng, 1, 2, 50, D), rand(rng, 1, 2, 50, Dv)
-    check(gpu, F.attention(leaf(q), leaf(k), leaf(v)), path)
+def test_value_dim_differs(cuda, rng, path, D, Dv):
+    q, k, v = randn(rng, 1, 2, 33, D), randn(rng, 1, 2, 50, D), randn(rng, 1, 2, 50, Dv)
+    check(cuda, F.attention(leaf(q), leaf(k), leaf(v)), path)
 
 
 @pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
-def test_input_dtypes(gpu, rng, path, dtype):
-    q, k, v = rand(rng, 2, 3, 19, 64), rand(rng, 2, 3, 45, 64), rand(rng, 2, 3, 45, 64)
-    check(gpu, F.attention(leaf(q, dtype), leaf(k, dtype), leaf(v, dtype)), path)
+def test_input_dtypes(cuda, rng, path, dtype):
+    q, k, v = randn(rng, 2, 3, 19, 64), randn(rng, 2, 3, 45, 64), randn(rng, 2, 3, 45, 64)
+    check(cuda, F.attention(leaf(q, dtype), leaf(k, dtype), leaf(v, dtype)), path)
 
 
-def test_mixed_input_dtypes(gpu, rng, path):
-    q, k, v = rand(rng, 1, 2, 10, 16), rand(rng, 1, 2, 9, 16), rand(rng, 1, 2, 9, 16)
-    check(gpu, F.attention(leaf(q, "BF16"), leaf(k, "F32"), leaf(v, "F16"), scale=0.4), path)
+def test_mixed_input_dtypes(cuda, rng, path):
+    q, k, v = randn(rng, 1, 2, 10, 16), randn(rng, 1, 2, 9, 16), randn(rng, 1, 2, 9, 16)
+    check(cuda, F.attention(leaf(q, "BF16"), leaf(k, "F32"), leaf(v, "F16"), scale=0.4), path)
 
 
-def test_large_scores_stay_finite(gpu, rng, path):
+def test_large_scores_stay_finite(cuda, rng, path):
     """Scores of several hundred: the max subtraction must happen before exp."""
-    q, k, v = rand(rng, 1, 1, 8, 8, scale=40), rand(rng, 1, 1, 300, 8, scale=40), rand(rng, 1, 1, 300, 8)
-    check(gpu, F.attention(leaf(q), leaf(k), leaf(v)), path, tol=2e-3 if path == "gemm32" else 3e-2)
+    q, k, v = randn(rng, 1, 1, 8, 8, scale=40), randn(rng, 1, 1, 300, 8, scale=40), randn(rng, 1, 1, 300, 8)
+    check(cuda, F.attention(leaf(q), leaf(k), leaf(v)), path, tol=2e-3 if path == "gemm32" else 3e-2)
 
 
 # ---- broadcast: GQA, batch, masks --------------------------------------------------------------
 @pytest.mark.parametrize("Hkv,Nk", [(2, 2), (1, 2), (3, 1), (1, 1)])
-def test_gqa_and_batch_broadcast(gpu, rng, path, Hkv, Nk):
-    q = rand(rng, 2, 6, 11, 40)
-    k, v = rand(rng, Nk, Hkv, 21, 40), rand(rng, Nk, Hkv, 21, 24)
-    check(gpu, F.attention(leaf(q), leaf(k), leaf(v), scale=0.3), path)
+def test_gqa_and_batch_broadcast(cuda, rng, path, Hkv, Nk):
+    q = randn(rng, 2, 6, 11, 40)
+    k, v = randn(rng, Nk, Hkv, 21, 40), randn(rng, Nk, Hkv, 21, 24)
+    check(cuda, F.attention(leaf(q), leaf(k), leaf(v), scale=0.3), path)
 
 
 @pytest.mark.parametrize("mdtype", ["F32", "F16", "BF16"])
 @pytest.mark.parametrize("mshape", [(1, 37), (20, 37), (3, 13, 37), (2, 1, 13, 37), (2, 3, 1, 37)])
-def test_mask_broadcast(gpu, rng, path, mshape, mdtype):
+def test_mask_broadcast(cuda, rng, path, mshape, mdtype):
     """per-key mask [Lk, 1], padded rows [Lk, Lq+7], per head, per batch, both; -inf keys."""
-    q, k, v = rand(rng, 2, 3, 13, 40), rand(rng, 2, 3, 37, 40), rand(rng, 2, 3, 37, 40)
-    m = rand(rng, *mshape)
+    q, k, v = randn(rng, 2, 3, 13, 40), randn(rng, 2, 3, 37, 40), randn(rng, 2, 3, 37, 40)
+    m = randn(rng, *mshape)
     m[..., 5] = -np.inf
-    check(gpu, F.attention(leaf(q), leaf(k), leaf(v), leaf(m, mdtype)), path)
+    check(cuda, F.attention(leaf(q), leaf(k), leaf(v), leaf(m, mdtype)), path)
 
 
-def test_fully_masked_rows_give_zeros(gpu, rng, path):
-    q, k, v = rand(rng, 2, 3, 13, 40), rand(rng, 2, 3, 37, 40), rand(rng, 2, 3, 37, 40)
-    m = rand(rng, 13, 37)
+def test_fully_masked_rows_give_zeros(cuda, rng, path):
+    q, k, v = randn(rng, 2, 3, 13, 40), randn(rng, 2, 3, 37, 40), randn(rng, 2, 3, 37, 40)
+    m = randn(rng, 13, 37)
     m[:, 30:] = -np.inf   # padded keys
     m[4, :20] = -np.inf
     m[6] = -np.inf        # fully masked row
-    got, _ = check(gpu, F.attention(leaf(q), leaf(k), leaf(v), leaf(m)), path)
+    got, _ = check(cuda, F.attention(leaf(q), leaf(k), leaf(v), leaf(m)), path)
     assert np.all(got[:, :, 6] == 0)
 
 
-def test_leading_key_tiles_fully_masked(gpu, rng, path):
+def test_leading_key_tiles_fully_masked(cuda, rng, path):
     """Rows whose first key tiles are all -inf: the running max starts from -inf and the first
     finite tile rescales from nothing (alpha = 0), across several 64-key tiles."""
-    q, k, v = rand(rng, 1, 2, 70, 64), rand(rng, 1, 2, 300, 64), rand(rng, 1, 2, 300, 64)
-    m = rand(rng, 70, 300)
+    q, k, v = randn(rng, 1, 2, 70, 64), randn(rng, 1, 2, 300, 64), randn(rng, 1, 2, 300, 64)
+    m = randn(rng, 70, 300)
     m[:, :150] = -np.inf
     m[3] = -np.inf
     m[5, 160:] = -np.inf
-    got, _ = check(gpu, F.attention(leaf(q), leaf(k), leaf(v), leaf(m, "F16")), path)
+    got, _ = check(cuda, F.attention(leaf(q), leaf(k), leaf(v), leaf(m, "F16")), path)
     assert np.all(got[:, :, 3] == 0)
 
 
-def test_causal_mask_clip_like(gpu, rng, path):
+def test_causal_mask_clip_like(cuda, rng, path):
     """CLIP's text encoder: 77 tokens, causal mask, 12 heads of 64."""
-    q, k, v = (rand(rng, 2, 12, 77, 64) for _ in range(3))
+    q, k, v = (randn(rng, 2, 12, 77, 64) for _ in range(3))
     m = np.triu(np.full((77, 77), -np.inf, np.float32), 1)
-    check(gpu, F.attention(leaf(q), leaf(k), leaf(v), leaf(m)), path)
+    check(cuda, F.attention(leaf(q), leaf(k), leaf(v), leaf(m)), path)
 
 
 # ---- strided views ---------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
-def test_permuted_views_as_sdcpp_holds_them(gpu, rng, path, dtype):
+def test_permuted_views_as_sdcpp_holds_them(cuda, rng, path, dtype):
     """q/k/v as [N, L, H, D] (ne [D, H, L, N]) permuted to [D, L, H, N]: rows of a head are
     H*D elements apart."""
     N, L, H, D = 2, 29, 4, 40
-    tq, tk, tv = (Tensor.from_numpy(f32_to_raw(rand(rng, N, L, H, D), dtype), dtype=dtype).permute(0, 2, 1, 3)
+    tq, tk, tv = (Tensor.from_numpy(f32_to_raw(randn(rng, N, L, H, D), dtype), dtype=dtype).permute(0, 2, 1, 3)
                   for _ in range(3))
     assert tq.ne == (D, L, H, N) and not tq.is_contiguous()
-    check(gpu, F.attention(tq, tk, tv), path)
+    check(cuda, F.attention(tq, tk, tv), path)
 
 
-def test_transposed_and_sliced_views(gpu, rng, path):
+def test_transposed_and_sliced_views(cuda, rng, path):
     """ne[0] not contiguous (nb0 != element size), and a view at a nonzero offset."""
-    tq = leaf(rand(rng, 1, 2, 17, 24), "F16", noncontig=True)
-    tk = leaf(rand(rng, 1, 2, 30, 24), "BF16", noncontig=True)
+    tq = leaf(randn(rng, 1, 2, 17, 24), "F16", noncontig=True)
+    tk = leaf(randn(rng, 1, 2, 30, 24), "BF16", noncontig=True)
     assert tq.nb[0] != 2
-    vfull = Tensor.from_numpy(rand(rng, 1, 2, 40, 16))
+    vfull = Tensor.from_numpy(randn(rng, 1, 2, 40, 16))
     tv = vfull.slice(1, 5, 35).slice(0, 4, 12)   # ne [8, 30, 2, 1] at a nonzero offset
     assert tv.ne == (8, 30, 2, 1) and tv.offset > 0
-    check(gpu, F.attention(tq, tk, tv), path)
+    check(cuda, F.attention(tq, tk, tv), path)
 
 
 # ---- path selection and plumbing ---------------------------------------------------------------
-def test_precision_f32_param_takes_the_f32_path(gpu, rng):
-    q, k, v = rand(rng, 1, 2, 33, 40), rand(rng, 1, 2, 77, 40), rand(rng, 1, 2, 77, 40)
+def test_precision_f32_param_takes_the_f32_path(cuda, rng):
+    q, k, v = randn(rng, 1, 2, 33, 40), randn(rng, 1, 2, 77, 40), randn(rng, 1, 2, 77, 40)
     node = make_node("attention", (leaf(q), leaf(k), leaf(v)), scale=0.2, precision="F32")
     assert GA.plan(node) == ("gemm", "F32")
-    check(gpu, node, "gemm32")
+    check(cuda, node, "gemm32")
 
 
 @pytest.mark.parametrize("D", [256, 512])
-def test_head_dims_beyond_flash_use_gemm(gpu, rng, D):
+def test_head_dims_beyond_flash_use_gemm(cuda, rng, D):
     """The VAE mid-block: one head of 512 (default plan: cuBLAS F16 path)."""
-    q, k, v = rand(rng, 1, 1, 300, D), rand(rng, 1, 1, 300, D), rand(rng, 1, 1, 300, D)
+    q, k, v = randn(rng, 1, 1, 300, D), randn(rng, 1, 1, 300, D), randn(rng, 1, 1, 300, D)
     node = F.attention(leaf(q), leaf(k), leaf(v))
     assert GA.plan(node) == ("gemm", "F16")
-    check(gpu, node, "gemm16")
+    check(cuda, node, "gemm16")
 
 
 @pytest.mark.parametrize("dp,rf", sorted({(d, 1) for d in GA.FLASH_DIMS} | {(d, 2) for d in GA.FLASH_RF2_DIMS}))
-def test_every_flash_variant(gpu, rng, monkeypatch, dp, rf):
+def test_every_flash_variant(cuda, rng, monkeypatch, dp, rf):
     """Each compiled kernel attn_flash_d<dp>_r<rf>, at its full width and padded (D = dp - 8)."""
     monkeypatch.setattr(GA, "FORCE_PATH", "flash")
     monkeypatch.setitem(GA.FLASH_RF, dp, rf)
     for D in (dp, dp - 8):
         if GA.flash_dim(D, D) != dp:
             continue
-        q, k, v = rand(rng, 1, 2, 150, D), rand(rng, 1, 2, 200, D), rand(rng, 1, 2, 200, D)
-        m = rand(rng, 1, 200)
+        q, k, v = randn(rng, 1, 2, 150, D), randn(rng, 1, 2, 200, D), randn(rng, 1, 2, 200, D)
+        m = randn(rng, 1, 200)
         m[0, 190:] = -np.inf
-        check(gpu, F.attention(leaf(q), leaf(k), leaf(v), leaf(m)), "flash")
+        check(cuda, F.attention(leaf(q), leaf(k), leaf(v), leaf(m)), "flash")
 
 
-def test_gemm_path_query_chunks(gpu, rng, monkeypatch, path):
+def test_gemm_path_query_chunks(cuda, rng, monkeypatch, path):
     """The gemm path walks queries in chunks bounded by SCORE_BYTES (ragged last chunk)."""
     if path == "flash":
         pytest.skip("gemm paths only")
     monkeypatch.setattr(GA, "SCORE_BYTES", 2 * 3 * 37 * 6 * 5)   # ~5 query rows per chunk
-    q, k, v = rand(rng, 2, 3, 13, 40), rand(rng, 2, 3, 37, 40), rand(rng, 2, 3, 37, 40)
-    m = rand(rng, 13, 37)
+    q, k, v = randn(rng, 2, 3, 13, 40), randn(rng, 2, 3, 37, 40), randn(rng, 2, 3, 37, 40)
+    m = randn(rng, 13, 37)
     m[6] = -np.inf
-    got, _ = check(gpu, F.attention(leaf(q), leaf(k), leaf(v), leaf(m, "F16")), path)
+    got, _ = check(cuda, F.attention(leaf(q), leaf(k), leaf(v), leaf(m, "F16")), path)
     assert np.all(got[:, :, 6] == 0)
 
 
-def test_grid_smaller_than_heads_and_batches(gpu, rng, monkeypatch):
+def test_grid_smaller_than_heads_and_batches(cuda, rng, monkeypatch):
     """Blocks loop over heads/batches beyond gridDim.y/z (the 65535 limit, here forced to 2)."""
     monkeypatch.setattr(GA, "FORCE_PATH", "flash")
     monkeypatch.setattr(GA, "_MAX_GRID_YZ", 2)
-    q, k, v = rand(rng, 3, 5, 20, 40), rand(rng, 3, 1, 30, 40), rand(rng, 3, 1, 30, 40)
-    check(gpu, F.attention(leaf(q), leaf(k), leaf(v), leaf(rand(rng, 5, 20, 30))), "flash")
+    q, k, v = randn(rng, 3, 5, 20, 40), randn(rng, 3, 1, 30, 40), randn(rng, 3, 1, 30, 40)
+    check(cuda, F.attention(leaf(q), leaf(k), leaf(v), leaf(randn(rng, 5, 20, 30))), "flash")
 
 
-def test_replays_with_new_inputs(gpu, rng, path):
+def test_replays_with_new_inputs(cuda, rng, path):
     """The same graph three times with refilled inputs (the backend captures the second run into
     a CUDA graph and replays it: the kernel function must only enqueue work)."""
-    qa, ka, va = rand(rng, 1, 4, 64, 40), rand(rng, 1, 4, 77, 40), rand(rng, 1, 4, 77, 40)
+    qa, ka, va = randn(rng, 1, 4, 64, 40), randn(rng, 1, 4, 77, 40), randn(rng, 1, 4, 77, 40)
     tq, tk, tv = (Tensor.from_numpy(a) for a in (qa, ka, va))
     g = Graph(F.attention(tq, tk, tv))
     for step in range(3):
-        qa[...] = rand(rng, *qa.shape)
-        va[...] = rand(rng, *va.shape)
-        got = raw_to_f32(np.array(g.run(gpu)["out"].numpy(), copy=True), "F32")
-        ref = run(F.attention(Tensor.from_numpy(qa.copy()), Tensor.from_numpy(ka.copy()),
-                              Tensor.from_numpy(va.copy())), "cpu")
+        qa[...] = randn(rng, *qa.shape)
+        va[...] = randn(rng, *va.shape)
+        got = raw_to_f32(np.array(g.run(cuda)["out"].numpy(), copy=True), "F32")
+        ref = run_f32("cpu", F.attention(Tensor.from_numpy(qa.copy()), Tensor.from_numpy(ka.copy()),
+                                         Tensor.from_numpy(va.copy())))
         err = float(np.abs(got - ref).max() / np.abs(ref).max())
         assert err <= TOL[path], f"run {step}: error {err:.2e}"
 

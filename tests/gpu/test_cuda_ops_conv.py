@@ -8,11 +8,11 @@ with a tiny COL_BYTES on small shapes, and happens by itself on the VAE's 512x51
 """
 import numpy as np
 import pytest
+from opcheck import leaf
 
 from sdrt.ops import api as F
-from sdrt.ops.convert import f32_to_raw, raw_to_f32
-from sdrt.ops.graph import Graph
-from sdrt.ops.tensor import Tensor
+
+from ._helpers import assert_on_cuda, assert_within_scale, randn, run_f32
 
 FLOATS = ["F32", "F16", "BF16"]
 
@@ -28,39 +28,14 @@ def cols(monkeypatch):
     return set_cap
 
 
-def run_raw(backend, node) -> np.ndarray:
-    """The node's output as raw storage (numpy order), a copy."""
-    out = Graph(node).run(backend)["out"]
-    return np.array(out.numpy(), copy=True)
-
-
 def check(cuda, node, tol=None):
     """CUDA vs CPU: max |difference| <= tol * max |cpu output|."""
-    from sdrt.gpu.cuda.table import CUDA
-    import sdrt.gpu.cuda.conv  # noqa: F401  (registers the kernels)
-    assert CUDA.find(node) is not None, f"no CUDA kernel for {node.op}({[s.dtype.name for s in node.src]})"
+    assert_on_cuda("conv", node)
     if tol is None:
         tol = 1e-6 if node.op.startswith("pool") else 1e-4 if node.src[1].dtype.name == "F32" else 2e-3
-    want = raw_to_f32(run_raw("cpu", node), node.dtype)
-    got = raw_to_f32(run_raw(cuda, node), node.dtype)
+    want, got = run_f32("cpu", node), run_f32(cuda, node)
     assert got.shape == want.shape and node.dtype.name == "F32"
-    scale = max(float(np.abs(want).max()), 1e-6)
-    err = float(np.abs(got - want).max())
-    assert err <= tol * scale, f"{node.op} {node.ne} {node.params}: max error {err:.3g} > {tol} * {scale:.3g}"
-
-
-def rnd(rng, *shape):
-    return rng.standard_normal(shape).astype(np.float32)
-
-
-def leaf(x, dtype="F32", noncontig=False) -> Tensor:
-    """A leaf holding float32 `x` (numpy order) stored as `dtype` (a block type quantizes rows
-    along the last axis); noncontig stores it transposed and returns the transposed view."""
-    x = np.asarray(x, np.float32)
-    if noncontig and x.ndim >= 2:
-        return Tensor.from_numpy(f32_to_raw(np.ascontiguousarray(np.swapaxes(x, -1, -2)), dtype),
-                                 dtype=dtype).transpose()
-    return Tensor.from_numpy(f32_to_raw(x, dtype), dtype=dtype)
+    assert_within_scale(got, want, tol, f"{node.op} {node.ne} {node.params}")
 
 
 # ---- conv2d: every parameter family (the CPU test's cases) -----------------------------------
@@ -93,8 +68,8 @@ CONV2D_CASES = {
 @pytest.mark.parametrize("bias", [False, True])
 def test_conv2d_cases(cuda, rng, case, wdtype, bias):
     c = dict(CONV2D_CASES[case])
-    x, w = rnd(rng, *c.pop("x")), rnd(rng, *c.pop("w"))
-    b = leaf(rnd(rng, w.shape[0])) if bias else None
+    x, w = randn(rng, *c.pop("x")), randn(rng, *c.pop("w"))
+    b = leaf(randn(rng, w.shape[0])) if bias else None
     check(cuda, F.conv2d(leaf(x), leaf(w, wdtype), b, **c))
 
 
@@ -105,60 +80,60 @@ def test_conv2d_chunked_columns(cuda, rng, cols, case, cap):
     cols(cap)
     c = dict(CONV2D_CASES[case])
     xs = (3,) + c.pop("x")[1:]
-    x, w = rnd(rng, *xs), rnd(rng, *c.pop("w"))
+    x, w = randn(rng, *xs), randn(rng, *c.pop("w"))
     for wdtype in ("F32", "F16"):
-        check(cuda, F.conv2d(leaf(x), leaf(w, wdtype), leaf(rnd(rng, w.shape[0])), **c))
+        check(cuda, F.conv2d(leaf(x), leaf(w, wdtype), leaf(randn(rng, w.shape[0])), **c))
 
 
 @pytest.mark.parametrize("wdtype", FLOATS + ["F8_E4M3"])
 @pytest.mark.parametrize("xdtype", FLOATS)
 def test_conv2d_dtypes(cuda, rng, wdtype, xdtype):
-    tx, tw = leaf(rnd(rng, 2, 3, 7, 5), xdtype), leaf(rnd(rng, 4, 3, 3, 3), wdtype)
-    tb = leaf(rnd(rng, 4), "F16" if wdtype == "F8_E4M3" else wdtype)
+    tx, tw = leaf(randn(rng, 2, 3, 7, 5), xdtype), leaf(randn(rng, 4, 3, 3, 3), wdtype)
+    tb = leaf(randn(rng, 4), "F16" if wdtype == "F8_E4M3" else wdtype)
     check(cuda, F.conv2d(tx, tw, tb, stride=(1, 2), padding=1))
     # 1x1: the F32/F32 contiguous case uses the input as the column matrix, the rest pack it
-    check(cuda, F.conv2d(tx, leaf(rnd(rng, 4, 3, 1, 1), wdtype), tb))
+    check(cuda, F.conv2d(tx, leaf(randn(rng, 4, 3, 1, 1), wdtype), tb))
 
 
 def test_conv2d_2d_weight_is_1x1(cuda, rng):
-    x, w, b = rnd(rng, 2, 5, 3, 4), rnd(rng, 3, 5), rnd(rng, 3)
+    x, w, b = randn(rng, 2, 5, 3, 4), randn(rng, 3, 5), randn(rng, 3)
     check(cuda, F.conv2d(leaf(x), leaf(w), leaf(b)))
     check(cuda, F.conv2d(leaf(x), leaf(w, "F16"), leaf(b)))
 
 
 def test_conv2d_quantized_weight(cuda, rng):
     """Q8_0 weights (rows of 32 along ne[0]) go through matmul.weight_as to F16."""
-    x = rnd(rng, 2, 64, 6, 5)
-    check(cuda, F.conv2d(leaf(x), leaf(rnd(rng, 8, 64), "Q8_0"), leaf(rnd(rng, 8))))  # 1x1 [C, OC]
-    x = rnd(rng, 1, 2, 3, 40)
-    check(cuda, F.conv2d(leaf(x), leaf(rnd(rng, 2, 2, 1, 32), "Q8_0"), padding=(2, 0)))  # KW = 32
+    x = randn(rng, 2, 64, 6, 5)
+    check(cuda, F.conv2d(leaf(x), leaf(randn(rng, 8, 64), "Q8_0"), leaf(randn(rng, 8))))  # 1x1 [C, OC]
+    x = randn(rng, 1, 2, 3, 40)
+    check(cuda, F.conv2d(leaf(x), leaf(randn(rng, 2, 2, 1, 32), "Q8_0"), padding=(2, 0)))  # KW = 32
 
 
 def test_conv2d_noncontiguous_input_and_bias(cuda, rng):
-    x, w = rnd(rng, 2, 3, 7, 5), rnd(rng, 4, 3, 3, 3)
+    x, w = randn(rng, 2, 3, 7, 5), randn(rng, 4, 3, 3, 3)
     t = leaf(x, noncontig=True)
     assert not t.is_contiguous()
     check(cuda, F.conv2d(t, leaf(w), padding=1, stride=2))
     check(cuda, F.conv2d(t, leaf(w, "F16"), padding=1))
-    check(cuda, F.conv2d(t, leaf(rnd(rng, 4, 3, 1, 1)), leaf(rnd(rng, 4))))  # 1x1 on a view: packed
+    check(cuda, F.conv2d(t, leaf(randn(rng, 4, 3, 1, 1)), leaf(randn(rng, 4))))  # 1x1 on a view: packed
     # a channel slice of a bigger tensor, depthwise
-    big = leaf(rnd(rng, 2, 6, 7, 5))
-    check(cuda, F.conv2d(big.slice(2, 1, 6, 2), leaf(rnd(rng, 3, 1, 3, 3)), groups=3, padding=1))
+    big = leaf(randn(rng, 2, 6, 7, 5))
+    check(cuda, F.conv2d(big.slice(2, 1, 6, 2), leaf(randn(rng, 3, 1, 3, 3)), groups=3, padding=1))
     # a permuted view: ne (W, H, C, N) made from a (C, W, H, N) buffer
-    p = leaf(rnd(rng, 2, 5, 7, 3)).permute(2, 0, 1, 3)
+    p = leaf(randn(rng, 2, 5, 7, 3)).permute(2, 0, 1, 3)
     assert p.ne == (7, 5, 3, 2)
     check(cuda, F.conv2d(p, leaf(w), padding=1))
     # weights as views (decoded to a contiguous copy by weight_as): transposed KW/KH, F32 and F16
-    check(cuda, F.conv2d(leaf(x), leaf(rnd(rng, 4, 3, 3, 2), noncontig=True), padding=1))
-    check(cuda, F.conv2d(leaf(x), leaf(rnd(rng, 4, 3, 3, 2), "F16", noncontig=True), padding=1))
-    check(cuda, F.conv_transpose2d(leaf(x), leaf(rnd(rng, 3, 2, 3, 2), noncontig=True), stride=2))
+    check(cuda, F.conv2d(leaf(x), leaf(randn(rng, 4, 3, 3, 2), noncontig=True), padding=1))
+    check(cuda, F.conv2d(leaf(x), leaf(randn(rng, 4, 3, 3, 2), "F16", noncontig=True), padding=1))
+    check(cuda, F.conv_transpose2d(leaf(x), leaf(randn(rng, 3, 2, 3, 2), noncontig=True), stride=2))
     # biases as views: every other element of a longer vector, and a 4-D [1, 1, OC, 1] F16 bias
-    check(cuda, F.conv2d(leaf(x), leaf(w), leaf(rnd(rng, 8)).slice(0, 0, None, 2), padding=1))
-    check(cuda, F.conv2d(leaf(x), leaf(w, "F16"), leaf(rnd(rng, 1, 4, 1, 1), "F16"), padding=1))
+    check(cuda, F.conv2d(leaf(x), leaf(w), leaf(randn(rng, 8)).slice(0, 0, None, 2), padding=1))
+    check(cuda, F.conv2d(leaf(x), leaf(w, "F16"), leaf(randn(rng, 1, 4, 1, 1), "F16"), padding=1))
 
 
 def test_conv2d_3d_input(cuda, rng):
-    x, w, b = rnd(rng, 3, 9, 7), rnd(rng, 4, 3, 3, 3), rnd(rng, 4)
+    x, w, b = randn(rng, 3, 9, 7), randn(rng, 4, 3, 3, 3), randn(rng, 4)
     node = F.conv2d(leaf(x), leaf(w), leaf(b), padding=1, stride=(1, 2))
     assert node.ne == (7, 5, 4)
     check(cuda, node)
@@ -190,17 +165,17 @@ SD_CONVS = [
 
 @pytest.mark.parametrize("name,N,C,HW,OC,k,s,p", SD_CONVS, ids=[c[0] for c in SD_CONVS])
 def test_conv2d_sd_shapes(cuda, rng, name, N, C, HW, OC, k, s, p):
-    x = leaf(rnd(rng, N, C, HW, HW) * 0.5)
-    w = leaf(rnd(rng, OC, C, k, k) * (1.0 / np.sqrt(C * k * k)), "F16")
-    b = leaf(rnd(rng, OC) * 0.1, "F16")
+    x = leaf(randn(rng, N, C, HW, HW) * 0.5)
+    w = leaf(randn(rng, OC, C, k, k) * (1.0 / np.sqrt(C * k * k)), "F16")
+    b = leaf(randn(rng, OC) * 0.1, "F16")
     check(cuda, F.conv2d(x, w, b, stride=s, padding=p))
 
 
 @pytest.mark.parametrize("name,N,C,HW,OC", [("vae_mid_512_f32", 1, 512, 64, 512), ("unet_32_640_f32", 2, 640, 32, 640)])
 def test_conv2d_sd_shapes_f32_weights(cuda, rng, name, N, C, HW, OC):
-    x = leaf(rnd(rng, N, C, HW, HW))
-    w = leaf(rnd(rng, OC, C, 3, 3) * (1.0 / np.sqrt(C * 9)))
-    check(cuda, F.conv2d(x, w, leaf(rnd(rng, OC)), padding=1))
+    x = leaf(randn(rng, N, C, HW, HW))
+    w = leaf(randn(rng, OC, C, 3, 3) * (1.0 / np.sqrt(C * 9)))
+    check(cuda, F.conv2d(x, w, leaf(randn(rng, OC)), padding=1))
 
 
 # ---- conv_transpose2d ------------------------------------------------------------------------
@@ -220,8 +195,8 @@ CONVT_CASES = {
 @pytest.mark.parametrize("bias", [False, True])
 def test_conv_transpose2d(cuda, rng, case, wdtype, bias):
     c = dict(CONVT_CASES[case])
-    x, w = rnd(rng, *c.pop("x")), rnd(rng, *c.pop("w"))
-    b = leaf(rnd(rng, w.shape[1])) if bias else None
+    x, w = randn(rng, *c.pop("x")), randn(rng, *c.pop("w"))
+    b = leaf(randn(rng, w.shape[1])) if bias else None
     check(cuda, F.conv_transpose2d(leaf(x), leaf(w, wdtype), b, **c))
 
 
@@ -230,17 +205,17 @@ def test_conv_transpose2d(cuda, rng, case, wdtype, bias):
 @pytest.mark.parametrize("cap", [64, 1000, 1 << 28])
 def test_conv_transpose2d_dtypes_chunked_noncontig(cuda, rng, cols, wdtype, xdtype, cap):
     cols(cap)  # 64 B: one input row and one batch item per chunk
-    tx = leaf(rnd(rng, 3, 3, 5, 4), xdtype, noncontig=True)
-    tw, tb = leaf(rnd(rng, 3, 2, 3, 3), wdtype), leaf(rnd(rng, 2), wdtype)
+    tx = leaf(randn(rng, 3, 3, 5, 4), xdtype, noncontig=True)
+    tw, tb = leaf(randn(rng, 3, 2, 3, 3), wdtype), leaf(randn(rng, 2), wdtype)
     check(cuda, F.conv_transpose2d(tx, tw, tb, stride=2, padding=1, output_padding=1))
-    check(cuda, F.conv_transpose2d(leaf(rnd(rng, 3, 3, 5, 4), xdtype), tw, stride=(1, 2), padding=(0, 1)))
+    check(cuda, F.conv_transpose2d(leaf(randn(rng, 3, 3, 5, 4), xdtype), tw, stride=(1, 2), padding=(0, 1)))
 
 
 def test_conv_transpose2d_upsampler_shape(cuda, rng):
     # a learned 2x upsampler: 4x4 kernel, stride 2, padding 1, 256 channels at 32 -> 64
-    x = leaf(rnd(rng, 2, 256, 32, 32))
-    w = leaf(rnd(rng, 256, 128, 4, 4) * (1.0 / 32), "F16")
-    check(cuda, F.conv_transpose2d(x, w, leaf(rnd(rng, 128)), stride=2, padding=1))
+    x = leaf(randn(rng, 2, 256, 32, 32))
+    w = leaf(randn(rng, 256, 128, 4, 4) * (1.0 / 32), "F16")
+    check(cuda, F.conv_transpose2d(x, w, leaf(randn(rng, 128)), stride=2, padding=1))
 
 
 # ---- conv1d / conv3d -------------------------------------------------------------------------
@@ -249,15 +224,15 @@ def test_conv_transpose2d_upsampler_shape(cuda, rng):
 @pytest.mark.parametrize("wdtype", FLOATS)
 def test_conv1d(cuda, rng, params, wdtype):
     g = params.get("groups", 1)
-    tx, tw = leaf(rnd(rng, 2, 4, 11)), leaf(rnd(rng, 4, 4 // g, 3), wdtype)
-    check(cuda, F.conv1d(tx, tw, leaf(rnd(rng, 4)), **params))
-    check(cuda, F.conv1d(leaf(rnd(rng, 2, 4, 11), noncontig=True), tw, **params))  # transposed view
+    tx, tw = leaf(randn(rng, 2, 4, 11)), leaf(randn(rng, 4, 4 // g, 3), wdtype)
+    check(cuda, F.conv1d(tx, tw, leaf(randn(rng, 4)), **params))
+    check(cuda, F.conv1d(leaf(randn(rng, 2, 4, 11), noncontig=True), tw, **params))  # transposed view
 
 
 def test_conv1d_2d_input_and_chunks(cuda, rng, cols):
-    check(cuda, F.conv1d(leaf(rnd(rng, 3, 10)), leaf(rnd(rng, 2, 3, 4)), padding=1))
+    check(cuda, F.conv1d(leaf(randn(rng, 3, 10)), leaf(randn(rng, 2, 3, 4)), padding=1))
     cols(64)
-    check(cuda, F.conv1d(leaf(rnd(rng, 3, 6, 50)), leaf(rnd(rng, 4, 6, 5), "F16"), leaf(rnd(rng, 4)), padding=2))
+    check(cuda, F.conv1d(leaf(randn(rng, 3, 6, 50)), leaf(randn(rng, 4, 6, 5), "F16"), leaf(randn(rng, 4)), padding=2))
 
 
 @pytest.mark.parametrize("params", [dict(padding=1), dict(stride=(2, 1, 2), padding=(1, 0, 1)),
@@ -267,15 +242,15 @@ def test_conv1d_2d_input_and_chunks(cuda, rng, cols):
 def test_conv3d(cuda, rng, cols, params, wdtype, cap):
     cols(cap)  # 4096 B: several (od, oy) row chunks
     N, IC, OC = 2, 3, 4
-    tx = leaf(rnd(rng, N * IC, 5, 6, 7))
-    tw = leaf(rnd(rng, OC * IC, 3, 3, 2), wdtype)
-    check(cuda, F.conv3d(tx, tw, leaf(rnd(rng, OC)), ic=IC, **params))
+    tx = leaf(randn(rng, N * IC, 5, 6, 7))
+    tw = leaf(randn(rng, OC * IC, 3, 3, 2), wdtype)
+    check(cuda, F.conv3d(tx, tw, leaf(randn(rng, OC)), ic=IC, **params))
 
 
 def test_conv3d_default_ic_and_noncontig(cuda, rng):
-    check(cuda, F.conv3d(leaf(rnd(rng, 2, 3, 4, 5)), leaf(rnd(rng, 3 * 2, 2, 2, 2))))
-    x = leaf(rnd(rng, 6, 5, 7, 6), noncontig=True)  # ne (6, 7, 5, 6), dims 0/1 strided
-    check(cuda, F.conv3d(x, leaf(rnd(rng, 4 * 3, 3, 3, 3), "F16"), ic=3, padding=1))
+    check(cuda, F.conv3d(leaf(randn(rng, 2, 3, 4, 5)), leaf(randn(rng, 3 * 2, 2, 2, 2))))
+    x = leaf(randn(rng, 6, 5, 7, 6), noncontig=True)  # ne (6, 7, 5, 6), dims 0/1 strided
+    check(cuda, F.conv3d(x, leaf(randn(rng, 4 * 3, 3, 3, 3), "F16"), ic=3, padding=1))
 
 
 # ---- pooling ---------------------------------------------------------------------------------
@@ -284,14 +259,14 @@ def test_conv3d_default_ic_and_noncontig(cuda, rng):
                                     dict(kernel=(3, 2), stride=(1, 2), padding=(1, 0)), dict(kernel=(1, 4), stride=(3, 1))])
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_pool2d(cuda, rng, kind, params, dtype):
-    check(cuda, F.pool2d(leaf(rnd(rng, 2, 3, 7, 5), dtype), kind, **params))
-    check(cuda, F.pool2d(leaf(rnd(rng, 2, 3, 5, 7), dtype, noncontig=True), kind, **params))
+    check(cuda, F.pool2d(leaf(randn(rng, 2, 3, 7, 5), dtype), kind, **params))
+    check(cuda, F.pool2d(leaf(randn(rng, 2, 3, 5, 7), dtype, noncontig=True), kind, **params))
 
 
 def test_pool2d_sd_and_views(cuda, rng):
     # the UNet's avg-pool downsample variant on a 64x64x320 map, batch 2
-    check(cuda, F.pool2d(leaf(rnd(rng, 2, 320, 64, 64)), "avg", 2))
-    big = leaf(rnd(rng, 2, 6, 9, 8))
+    check(cuda, F.pool2d(leaf(randn(rng, 2, 320, 64, 64)), "avg", 2))
+    big = leaf(randn(rng, 2, 6, 9, 8))
     check(cuda, F.pool2d(big.slice(2, 1, 6, 2).slice(0, 1, 7), "max", 3, stride=2, padding=1))
 
 
@@ -299,5 +274,5 @@ def test_pool2d_sd_and_views(cuda, rng):
 @pytest.mark.parametrize("params", [dict(kernel=2), dict(kernel=3, stride=2, padding=1), dict(kernel=4, stride=1, padding=2)])
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_pool1d(cuda, rng, kind, params, dtype):
-    check(cuda, F.pool1d(leaf(rnd(rng, 2, 3, 11), dtype), kind, **params))
-    check(cuda, F.pool1d(leaf(rnd(rng, 2, 3, 4, 11), dtype).permute(0, 2, 1, 3), kind, **params))  # 4-D view
+    check(cuda, F.pool1d(leaf(randn(rng, 2, 3, 11), dtype), kind, **params))
+    check(cuda, F.pool1d(leaf(randn(rng, 2, 3, 4, 11), dtype).permute(0, 2, 1, 3), kind, **params))  # 4-D view

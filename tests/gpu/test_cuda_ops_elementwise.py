@@ -12,9 +12,15 @@ import pytest
 from opcheck import leaf
 
 from sdrt.ops import api as F
-from sdrt.ops.convert import f32_to_raw, raw_to_f32
 from sdrt.ops.graph import Graph
 from sdrt.ops.tensor import Tensor
+
+from ._helpers import (
+    assert_close_vs_cpu,
+    assert_exact_vs_cpu,
+    assert_on_cuda,
+    raw_array,
+)
 
 FLOATS = ["F32", "F16", "BF16"]
 TOL = {"F32": (1e-5, 1e-6), "F16": (2e-3, 2e-5), "BF16": (1.6e-2, 1e-4)}  # (rtol, atol)
@@ -22,42 +28,16 @@ TOL = {"F32": (1e-5, 1e-6), "F16": (2e-3, 2e-5), "BF16": (1.6e-2, 1e-4)}  # (rto
 
 # ---- harness -------------------------------------------------------------------------------
 # `cuda` (tests/gpu/conftest.py) is the cuda0 backend; it skips the test without a GPU.
-def run_raw(backend, node) -> np.ndarray:
-    """The node's output as raw storage (numpy order), a copy."""
-    out = Graph(node).run(backend)["out"]
-    return np.array(out.numpy(), copy=True)
-
-
-def assert_on_cuda(node):
-    """Every computed node of the graph has a CUDA kernel (no silent CPU fallback)."""
-    import sdrt.gpu.cuda.elementwise  # noqa: F401  (registers the kernels)
-    from sdrt.gpu.cuda.table import CUDA
-    for n in Graph(node).nodes:
-        assert CUDA.find(n) is not None, f"no CUDA kernel for {n.op}({[s.dtype.name for s in n.src]})"
-
-
 def check_exact(cuda, node):
     """Bit-exact against the CPU backend (raw storage; NaNs only need to be NaN)."""
-    assert_on_cuda(node)
-    want, got = run_raw("cpu", node), run_raw(cuda, node)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    if node.dtype.is_float:
-        wf, gf = raw_to_f32(want, node.dtype), raw_to_f32(got, node.dtype)
-        nan = np.isnan(wf)
-        np.testing.assert_array_equal(np.isnan(gf), nan, err_msg=f"{node.op} NaN positions")
-        want, got = want[~nan], got[~nan]
-    np.testing.assert_array_equal(got.view(f"u{got.dtype.itemsize}"), want.view(f"u{want.dtype.itemsize}"),
-                                  err_msg=f"{node.op} {node.params} cuda vs cpu")
+    assert_on_cuda("elementwise", *Graph(node).nodes)
+    assert_exact_vs_cpu(cuda, node, nan_payloads=False)
 
 
 def check_close(cuda, node, rtol=None, atol=None):
-    assert_on_cuda(node)
+    assert_on_cuda("elementwise", *Graph(node).nodes)
     r, a = TOL[node.dtype.name]
-    want = raw_to_f32(run_raw("cpu", node), node.dtype)
-    got = raw_to_f32(run_raw(cuda, node), node.dtype)
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=r if rtol is None else rtol, atol=a if atol is None else atol,
-                               equal_nan=True, err_msg=f"{node.op} {node.params} cuda vs cpu")
+    assert_close_vs_cpu(cuda, node, r if rtol is None else rtol, a if atol is None else atol, equal_nan=True)
 
 
 def view_of(x: np.ndarray, dtype: str, layout: str) -> Tensor:
@@ -196,19 +176,9 @@ def test_cast_f8_every_code(cuda, src, dst):
     check_exact(cuda, F.cast(t.transpose(), dst))
 
 
-def _raw(rng, shape, dtype):
-    if dtype in ("I8", "I16", "I32", "I64"):
-        return rng.integers(-100, 100, shape).astype(f"int{dtype[1:]}")
-    if dtype.startswith("F8"):
-        return rng.integers(0, 256, shape).astype(np.uint8)
-    if dtype == "F64":
-        return rng.standard_normal(shape)
-    return f32_to_raw(rng.standard_normal(shape).astype(np.float32), dtype)
-
-
 @pytest.mark.parametrize("dtype", ["F32", "F16", "BF16", "I8", "I16", "I32", "I64", "F64", "F8_E4M3"])
 def test_cont_every_element_size(cuda, rng, dtype):
-    t = Tensor.from_numpy(_raw(rng, (3, 5, 4, 7), dtype), dtype=dtype)
+    t = Tensor.from_numpy(raw_array(rng, (3, 5, 4, 7), dtype), dtype=dtype)
     check_exact(cuda, F.cont(t.transpose()))
     check_exact(cuda, F.cont(t.permute(2, 0, 3, 1)))
     check_exact(cuda, F.cont(t.slice(1, 1, None, 2)))

@@ -8,9 +8,15 @@ import numpy as np
 import pytest
 
 from sdrt.ops import api as F
-from sdrt.ops.convert import f32_to_raw, raw_to_f32
 from sdrt.ops.graph import Graph
 from sdrt.ops.tensor import Tensor
+
+from ._helpers import (
+    assert_close_vs_cpu,
+    assert_exact_vs_cpu,
+    assert_on_cuda,
+    raw_array,
+)
 
 FLOATS = ["F32", "F16", "BF16"]
 RAW_TYPES = ["F32", "F16", "BF16", "I32", "I8", "I16", "F8_E4M3", "F64"]
@@ -18,54 +24,22 @@ TOL = {"F32": 1e-5, "F16": 2e-3, "BF16": 1.6e-2}
 
 
 # ---- harness (the `cuda` fixture is tests/gpu/conftest.py's: the cuda0 backend, or skip) ----
-def run_raw(backend, node) -> np.ndarray:
-    """The node's output as raw storage (numpy order), a copy."""
-    out = Graph(node).run(backend)["out"]
-    return np.array(out.numpy(), copy=True)
-
-
-def assert_on_cuda(node):
-    """Every computed node of the graph has a CUDA kernel (no silent CPU fallback)."""
-    from sdrt.gpu.cuda.table import CUDA
-    import sdrt.gpu.cuda.layout  # noqa: F401  (registers the kernels)
-    for n in Graph(node).nodes:
-        assert CUDA.find(n) is not None, f"no CUDA kernel for {n.op}({[s.dtype.name for s in n.src]})"
-
-
 def check_exact(cuda, node):
     """Bit-exact against the CPU backend (raw storage)."""
-    assert_on_cuda(node)
-    want = run_raw("cpu", node)
-    got = run_raw(cuda, node)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    np.testing.assert_array_equal(got.view(f"u{got.dtype.itemsize}"), want.view(f"u{want.dtype.itemsize}"),
-                                  err_msg=f"{node.op} {node.params} cuda vs cpu")
+    assert_on_cuda("layout", *Graph(node).nodes)
+    assert_exact_vs_cpu(cuda, node)
 
 
 def check_close(cuda, node, tol=None):
-    assert_on_cuda(node)
+    assert_on_cuda("layout", *Graph(node).nodes)
     tol = TOL[node.dtype.name] if tol is None else tol
-    want = raw_to_f32(run_raw("cpu", node), node.dtype)
-    got = raw_to_f32(run_raw(cuda, node), node.dtype)
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{node.op} {node.params} cuda vs cpu")
-
-
-def raw_array(rng, shape, dtype) -> np.ndarray:
-    """Random raw storage of `dtype` (floats from N(0,1), small ints, finite F8 codes)."""
-    if dtype in ("I8", "I16", "I32"):
-        return rng.integers(-100, 100, shape).astype(f"int{dtype[1:]}")
-    if dtype.startswith("F8"):
-        return rng.integers(0, 0x7B, shape).astype(np.uint8)
-    if dtype == "F64":
-        return rng.standard_normal(shape)
-    return f32_to_raw(rng.standard_normal(shape).astype(np.float32), dtype)
+    assert_close_vs_cpu(cuda, node, tol, tol)
 
 
 def raw_leaf(rng, shape, dtype, noncontig=False) -> Tensor:
     """A leaf of logical numpy `shape`; noncontig stores it transposed and returns the
     transposed view (same logical values, non-contiguous strides)."""
-    raw = raw_array(rng, shape, dtype)
+    raw = raw_array(rng, shape, dtype, f8_codes=0x7B)  # finite F8 values
     if noncontig and len(shape) >= 2:
         return Tensor.from_numpy(np.ascontiguousarray(np.swapaxes(raw, -1, -2)), dtype=dtype).transpose()
     return Tensor.from_numpy(raw, dtype=dtype)

@@ -11,8 +11,9 @@ import pytest
 from opcheck import leaf
 
 from sdrt.ops import api as F
-from sdrt.ops.convert import raw_to_f32
 from sdrt.ops.graph import Graph
+
+from ._helpers import assert_close_vs_cpu, assert_on_cuda, randn
 
 FLOATS = ["F32", "F16", "BF16"]
 TOL = {"F32": (1e-5, 1e-5), "F16": (2e-3, 2e-3), "BF16": (1.6e-2, 1.6e-2)}  # (rtol, atol)
@@ -20,26 +21,10 @@ TOL = {"F32": (1e-5, 1e-5), "F16": (2e-3, 2e-3), "BF16": (1.6e-2, 1.6e-2)}  # (r
 
 # ---- harness -------------------------------------------------------------------------------
 # `cuda` (tests/gpu/conftest.py) is the cuda0 backend; it skips the test without a GPU.
-def run_f32(backend, node) -> np.ndarray:
-    out = Graph(node).run(backend)["out"]
-    return raw_to_f32(np.array(out.numpy(), copy=True), out.dtype)
-
-
 def check(cuda, node, rtol=None, atol=None):
-    import sdrt.gpu.cuda.norm  # noqa: F401  (registers the kernels)
-    from sdrt.gpu.cuda.table import CUDA
-    for n in Graph(node).nodes:
-        assert CUDA.find(n) is not None, f"no CUDA kernel for {n.op}({[s.dtype.name for s in n.src]})"
+    assert_on_cuda("norm", *Graph(node).nodes)
     r, a = TOL[node.dtype.name]
-    want, got = run_f32("cpu", node), run_f32(cuda, node)
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=r if rtol is None else rtol, atol=a if atol is None else atol,
-                               equal_nan=True, err_msg=f"{node.op} {node.params} cuda vs cpu")
-    return got
-
-
-def randn(rng, *shape, scale=1.0, offset=0.0):
-    return (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+    return assert_close_vs_cpu(cuda, node, r if rtol is None else rtol, a if atol is None else atol, equal_nan=True)
 
 
 # ---- softmax -----------------------------------------------------------------------------------

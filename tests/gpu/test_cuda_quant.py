@@ -21,6 +21,8 @@ from sdrt.ops import dtypes, quant
 from sdrt.ops.convert import f32_to_raw, raw_to_f32
 from sdrt.ops.tensor import Tensor
 
+from ._helpers import quant_tensor
+
 KERNELS = Path(__file__).resolve().parents[2] / "sdrt" / "gpu" / "cuda" / "kernels"
 IQ_TABLES = Path(__file__).resolve().parents[2] / "sdrt" / "ops" / "quant" / "_iq_tables.pxi"
 BLOCK_TYPES = [t.name for t in dtypes.QUANT_TYPES]
@@ -110,21 +112,7 @@ def test_iq_grids_on_host_match_ggml_tables(host_lib):
     np.testing.assert_array_equal(got, np.array(want, np.float32))
 
 
-# ---- GPU harness --------------------------------------------------------------------------------
-def cuda_backend():
-    """The cuda0 backend, or skip the test when this machine has no usable CUDA device."""
-    from sdrt.gpu import cuda
-    if not getattr(cuda, "available", lambda: False)():
-        pytest.skip("no CUDA device (sdrt.gpu.cuda.available() is False)")
-    from sdrt.ops.backend import get_backend
-    return get_backend("cuda0")
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    return cuda_backend()
-
-
+# ---- GPU harness (the `cuda` fixture is tests/gpu/conftest.py's: the cuda0 backend, or skip) -----
 class Device:
     """Upload tensors, run one decoding call, download the result (synchronously)."""
 
@@ -152,16 +140,11 @@ class Device:
 
 
 @pytest.fixture
-def dev(gpu):
-    d = Device(gpu)
+def dev(cuda):
+    d = Device(cuda)
     d.rt.begin_kernel()
     yield d
     d.close()
-
-
-def quant_tensor(name, rows, k, batch=(), seed=0):
-    raw = quant.random_raw(name, int(np.prod(batch, dtype=int)) * rows, k, seed=seed)
-    return Tensor.from_numpy(raw.reshape(tuple(batch) + (rows, raw.shape[-1])), dtype=name)
 
 
 def cpu_values(t: Tensor) -> np.ndarray:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -85,15 +86,18 @@ def main():
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--sdcli", nargs="?", const=SDCLI, default=None)
+    ap.add_argument("--sdrt-flags", default="", help='extra sdrt flags, e.g. "--params-backend disk"')
     a = ap.parse_args()
     out = tempfile.gettempdir()
     common = ["-m", a.model, "-p", "a lovely cat", "-W", str(a.size), "-H", str(a.size), "--steps", str(a.steps),
               "-s", "42"]
     print(f"peak RSS of a {a.size}x{a.size} txt2img run, {a.steps} step(s), {os.path.basename(a.model)}, "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
-    rss, secs, peaks, _ = run([sys.executable, "-m", "sdrt", *common, "-o", os.path.join(out, "bench_memory_sdrt.png")],
-                              True)
-    print(f"  sdrt: peak RSS {rss / 1e9:.3f} GB ({secs:.0f} s)", flush=True)
+    rss, secs, peaks, text = run([sys.executable, "-m", "sdrt", *common, *a.sdrt_flags.split(),
+                                  "-o", os.path.join(out, "bench_memory_sdrt.png")], True)
+    m = re.search(r"sampling completed, taking ([0-9.]+)s", text)
+    print(f"  sdrt {a.sdrt_flags}: peak RSS {rss / 1e9:.3f} GB ({secs:.0f} s, sampling "
+          f"{float(m.group(1)) if m else float('nan'):.1f} s)", flush=True)
     print("\n| sdrt stage | VmRSS GB | of it RssFile (mapped weights) | RssAnon |\n|---|---:|---:|---:|")
     for _, name in STAGES:
         if name in peaks:

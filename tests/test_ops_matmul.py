@@ -197,6 +197,38 @@ def test_mul_mat_errors():
         F.mul_mat(leaf(np.zeros((4, 32))), tq)
 
 
+# ---- BLAS threads for small GEMMs -----------------------------------------------------------
+@pytest.mark.parametrize("wdt", ["F32", "F16"])
+def test_small_row_gemm_one_blas_thread(rng, monkeypatch, wdt):
+    """At most SMALL_GEMM_ROWS rows: BLAS runs on one thread (restored after) with the same
+    result as the pooled path taken when the threshold is lowered below the row count."""
+    from sdrt.ops.threads import blas_controller
+    monkeypatch.setattr(cpu_mm, "get_threads", lambda: 2)
+    k, n, m = 64, 40, 77
+    tw = leaf(rng.standard_normal((n, k)), wdt)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    seen = []
+    real_matmul = np.matmul
+
+    def spy(*a, **kw):  # the BLAS pool size while mul_mat's GEMM runs
+        seen.append(min(i["num_threads"] for i in blas_controller().select(user_api="blas").info()))
+        return real_matmul(*a, **kw)
+
+    monkeypatch.setattr(cpu_mm.np, "matmul", spy)
+    with blas_controller().limit(limits=2, user_api="blas"):
+        monkeypatch.setattr(cpu_mm, "SMALL_GEMM_ROWS", 256)
+        small = run(F.mul_mat(tw, leaf(x)))
+        small_seen, seen[:] = seen[:], []
+        monkeypatch.setattr(cpu_mm, "SMALL_GEMM_ROWS", m - 1)
+        big = run(F.mul_mat(tw, leaf(x)))
+        after = blas_controller().select(user_api="blas").info()[0]["num_threads"]
+    monkeypatch.undo()
+    assert small_seen and set(small_seen) == {1}
+    assert seen and set(seen) == {2} and after == 2
+    np.testing.assert_allclose(small, big, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(small, expect_mm(values(tw), x), rtol=RTOL, atol=RTOL * 10)
+
+
 # ---- get_rows -------------------------------------------------------------------------------
 @pytest.mark.parametrize("tdt", FLOAT_W + QUANT_W)
 def test_get_rows_dtypes(rng, tdt):

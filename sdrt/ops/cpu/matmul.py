@@ -19,6 +19,16 @@ memory-bound tiles while BLAS and other processes hold the cores. No second thre
 the next tile while BLAS multiplies this one: a whole 4096x4096 weight widens/dequantizes in
 ~3 ms (BF16, Q8_0, Q4_0, Q4_K) to ~8 ms (F16) on one thread, against >= 570 ms of GEMM at
 full BLAS speed, so overlap could win at most ~3%.
+
+Small GEMMs run BLAS on one thread: with few activation rows (CLIP's 77 tokens, cross-attention
+K/V at 154, the time embedding at 2) OpenBLAS's second thread has gone to sleep between calls and
+waking it on this loaded 2-core machine costs up to a scheduler quantum. Measured (768/1280 wide
+square F32 weight, 3 ms idle before each call, interleaved medians), 1 vs 2 threads in ms:
+  768:  M=2 0.54/1.38, 77 1.28/24.9, 154 2.23/25.3, 256 7.5/24.9, 512 10.3/24.9, 1024 24.2/11.8
+  1280: M=2 1.34/8.98, 77 3.70/4.52, 154 10.1/11.1, 256 17.3/16.6, 512 34.1/28.9, 1024 53.4/48.9
+so up to SMALL_GEMM_ROWS rows one thread wins or ties; above it two threads win at 1280 wide.
+(Back-to-back calls with the worker still spinning favour 2 threads ~1.5x even at M=2, but
+the graph interleaves GEMMs with Numba kernels, so that is not the case that runs.)
 """
 from __future__ import annotations
 
@@ -34,10 +44,12 @@ from ...errors import OpError
 from ..convert import _f8_table
 from ..matmul import check_ids
 from . import CPU
+from ..threads import get_threads, one_blas_thread
 from ._util import as4d, f32_input
 
 TILE_BYTES = 32 << 20   # float32 bytes of one dequantized weight tile (kept per thread)
 TILE_ROWS: int | None = None  # override the tile height (tests use it to force many tiles)
+SMALL_GEMM_ROWS = 256   # GEMMs with at most this many activation rows run BLAS on one thread
 
 # F16 bit pattern -> F32 bit pattern, every one of the 65536 halves (exact, NaN payloads kept)
 _F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
@@ -221,7 +233,16 @@ def _blasable(a: np.ndarray) -> bool:
 
 
 def gemm_weight(dt, w2d: np.ndarray, groups) -> None:
-    """For each (x2d, o2d) in groups: o2d = x2d @ w^T, w given as raw 2-D storage of dtype dt."""
+    """For each (x2d, o2d) in groups: o2d = x2d @ w^T, w given as raw 2-D storage of dtype dt.
+    Few activation rows: BLAS on one thread (see the module docstring)."""
+    if get_threads() > 1 and max(xg.shape[0] for xg, _ in groups) <= SMALL_GEMM_ROWS:
+        with one_blas_thread():
+            _gemm_weight(dt, w2d, groups)
+    else:
+        _gemm_weight(dt, w2d, groups)
+
+
+def _gemm_weight(dt, w2d: np.ndarray, groups) -> None:
     n = w2d.shape[0]
     if dt.name == "F32" and _blasable(w2d):
         for xg, og in groups:

@@ -3,7 +3,7 @@ slices, which the op references — sliding windows + tensordot — do not use) 
 reference backend."""
 import numpy as np
 import pytest
-from opcheck import check, leaf, values
+from opcheck import check, leaf, run, values
 
 from sdrt import OpError
 from sdrt.ops import api as F
@@ -138,6 +138,34 @@ def test_conv2d_batch_paths(rng, monkeypatch, path, wdtype, case):
     for b in (None, tb):
         node = F.conv2d(tx, tw, b, **c)
         check(node, conv_np(values(tx), values(tw), None if b is None else values(b), **c), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("path", ["one_gemm", "per_item"])
+@pytest.mark.parametrize("wdtype", ["F16", "BF16"])
+@pytest.mark.parametrize("case", ["basic_3x3_pad1", "stride2", "pointwise", "groups2"])
+def test_conv2d_weight_tiles(rng, monkeypatch, path, wdtype, case):
+    """A widened weight is split into output-channel tiles of at most WEIGHT_TILE_BYTES, one
+    GEMM per tile: several uneven tiles (7 channels, 2-3 per tile) give the untiled result, and
+    the widened scratch never grows past the tile cap."""
+    import sdrt.ops.cpu.conv as K
+    monkeypatch.setattr(K, "MERGE_MAX_P", 0 if path == "per_item" else 1 << 30)
+    monkeypatch.setattr(K, "COL_BYTES", 1 << 26 if path == "one_gemm" else 4 * 4 * 9 * 6 * 2)
+    c = {k: v for k, v in CONV2D_CASES[case].items() if k not in ("x", "w")} if case != "groups2" else {"padding": 1}
+    groups = c.pop("groups", 2 if case == "groups2" else 1)
+    ksz = (3, 3) if case == "groups2" else CONV2D_CASES[case]["w"][2:]
+    tx, tb = leaf(rnd(rng, 3, 4, 7, 6)), leaf(rnd(rng, 14 if groups == 2 else 7))
+    tw = leaf(rnd(rng, 14 if groups == 2 else 7, 4 // groups, *ksz), wdtype)
+    node = F.conv2d(tx, tw, tb, groups=groups, **c)
+    row_bytes = 4 * (4 // groups) * ksz[0] * ksz[1]
+    monkeypatch.setattr(K, "WEIGHT_TILE_BYTES", 1 << 62)
+    whole = run(node)
+    monkeypatch.setattr(K._TLS, "w", None, raising=False)
+    monkeypatch.setattr(K, "WEIGHT_TILE_BYTES", 3 * row_bytes)
+    tiled = run(node)
+    np.testing.assert_allclose(tiled, whole, rtol=1e-6, atol=1e-6)
+    assert K._TLS.w.size * 4 <= 3 * row_bytes
+    np.testing.assert_allclose(tiled, conv_np(values(tx), values(tw), values(tb), groups=groups, **c),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_conv2d_2d_weight_is_1x1(rng):

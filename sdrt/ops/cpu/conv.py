@@ -24,10 +24,14 @@ conv_transpose2d is the adjoint: cols = W2d^T[OC*KH*KW, C] @ x[C, rows*W] (one G
 of input rows), then a parallel col2im scatter-adds into the output, one output channel per
 thread so no two threads touch the same pixel.
 
-Weights are widened (or dequantized) to float32 once per call with mul_mat's row fillers
-(F16 through the hardware conversion); F16/BF16 activations are widened too. Widening a weight
-in cache-sized tiles with one GEMM per tile was tried: 4.4x slower at 8x8x1280 (4 MB tiles,
-loaded machine: BLAS re-packs all the columns on every call).
+Non-F32 weights are widened (or dequantized) to float32 with mul_mat's row fillers (F16 through
+the hardware conversion) in tiles of output channels of at most WEIGHT_TILE_BYTES (32 MiB, as
+mul_mat), one GEMM per tile writing its slice of output channels: the widened scratch of
+SD1.5's largest conv weight (1280x2560x3x3, 112.5 MiB whole) is 28.1 MiB (4 tiles of 320
+channels). Tiles are this tall because every GEMM re-packs all its columns: 4 MB tiles were
+4.4x slower at 8x8x1280 (loaded machine). The per-item path loops tiles outside items, so a
+weight of several tiles widens once per tile and redoes the im2col per tile. F16/BF16
+activations are widened whole.
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ from ._util import f32_input
 from .matmul import fill_rows
 
 COL_BYTES = 64 << 20  # cap of the im2col / col2im column buffer
+WEIGHT_TILE_BYTES = 32 << 20  # cap of one widened (non-F32) weight tile: mul_mat's TILE_BYTES
 MERGE_MAX_P = 1024     # output positions per item up to which a batch runs as one GEMM
 FLT_MAX = float(np.finfo(np.float32).max)
 # below this many column elements im2col runs serially: waking a Numba team next to OpenBLAS's
@@ -302,6 +307,19 @@ class _WeightRows:
         fill_rows(self.dt, self.rows, r0 * self.q, r1 * self.q, out.reshape((r1 - r0) * self.q, -1))
         return out
 
+    def tiles(self, r0: int, r1: int):
+        """(t0, t1, float32 rows [t0, t1)) covering rows [r0, r1): the storage itself in one tile
+        for F32, else near-equal tiles of at most WEIGHT_TILE_BYTES widened one after another
+        into one reused buffer (so each tile is valid only until the next is drawn)."""
+        if self.is_f32:
+            yield r0, r1, self.rows[r0:r1]
+            return
+        rows = _balanced_rows(r1 - r0, WEIGHT_TILE_BYTES // (4 * self.k))
+        buf = _buffer("w", rows * self.k)
+        for t0 in range(r0, r1, rows):
+            t1 = min(r1, t0 + rows)
+            yield t0, t1, self.fill(t0, t1, buf)
+
     def full(self) -> np.ndarray:
         """All rows as float32 (OC, K): the storage itself for F32, else a reused buffer."""
         if self.is_f32:
@@ -338,14 +356,14 @@ def _cols(x3, cols, C, D, H, W, kernel, stride, pad, dil, OH, OW, r0, r1, ld, c0
           dil[0], dil[1], dil[2], OH, OW, r0, r1, ld, c0)
 
 
-def _merged_gemm(w2: np.ndarray, cols: np.ndarray, b, out3: np.ndarray) -> None:
-    """out3 (N, OC, P) = W (OC, K) @ cols (K, N*P) (+ bias): one GEMM for the whole batch into a
-    scratch (OC, N*P), regrouped into out3 per item with the bias added on the way.
-
-    The weight is widened whole first (see the module doc for why not in tiles)."""
+def _merged_gemm(w: _WeightRows, cols: np.ndarray, b, out3: np.ndarray) -> None:
+    """out3 (N, OC, P) = W (OC, K) @ cols (K, N*P) (+ bias): one GEMM per weight tile for the
+    whole batch into a scratch (OC, N*P), regrouped into out3 per item with the bias added on
+    the way."""
     N, OC, P = out3.shape
     tmp = _buffer("merged", OC * N * P).reshape(OC, N * P)
-    np.matmul(w2, cols, out=tmp)
+    for t0, t1, wt in w.tiles(0, OC):
+        np.matmul(wt, cols, out=tmp[t0:t1])
     unmerge = _unmerge if OC * N * P >= SERIAL_BELOW else _unmerge_serial
     unmerge(tmp, out3, b if b is not None else np.zeros(1, np.float32), b is not None)
 
@@ -384,26 +402,26 @@ def conv_core(x5, w: _WeightRows, kernel, b, out5, stride, pad, dil, groups, col
         else:
             for n in range(N):
                 _cols(x5[n].reshape(-1), cols, C, D, H, W, kernel, stride, pad, dil, OH, OW, 0, nrows, N * P, n * P)
-        _merged_gemm(w.full(), cols.reshape(K, N * P), b, out3)
+        _merged_gemm(w, cols.reshape(K, N * P), b, out3)
         return
-    w2 = w.full()
     if not pointwise:
         rows = _balanced_rows(nrows, col_bytes // (K * OW * 4))
         buf = _buffer("cols", K * rows * OW)
-    for n in range(N):
-        for g in range(groups):
-            wg = w2[g * og:(g + 1) * og]
-            xg = x5[n, g * cg:(g + 1) * cg]
-            og_out = out3[n, g * og:(g + 1) * og]
-            if pointwise:
-                np.matmul(wg, xg.reshape(cg, P), out=og_out)
-                continue
-            for r0 in range(0, nrows, rows):
-                r1 = min(nrows, r0 + rows)
-                n_cols = (r1 - r0) * OW
-                cols = buf[:K * n_cols].reshape(K, n_cols)
-                _cols(xg.reshape(-1), buf, cg, D, H, W, kernel, stride, pad, dil, OH, OW, r0, r1, n_cols, 0)
-                np.matmul(wg, cols, out=og_out[:, r0 * OW:r1 * OW])
+    for g in range(groups):
+        # tiles outside items: each tile is widened once (a weight of one tile: as untiled)
+        for t0, t1, wt in w.tiles(g * og, (g + 1) * og):
+            for n in range(N):
+                xg = x5[n, g * cg:(g + 1) * cg]
+                t_out = out3[n, t0:t1]
+                if pointwise:
+                    np.matmul(wt, xg.reshape(cg, P), out=t_out)
+                    continue
+                for r0 in range(0, nrows, rows):
+                    r1 = min(nrows, r0 + rows)
+                    n_cols = (r1 - r0) * OW
+                    cols = buf[:K * n_cols].reshape(K, n_cols)
+                    _cols(xg.reshape(-1), buf, cg, D, H, W, kernel, stride, pad, dil, OH, OW, r0, r1, n_cols, 0)
+                    np.matmul(wt, cols, out=t_out[:, r0 * OW:r1 * OW])
     if b is not None:
         _add_bias(out3, b)
 

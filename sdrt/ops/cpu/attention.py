@@ -38,7 +38,7 @@ import numpy as np
 from numba import njit
 
 from ..convert import raw_to_f32
-from ..threads import get_threads
+from ..threads import get_threads, one_blas_thread
 from . import CPU
 from ._util import as4d, exp32, f32_input
 from .norm import FM, fmax32
@@ -135,17 +135,6 @@ class _Pool:
             return cls.ex
 
 
-_blas = None
-
-
-def _blas_controller():
-    global _blas
-    if _blas is None:
-        from threadpoolctl import ThreadpoolController
-        _blas = ThreadpoolController()
-    return _blas
-
-
 def _attention(node, xs, out):
     q, k, v = (as4d(f32_input(s, x)) for s, x in zip(node.src[:3], xs[:3]))
     o4 = as4d(out)
@@ -200,7 +189,7 @@ def _attention(node, xs, out):
         for j in jobs:
             task(j)
         return
-    with _blas_controller().limit(limits=1, user_api="blas"):
+    with one_blas_thread():
         for _ in _Pool.get(workers).map(task, jobs):
             pass
 

@@ -9,6 +9,7 @@ with a tiny COL_BYTES on small shapes, and happens by itself on the VAE's 512x51
 import numpy as np
 import pytest
 from opcheck import leaf
+from test_ops_conv import CONV2D_CASES as CPU_CONV2D_CASES
 
 from sdrt.ops import api as F
 
@@ -38,27 +39,11 @@ def check(cuda, node, tol=None):
     assert_within_scale(got, want, tol, f"{node.op} {node.ne} {node.params}")
 
 
-# ---- conv2d: every parameter family (the CPU test's cases) -----------------------------------
+# ---- conv2d: every parameter family (the CPU test's cases, plus three edge shapes) -----------
 CONV2D_CASES = {
-    "basic_3x3_pad1": dict(x=(1, 4, 6, 6), w=(5, 4, 3, 3), padding=1),
-    "stride2": dict(x=(2, 3, 7, 5), w=(3, 3, 3, 3), stride=2, padding=1),
-    "stride_xy_differ": dict(x=(1, 2, 7, 9), w=(3, 2, 3, 2), stride=(2, 1), padding=(0, 2)),
-    "dilation2": dict(x=(1, 3, 9, 8), w=(4, 3, 3, 3), dilation=2, padding=2),
-    "dilation_xy_differ": dict(x=(1, 2, 9, 8), w=(2, 2, 3, 3), dilation=(1, 2), padding=(1, 0)),
-    "groups2": dict(x=(2, 4, 7, 5), w=(6, 2, 3, 3), groups=2, padding=1),
-    "depthwise": dict(x=(2, 4, 7, 5), w=(4, 1, 3, 3), groups=4, padding=1),
-    "depthwise_s2_d2": dict(x=(1, 3, 9, 8), w=(3, 1, 3, 3), groups=3, stride=(2, 1), padding=(2, 1), dilation=2),
-    "channel_mult": dict(x=(1, 2, 5, 6), w=(4, 1, 3, 3), groups=2, padding=1),
-    "channel_mult_s2": dict(x=(2, 3, 7, 5), w=(6, 1, 3, 2), groups=3, padding=(0, 1), stride=2),
-    "circular_both": dict(x=(1, 2, 7, 5), w=(3, 2, 3, 3), padding=1, circular=(True, True)),
-    "circular_x": dict(x=(2, 2, 7, 5), w=(3, 2, 3, 3), padding=(2, 1), circular=(True, False)),
-    "circular_y": dict(x=(1, 2, 7, 5), w=(3, 2, 3, 3), padding=1, stride=2, circular=(False, True)),
+    **CPU_CONV2D_CASES,
     "circular_wider_than_input": dict(x=(1, 2, 3, 2), w=(2, 2, 3, 3), padding=(3, 4), circular=(True, True)),
-    "pointwise": dict(x=(2, 5, 7, 5), w=(3, 5, 1, 1)),
-    "pointwise_s2": dict(x=(1, 5, 7, 5), w=(3, 5, 1, 1), stride=2),
     "pointwise_padded": dict(x=(1, 5, 7, 5), w=(3, 5, 1, 1), padding=1),
-    "odd_kernel_7x5": dict(x=(1, 2, 7, 5), w=(3, 2, 5, 3), padding=(1, 2)),
-    "no_pad_valid": dict(x=(2, 3, 7, 5), w=(3, 3, 3, 3)),
     "kernel_covers_input": dict(x=(2, 3, 4, 5), w=(2, 3, 4, 5)),
 }
 

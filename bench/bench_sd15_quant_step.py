@@ -26,7 +26,6 @@ import collections
 import dataclasses
 import json
 import os
-import re
 import resource
 import statistics
 import subprocess
@@ -37,10 +36,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-
-STEP_TFLOP = 1.354
-CKPT = "/work/e2e/sd15_rand_f16.safetensors"
-SDCLI = "/work/sdcpp/stable_diffusion_cpp_python-0.4.7/vendor/stable-diffusion.cpp/build/bin/sd-cli"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_sd15_step import CKPT, SDCLI, STEP_TFLOP, sdcli_step  # noqa: E402  (one sd-cli runner)
 
 
 def quant_path(ckpt: str, ty: str) -> str:
@@ -111,22 +108,6 @@ def worker(model_path: str, profile: bool) -> None:
     assert np.isfinite(o).all()
     print(f"rss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}", flush=True)
     print(f"prof {json.dumps(dict(prof or {}))}", flush=True)
-
-
-def sdcli_step(path: str, model: str, threads: int) -> tuple[float, float, int]:
-    """(sampling seconds of one step, whole-run seconds, peak RSS bytes) of one sd-cli run."""
-    cmd = [path, "-m", model, "-p", "a lovely cat", "-W", "512", "-H", "512", "--steps", "1",
-           "-s", "42", "-t", str(threads), "-o", "/tmp/bench_sd15_quant_step_sdcli.png"]
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    text = p.stdout.read()
-    _, status, ru = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - t0
-    m = re.search(r"sampling completed, taking ([0-9.]+)s", text)
-    if p.returncode or not m:
-        raise SystemExit(f"sd-cli failed ({p.returncode}):\n{text[-2000:]}")
-    return float(m.group(1)), wall, ru.ru_maxrss * 1024
 
 
 class Child:

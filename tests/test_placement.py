@@ -19,7 +19,8 @@ from sdrt.engine.placement import (
     parse_max_vram,
     resolve_placement,
 )
-from sdrt.engine.residency import PlacedBackend, SimulatedDevice, bind_components
+from sdrt.engine.residency import PlacedBackend, bind_components
+from sdrt.engine.simulated_device import SimulatedDevice
 from sdrt.errors import UnsupportedError, UsageError
 
 GiB, MiB = 2**30, 2**20

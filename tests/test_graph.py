@@ -35,6 +35,28 @@ def test_liveness_extends_through_views(rng):
     np.testing.assert_allclose(got, (2 * x.numpy() + 3 * x.numpy()).T, rtol=1e-6)
 
 
+def test_elementwise_ops_run_in_place_when_their_input_dies(rng):
+    """silu/scale/add take their input's slot when nothing reads it later; a node whose input
+    is read again, or that reads it through another view as well, gets its own."""
+    x = Tensor.from_numpy(rng.standard_normal((8, 8, 5)).astype(np.float32))
+    a = F.scale(x, 2.0)          # computed: the chain below may reuse its buffer
+    b = F.silu(a)                # a dies here: in place
+    c = F.add(b, F.scale(x, -1.0, 0.25))  # b dies here: in place over b (= a's slot)
+    d = F.scale(c, 3.0)          # c is read again below: NOT in place
+    e = F.add(d, c)              # d and c die here: in place over one of them
+    t = F.add(e, e.permute(0, 2, 1))  # e also read through a transposed view: not over e
+    g = Graph({"out": F.scale(t, 1.0)})
+    seg = g.plan().segments[0].offsets
+    assert seg[id(b.owner)] == seg[id(a.owner)] and seg[id(c.owner)] == seg[id(b.owner)]
+    assert seg[id(d.owner)] != seg[id(c.owner)]
+    assert seg[id(e.owner)] in (seg[id(c.owner)], seg[id(d.owner)])
+    assert seg[id(t.owner)] != seg[id(e.owner)]
+    xv = x.numpy().astype(np.float64)
+    bv = 2 * xv / (1 + np.exp(-2 * xv))
+    ev = 4 * (bv - xv + 0.25)
+    np.testing.assert_allclose(g.run()["out"].numpy(), ev + ev.transpose(1, 0, 2), rtol=1e-5, atol=1e-5)
+
+
 def test_named_outputs_and_view_output(rng):
     x = Tensor.from_numpy(rng.standard_normal((3, 5)).astype(np.float32))
     y = F.exp(x)

@@ -553,8 +553,9 @@ def vae_like(w: Tensor, rows: int = 24, label: str = "vae"):
     """A VAE decode's shape: a small latent, one small weight `w` (N floats), big activations
     (rows * U bytes per intermediate, one segment)."""
     z = Tensor.from_numpy(np.linspace(-1, 1, N, dtype=np.float32), name="z")
-    h = F.scale(F.add(F.repeat(z, (N, rows)), w), 0.5)
-    g = F.Graph({"out": F.scale(h, 1.0)})
+    r = F.repeat(z, (N, rows))
+    h = F.scale(F.add(r, w), 0.5)   # add and scales run in place; r stays live to the end, so
+    g = F.Graph({"out": F.add(F.scale(h, 1.0), r)})  # two intermediates are alive at once
     g._plan, g.label = g.plan(), label
     return g
 

@@ -44,6 +44,9 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from ..errors import UsageError
+from ..ops.numba_target import configure as _configure_numba
+
+_configure_numba()  # before this module's kernels compile (see sdrt/ops/numba_target.py)
 
 __all__ = ["MT19937RNG", "RNG", "RNGS", "PhiloxRNG", "STDDefaultRNG", "make_rng", "philox4x32"]
 

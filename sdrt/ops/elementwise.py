@@ -45,7 +45,7 @@ def _binary_infer(op):
 
 for _name, _f in BINARY.items():
     defop(_name, _binary_infer(_name), (lambda f: lambda node, xs: f(xs[0], xs[1]))(_f),
-          f"element-wise {_name} with broadcasting")
+          f"element-wise {_name} with broadcasting", inplace=True)
 
 
 def add(a, b): return make_node("add", (a, b))
@@ -94,7 +94,7 @@ def _unary_infer(op):
 for _name, _f in UNARY.items():
     defop(_name, _unary_infer(_name),
           (lambda f: lambda node, xs: f(xs[0].astype(np.float64), node.params))(_f),
-          f"element-wise {_name}")
+          f"element-wise {_name}", inplace=True)
 
 
 def neg(x): return make_node("neg", (x,))

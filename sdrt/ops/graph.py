@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import OpError, UnsupportedError
+from .registry import OPS
 from .tensor import Tensor
 
 log = logging.getLogger("sdrt.graph")
@@ -169,15 +170,39 @@ class Graph:
         crossing -= output_ids
         own_arena = output_ids | crossing
 
+        def inplace_src(n: Tensor) -> Tensor | None:
+            """The computed input whose buffer `n` may take over: an element-wise op (OpDef
+            .inplace) reading, with the same shape, type and contiguous layout, a node whose
+            last consumer is `n`, in the same segment, and read through no other view here."""
+            if id(n) in own_arena or not getattr(OPS.get(n.op), "inplace", False):
+                return None
+            for s in n.src:
+                o = s.owner
+                if (o.op is not None and id(o) not in own_arena and last_use[id(o)] == pos[id(n)]
+                        and self.segment_index[id(o)] == self.segment_index[id(n)]
+                        and s.ne == n.ne and s.dtype == n.dtype and s.offset == o.offset
+                        and s.is_contiguous() and o.nbytes == n.nbytes
+                        and all(t is s or t.owner is not o for t in n.src)):
+                    return o
+            return None
+
         def plan_arena(members, offsets) -> int:
             """Offsets for `members` (in run order) in one arena; each is freed once the run
-            has passed its last consumer (which may be a node outside `members`)."""
+            has passed its last consumer (which may be a node outside `members`). An in-place
+            node (inplace_src) gets its input's offset, and the input's slot passes to it."""
             arena, live = _Arena(), []  # heap of (last use, seq, node)
+            handed_on: set[int] = set()
             for k, n in enumerate(members):
                 while live and live[0][0] < pos[id(n)]:
                     dead = heapq.heappop(live)[2]
-                    arena.release(offsets[id(dead)], _align(dead.nbytes))
-                offsets[id(n)] = arena.alloc(_align(n.nbytes))
+                    if id(dead) not in handed_on:
+                        arena.release(offsets[id(dead)], _align(dead.nbytes))
+                src = inplace_src(n)
+                if src is not None and id(src) in offsets:
+                    offsets[id(n)] = offsets[id(src)]
+                    handed_on.add(id(src))
+                else:
+                    offsets[id(n)] = arena.alloc(_align(n.nbytes))
                 heapq.heappush(live, (last_use[id(n)], k, n))
             return arena.top
 
@@ -292,9 +317,9 @@ def check_graph(outputs, backend="cpu", rtol=1e-4, atol=1e-4) -> int:
                 return None
 
             def fn(n, xs, out):
-                k.fn(n, xs, out)
                 want = np.empty_like(out)
-                ref.find(n).fn(n, xs, want)
+                ref.find(n).fn(n, xs, want)  # first: an in-place node's kernel overwrites an input
+                k.fn(n, xs, out)
                 a, b = raw_to_f32(out, n.dtype), raw_to_f32(want, n.dtype)
                 if not np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
                     err = float(np.nanmax(np.abs(a - b)))

@@ -27,15 +27,18 @@ class OpDef:
     infer: Callable
     reference: Callable
     doc: str = ""
+    # output element i is computed from element i of each same-shaped input alone, so the
+    # planner may give the output the buffer of an input that dies here (graph.py, "in place")
+    inplace: bool = False
 
 
 OPS: dict[str, OpDef] = {}
 
 
-def defop(name: str, infer: Callable, reference: Callable, doc: str = "") -> OpDef:
+def defop(name: str, infer: Callable, reference: Callable, doc: str = "", inplace: bool = False) -> OpDef:
     if name in OPS:
         raise RuntimeError(f"op {name!r} defined twice")
-    OPS[name] = OpDef(name, infer, reference, doc)
+    OPS[name] = OpDef(name, infer, reference, doc, inplace)
     return OPS[name]
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from ..numba_target import configure as _configure_numba
 from ..registry import KernelTable
+
+_configure_numba()  # before any kernel compiles or loads from the cache
 
 CPU = KernelTable("cpu")
 CPU.name = "cpu"

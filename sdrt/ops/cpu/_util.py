@@ -67,3 +67,23 @@ def exp32(x):
     p = p * r * r + r + np.float32(1.0)
     v = p * _bits_as_f32((np.int32(n) + np.int32(127)) << np.int32(23))
     return v if x > np.float32(-87.3) else np.float32(0.0)
+
+
+@njit(fastmath={"nsz", "arcp", "contract", "afn", "reassoc"}, inline="always")
+def exp2_32(y):
+    """2**y in float32 for callers that work in base 2 (attention folds log2(e) into its score
+    scale, so the ln 2 reduction of exp32 is not needed): y = n + f, f in [-0.5, 0.5), a degree-5
+    polynomial for 2**f (relative-error fit, |rel err| < 1.9e-7, as good as exp32's), times 2**n
+    built in the exponent bits. 0 below -126 (subnormal results flushed) and for NaN / -inf;
+    inf is not reached (clamped at 2**127.9). 4 vector ops fewer than exp32."""
+    yc = min(max(y, np.float32(-126.0)), np.float32(127.9))
+    n = np.floor(yc + np.float32(0.5))
+    f = yc - n
+    p = np.float32(1.326472614891827e-3)
+    p = p * f + np.float32(9.671512991189957e-3)
+    p = p * f + np.float32(5.550733581185341e-2)
+    p = p * f + np.float32(2.4022242426872253e-1)
+    p = p * f + np.float32(6.931470036506653e-1)
+    p = p * f + np.float32(1.0)
+    v = p * _bits_as_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+    return v if y > np.float32(-126.0) else np.float32(0.0)

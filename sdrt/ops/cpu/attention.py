@@ -40,10 +40,10 @@ from numba import njit
 from ..convert import raw_to_f32
 from ..threads import get_threads, one_blas_thread
 from . import CPU
-from ._util import as4d, exp32, f32_input
+from ._util import as4d, exp2_32, f32_input
 from .norm import FM, fmax32
 
-SCORE_ELEMS = 128 * 1024  # float32 elements of one thread's score tile (512 KB, L2-sized)
+SCORE_ELEMS = 256 * 1024  # float32 elements of one thread's score tile (1 MB; L2 is 2 MB per core here)
 MAX_BLOCK_K = 512
 MAX_BLOCK_Q = 1024
 MIN_BLOCK_Q = 16
@@ -51,10 +51,15 @@ BLOCK_Q: int | None = None  # overrides, for tests that force ragged tiles
 BLOCK_K: int | None = None
 
 
+LOG2E = np.float32(1.4426950408889634)
+
+
 @njit(nogil=True, fastmath=FM, cache=True)
-def _probs(S, mask, has_mask, scale, m, l, alpha):
-    """S (bq, bk) raw scores -> exp(S*scale + mask - m_new) in place; updates the running max
-    `m` and sum `l` of each row and leaves alpha = exp(m_old - m_new) for the accumulator."""
+def _probs(S, mask, has_mask, c, m, l, alpha):
+    """S (bq, bk) raw scores -> 2**(S*c + mask*log2(e) - m_new) in place, c = scale*log2(e):
+    the softmax in base 2, so each score costs one fused multiply-add and an exp2_32 (no ln 2
+    reduction). Updates the running max `m` (base-2 units) and sum `l` of each row and leaves
+    alpha = 2**(m_old - m_new) for the accumulator."""
     bq, bk = S.shape
     for r in range(bq):
         row = S[r]
@@ -62,29 +67,29 @@ def _probs(S, mask, has_mask, scale, m, l, alpha):
         if has_mask:
             mr = mask[r]
             for j in range(bk):
-                mb = fmax32(mb, row[j] * scale + mr[j])
-        elif scale > 0:  # max(row) * scale is max(row * scale) exactly: a multiply saved
+                mb = fmax32(mb, row[j] * c + mr[j] * LOG2E)
+        elif c > 0:  # max(row) * c is max(row * c) exactly: a multiply saved
             for j in range(bk):
                 mb = fmax32(mb, row[j])
-            mb *= scale
+            mb *= c
         else:
             for j in range(bk):
-                mb = fmax32(mb, row[j] * scale)
+                mb = fmax32(mb, row[j] * c)
         m_old = m[r]
         m_new = fmax32(m_old, mb)
         s = np.float32(0.0)
-        # all -inf so far: m_new = -inf, every exp argument is NaN and exp32 gives 0
+        # all -inf so far: m_new = -inf, every exponent is NaN and exp2_32 gives 0
         if has_mask:
             for j in range(bk):
-                e = exp32(row[j] * scale + mr[j] - m_new)
+                e = exp2_32(row[j] * c + mr[j] * LOG2E - m_new)
                 row[j] = e
                 s += e
         else:
             for j in range(bk):
-                e = exp32(row[j] * scale - m_new)
+                e = exp2_32(row[j] * c - m_new)
                 row[j] = e
                 s += e
-        a = exp32(m_old - m_new)
+        a = exp2_32(m_old - m_new)
         alpha[r] = a
         l[r] = l[r] * a + s
         m[r] = m_new
@@ -118,6 +123,21 @@ def block_sizes(Lq: int, Lk: int, n_heads: int, workers: int) -> tuple[int, int]
     return min(bq, Lq), bk
 
 
+_TLS = threading.local()
+
+
+def _scratch(bq: int, bk: int, dv: int):
+    """This thread's score tile S (bq, bk), accumulator tile T (bq, dv) and row vectors m, l,
+    alpha, kept between tasks and calls: a fresh 1 MB np.empty per task is a new mmap whose
+    pages fault in on every task."""
+    key = (bq, bk, dv)
+    if getattr(_TLS, "key", None) != key:
+        _TLS.key = key
+        _TLS.bufs = (np.empty((bq, bk), np.float32), np.empty((bq, dv), np.float32),
+                     np.empty(bq, np.float32), np.empty(bq, np.float32), np.empty(bq, np.float32))
+    return _TLS.bufs
+
+
 class _Pool:
     """A lazily made thread pool, remade when the thread count changes."""
     lock = threading.Lock()
@@ -141,7 +161,7 @@ def _attention(node, xs, out):
     N, H, Lq, _ = q.shape
     Nk, Hk, Lk, _ = k.shape
     rh, rn = H // Hk, N // Nk
-    scale = np.float32(node.params["scale"])
+    c = np.float32(node.params["scale"]) * LOG2E
     has_mask = len(xs) == 4
     if has_mask:
         mraw = as4d(xs[3])
@@ -162,11 +182,10 @@ def _attention(node, xs, out):
         if has_mask:
             plane = mraw[n % M3, h % M2]
             mrows = plane[i0:i1] if Mq > 1 else np.broadcast_to(plane[:1], (nq, Lk))
-        S = np.empty((nq, bk), np.float32)
-        m = np.full(nq, -np.inf, np.float32)
-        l = np.zeros(nq, np.float32)
-        alpha = np.empty(nq, np.float32)
-        T = np.empty_like(O) if Lk > bk else None
+        S, T, m, l, alpha = _scratch(bq, bk, O.shape[1])
+        S, T, m, l, alpha = S[:nq], T[:nq], m[:nq], l[:nq], alpha[:nq]
+        m.fill(-np.inf)
+        l.fill(0.0)
         for k0 in range(0, Lk, bk):
             k1 = min(k0 + bk, Lk)
             St = S[:, : k1 - k0]
@@ -176,7 +195,7 @@ def _attention(node, xs, out):
                 mb = mrows[:, k0:k1]
                 if not mask_f32:
                     mb = raw_to_f32(mb, node.src[3].dtype)
-            _probs(St, mb, has_mask, scale, m, l, alpha)
+            _probs(St, mb, has_mask, c, m, l, alpha)
             if k0 == 0:
                 np.matmul(St, V[k0:k1], out=O)
             else:

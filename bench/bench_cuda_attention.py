@@ -7,11 +7,14 @@ Rows per shape, each timed with CUDA events (median of 3 runs of --repeat back-t
 after a warm-up), ratio = time / torch SDPA time:
 - torch sdpa f16:  torch.nn.functional.scaled_dot_product_attention on contiguous fp16
                    [N, H, L, D] (FlashAttention-2 / cuDNN inside torch): the peer;
-- flash rN f16:    sdrt's attention kernel function on fp16 q/k/v, flash path forced to RN
-                   rows-per-warp variant (* marks the default of FLASH_RF); includes staging;
+- mma rR wW f16:   sdrt's attention kernel function on contiguous fp16 q/k/v, the sm_80+ flash
+                   kernel (read in place, no staging) in its variant of 16*R rows per warp and
+                   W warps per block (* marks the default, MMA_VARIANT);
+- wmma rN f16:     the portable wmma flash kernel (the fallback), default rows per warp;
+                   includes its three staging passes;
 - flash f32 view:  the default flash path on F32 q/k/v permuted from [N, L, H, D] (what the
-                   UNet graph hands it);
-- stage only:      the three staging passes of the f16 flash row (strided -> padded half);
+                   UNet graph hands it: packed to half first);
+- pack f32 view:   those three packing passes alone;
 - cublas f16:      the gemm path (S = QK^T, row softmax, O = PV, cuBLAS F16 tensor cores);
 - cublas f32:      the same in pedantic FP32 (--f32; the precision="F32" path).
 TFLOP/s count 4*N*H*Lq*Lk*D. "err" compares the row's output with torch's (max abs difference
@@ -73,27 +76,29 @@ def torch_sdpa(q, k, v, repeat):
     return statistics.median(runs), o.float().cpu().numpy()
 
 
-def kernel_call(d: CudaDev, node, force: str | None = None, rf: int | None = None):
+def kernel_call(d: CudaDev, node, force: str | None = None, variant=None):
     """A closure running the attention kernel function as the backend would, with the path
-    forced (FORCE_PATH) and the rows-per-warp variant chosen; and the output DevTensor."""
+    forced (FORCE_PATH) and the kernel variant chosen (an (rf, nw) of MMA_VARIANT for "flash",
+    an rf of FLASH_RF for "wmma"); and the output DevTensor."""
     from sdrt.gpu.cuda.table import CUDA
     k = CUDA.find(node)
     xs = [d.put(s) for s in node.src]
     out = d.out(node)
+    dp = GA.flash_dim(node.src[0].ne4[0], node.src[2].ne4[0])
+    table = GA.MMA_VARIANT if force == "flash" else GA.FLASH_RF
 
     def call():
-        saved_path, saved_rf = GA.FORCE_PATH, dict(GA.FLASH_RF)
+        saved_path, saved = GA.FORCE_PATH, table.get(dp)
         GA.FORCE_PATH = force
-        if rf is not None:
-            dp = GA.flash_dim(node.src[0].ne4[0], node.src[2].ne4[0])
-            GA.FLASH_RF[dp] = rf
+        if variant is not None:
+            table[dp] = variant
         try:
             d.rt.begin_kernel()
             k.fn(node, xs, out, d.rt)
         finally:
             GA.FORCE_PATH = saved_path
-            GA.FLASH_RF.clear()
-            GA.FLASH_RF.update(saved_rf)
+            if saved is not None:
+                table[dp] = saved
     return call, xs, out
 
 
@@ -115,29 +120,23 @@ def bench_shape(d: CudaDev, args, rng, name: str, N: int, H: int, Lq: int, Lk: i
     node16 = F.attention(*(Tensor.from_numpy(a) for a in (q16, k16, v16)))
     dp = GA.flash_dim(D, D)
     if dp is not None:
-        for rf in [1] + ([2] if dp in GA.FLASH_RF2_DIMS else []):
-            call, xs, out = kernel_call(d, node16, "flash", rf)
-            mark = "*" if GA.FLASH_RF[dp] == rf else " "
-            row(f"flash r{rf}{mark} f16", d.time_ms(call, args.repeat), out)
+        for rf, nw in sorted((r, w) for dd, r, w in GA.MMA_KERNELS if dd == dp):
+            call, xs, out = kernel_call(d, node16, "flash", (rf, nw))
+            mark = "*" if GA.MMA_VARIANT[dp] == (rf, nw) else " "
+            row(f"mma r{rf}w{nw}{mark} f16", d.time_ms(call, args.repeat), out)
+        call, xs, out = kernel_call(d, node16, "wmma")
+        row(f"wmma r{GA.FLASH_RF[dp]} f16", d.time_ms(call, args.repeat), out)
         # the same inputs in F32, as permuted views of [N, L, H, D] (the UNet's layout)
         views = [Tensor.from_numpy(np.ascontiguousarray(a.astype(np.float32).transpose(0, 2, 1, 3))).permute(0, 2, 1, 3)
                  for a in (q16, k16, v16)]
-        call, _, out = kernel_call(d, F.attention(*views), "flash")
+        call, xs, out = kernel_call(d, F.attention(*views), "flash")
         row("flash f32 view", d.time_ms(call, args.repeat), out)
-        # the staging passes alone (default variant's padding)
-        bq = GA.WARPS * 16 * GA.FLASH_RF[dp]
-        Lqp = -(-Lq // bq) * bq
-        qd, kd, vd = xs[:3]
 
-        def stage_only():
+        def pack_only():
             d.rt.begin_kernel()
-            qh = GA._scratch(d.rt, N * H * Lqp * dp * 2)
-            kh = GA._scratch(d.rt, N * H * Lk * dp * 2)
-            vh = GA._scratch(d.rt, N * H * Lk * dp * 2)
-            GA._stage(d.rt, qd, "F16", qh, dp, Lqp, H, N, 1, 1, 0.125)
-            GA._stage(d.rt, kd, "F16", kh, dp, Lk, H, N, 1, 1, 1.0)
-            GA._stage(d.rt, vd, "F16", vh, dp, Lk, H, N, 1, 1, 1.0)
-        row("stage only", d.time_ms(stage_only, args.repeat))
+            for t in xs[:3]:
+                GA._pack(d.rt, t, 1.0)
+        row("pack f32 view", d.time_ms(pack_only, args.repeat))
     call, _, out = kernel_call(d, node16, "gemm16")
     row("cublas f16", d.time_ms(call, args.repeat), out)
     if args.f32:

@@ -2,7 +2,8 @@
 tests at the end check the kernel tables against kernels/attention.cu and run everywhere).
 
 Every GPU case runs on each path of sdrt/gpu/cuda/attention.py, forced with FORCE_PATH:
-"flash" (wmma tensor cores on half q/k/v, F32 online softmax), "gemm16" (cuBLAS F16 GEMMs, F32
+"flash" (on sm_80+ the mma.sync kernel, F16 inputs read in place, others packed to half),
+"wmma" (the portable wmma kernel on staged half q/k/v, F32 online softmax), "gemm16" (cuBLAS F16 GEMMs, F32
 scores and softmax) and "gemm32" (pedantic F32 GEMMs: the precision="F32" path). Errors are
 measured relative to the output's largest magnitude: 2e-3 for the half paths (a numpy model of
 the flash kernel's roundings gives 4e-4 to 1e-3 on unit-variance inputs at D=40..160,
@@ -24,8 +25,9 @@ from sdrt.ops.tensor import Tensor
 
 from ._helpers import assert_on_cuda, randn, run_f32
 
-PATHS = ["flash", "gemm16", "gemm32"]
-TOL = {"flash": 2e-3, "gemm16": 2e-3, "gemm32": 1e-5}
+PATHS = ["flash", "wmma", "gemm16", "gemm32"]
+TOL = {"flash": 2e-3, "wmma": 2e-3, "gemm16": 2e-3, "gemm32": 1e-5}
+HALF_TOL = {"flash": 3e-2, "wmma": 3e-2, "gemm16": 3e-2, "gemm32": 2e-3}
 KERNELS = Path(GA.__file__).parent / "kernels"
 
 
@@ -65,11 +67,13 @@ def test_odd_lengths(cuda, rng, path, Lq, Lk):
     check(cuda, F.attention(leaf(q), leaf(k), leaf(v)), path)
 
 
+@pytest.mark.parametrize("dtype", ["F32", "F16"])
 @pytest.mark.parametrize("D,H,N", [(40, 8, 1), (64, 2, 2)])
-def test_sd_self_attention_4096(cuda, rng, path, D, H, N):
-    """The SD1.5 / SDXL 64x64-latent self-attention length (64 key tiles, online rescaling)."""
+def test_sd_self_attention_4096(cuda, rng, path, D, H, N, dtype):
+    """The SD1.5 / SDXL 64x64-latent self-attention length (64 key tiles, online rescaling);
+    F16 inputs are read in place by the mma kernel, F32 ones packed first."""
     q, k, v = (randn(rng, N, H, 4096, D) for _ in range(3))
-    check(cuda, F.attention(leaf(q), leaf(k), leaf(v)), path)
+    check(cuda, F.attention(leaf(q, dtype), leaf(k, dtype), leaf(v, dtype)), path)
 
 
 @pytest.mark.parametrize("D,Dv", [(40, 24), (24, 72), (8, 8), (112, 100)])
@@ -92,15 +96,16 @@ def test_mixed_input_dtypes(cuda, rng, path):
 def test_large_scores_stay_finite(cuda, rng, path):
     """Scores of several hundred: the max subtraction must happen before exp."""
     q, k, v = randn(rng, 1, 1, 8, 8, scale=40), randn(rng, 1, 1, 300, 8, scale=40), randn(rng, 1, 1, 300, 8)
-    check(cuda, F.attention(leaf(q), leaf(k), leaf(v)), path, tol=2e-3 if path == "gemm32" else 3e-2)
+    check(cuda, F.attention(leaf(q), leaf(k), leaf(v)), path, tol=HALF_TOL[path])
 
 
 # ---- broadcast: GQA, batch, masks --------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["F32", "F16"])
 @pytest.mark.parametrize("Hkv,Nk", [(2, 2), (1, 2), (3, 1), (1, 1)])
-def test_gqa_and_batch_broadcast(cuda, rng, path, Hkv, Nk):
+def test_gqa_and_batch_broadcast(cuda, rng, path, Hkv, Nk, dtype):
     q = randn(rng, 2, 6, 11, 40)
     k, v = randn(rng, Nk, Hkv, 21, 40), randn(rng, Nk, Hkv, 21, 24)
-    check(cuda, F.attention(leaf(q), leaf(k), leaf(v), scale=0.3), path)
+    check(cuda, F.attention(leaf(q, dtype), leaf(k, dtype), leaf(v, dtype), scale=0.3), path)
 
 
 @pytest.mark.parametrize("mdtype", ["F32", "F16", "BF16"])
@@ -183,9 +188,9 @@ def test_head_dims_beyond_flash_use_gemm(cuda, rng, D):
 
 
 @pytest.mark.parametrize("dp,rf", sorted({(d, 1) for d in GA.FLASH_DIMS} | {(d, 2) for d in GA.FLASH_RF2_DIMS}))
-def test_every_flash_variant(cuda, rng, monkeypatch, dp, rf):
+def test_every_wmma_variant(cuda, rng, monkeypatch, dp, rf):
     """Each compiled kernel attn_flash_d<dp>_r<rf>, at its full width and padded (D = dp - 8)."""
-    monkeypatch.setattr(GA, "FORCE_PATH", "flash")
+    monkeypatch.setattr(GA, "FORCE_PATH", "wmma")
     monkeypatch.setitem(GA.FLASH_RF, dp, rf)
     for D in (dp, dp - 8):
         if GA.flash_dim(D, D) != dp:
@@ -193,12 +198,30 @@ def test_every_flash_variant(cuda, rng, monkeypatch, dp, rf):
         q, k, v = randn(rng, 1, 2, 150, D), randn(rng, 1, 2, 200, D), randn(rng, 1, 2, 200, D)
         m = randn(rng, 1, 200)
         m[0, 190:] = -np.inf
-        check(cuda, F.attention(leaf(q), leaf(k), leaf(v), leaf(m)), "flash")
+        check(cuda, F.attention(leaf(q), leaf(k), leaf(v), leaf(m)), "wmma")
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16"])
+@pytest.mark.parametrize("dp,rf,nw", sorted(GA.MMA_KERNELS))
+def test_every_mma_variant(cuda, rng, monkeypatch, dp, rf, nw, dtype):
+    """Each compiled kernel attn_mma_d<dp>_r<rf>_w<nw>, at its full width and padded (D = dp - 8),
+    on packed (F32) and in-place (F16) inputs; queries beyond one block, a ragged key tile."""
+    if cuda.rt.device.capability < (8, 0):
+        pytest.skip("mma kernels need sm_80")
+    monkeypatch.setattr(GA, "FORCE_PATH", "flash")
+    monkeypatch.setitem(GA.MMA_VARIANT, dp, (rf, nw))
+    for D in (dp, dp - 8):
+        if GA.flash_dim(D, D) != dp:
+            continue
+        q, k, v = randn(rng, 1, 2, 300, D), randn(rng, 1, 2, 200, D), randn(rng, 1, 2, 200, D)
+        m = randn(rng, 1, 200)
+        m[0, 190:] = -np.inf
+        check(cuda, F.attention(leaf(q, dtype), leaf(k, dtype), leaf(v, dtype), leaf(m)), "flash")
 
 
 def test_gemm_path_query_chunks(cuda, rng, monkeypatch, path):
     """The gemm path walks queries in chunks bounded by SCORE_BYTES (ragged last chunk)."""
-    if path == "flash":
+    if path in ("flash", "wmma"):
         pytest.skip("gemm paths only")
     monkeypatch.setattr(GA, "SCORE_BYTES", 2 * 3 * 37 * 6 * 5)   # ~5 query rows per chunk
     q, k, v = randn(rng, 2, 3, 13, 40), randn(rng, 2, 3, 37, 40), randn(rng, 2, 3, 37, 40)
@@ -208,12 +231,14 @@ def test_gemm_path_query_chunks(cuda, rng, monkeypatch, path):
     assert np.all(got[:, :, 6] == 0)
 
 
-def test_grid_smaller_than_heads_and_batches(cuda, rng, monkeypatch):
+@pytest.mark.parametrize("flash", ["flash", "wmma"])
+@pytest.mark.parametrize("dtype", ["F32", "F16"])
+def test_grid_smaller_than_heads_and_batches(cuda, rng, monkeypatch, flash, dtype):
     """Blocks loop over heads/batches beyond gridDim.y/z (the 65535 limit, here forced to 2)."""
-    monkeypatch.setattr(GA, "FORCE_PATH", "flash")
+    monkeypatch.setattr(GA, "FORCE_PATH", flash)
     monkeypatch.setattr(GA, "_MAX_GRID_YZ", 2)
     q, k, v = randn(rng, 3, 5, 20, 40), randn(rng, 3, 1, 30, 40), randn(rng, 3, 1, 30, 40)
-    check(cuda, F.attention(leaf(q), leaf(k), leaf(v), leaf(randn(rng, 5, 20, 30))), "flash")
+    check(cuda, F.attention(leaf(q, dtype), leaf(k, dtype), leaf(v, dtype), leaf(randn(rng, 5, 20, 30))), flash)
 
 
 def test_replays_with_new_inputs(cuda, rng, path):
@@ -238,11 +263,27 @@ def _compiled_variants() -> set:
     return {(int(d), int(r)) for d, r in re.findall(r"^FLASH_KERNEL\((\d+), (\d+)\)", src, re.MULTILINE)}
 
 
+def _compiled_mma_stages() -> dict:
+    """{(dp, rf, nw): stages} of the MMA_KERNEL lines."""
+    src = (KERNELS / "attention.cu").read_text()
+    found = re.findall(r"^MMA_KERNEL\((\d+), (\d+), (\d+), (\d+)\)", src, re.MULTILINE)
+    return {tuple(map(int, m[:3])): int(m[3]) for m in found}
+
+
+def _compiled_mma() -> set:
+    return set(_compiled_mma_stages())
+
+
 def test_flash_tables_match_the_source():
     compiled = _compiled_variants()
     assert {(d, 1) for d in GA.FLASH_DIMS} | {(d, 2) for d in GA.FLASH_RF2_DIMS} == compiled
     assert set(GA.FLASH_RF) == set(GA.FLASH_DIMS)
     assert all((d, r) in compiled for d, r in GA.FLASH_RF.items())
+    assert _compiled_mma() == GA.MMA_KERNELS
+    assert set(GA.MMA_VARIANT) == set(GA.FLASH_DIMS)
+    assert all((d, *rw) in GA.MMA_KERNELS for d, rw in GA.MMA_VARIANT.items())
+    # the Python side sizes the shared memory from MMA_STAGES: it must be what was compiled
+    assert all(GA.MMA_STAGES[d] == st for (d, _, _), st in _compiled_mma_stages().items())
 
 
 def test_fatbin_has_every_kernel():
@@ -251,6 +292,8 @@ def test_fatbin_has_every_kernel():
         pytest.skip("attention.fatbin not built")
     data = fat.read_bytes()
     names = [f"attn_flash_d{d}_r{r}" for d, r in _compiled_variants()]
+    names += [f"attn_mma_d{d}_r{r}_w{w}" for d, r, w in _compiled_mma()]
+    names += [f"attn_pack_{a}" for a in ("f32", "f16", "bf16")]
     names += [f"attn_stage_{a}_{b}" for a in ("f32", "f16", "bf16") for b in ("f16", "f32")]
     names += ["attn_softmax_f16", "attn_softmax_f32"]
     missing = [n for n in names if n.encode() not in data]

@@ -1,16 +1,20 @@
 """CUDA kernels for attention (op definition: sdrt/ops/attention.py; CPU: sdrt/ops/cpu/attention.py;
 device code: kernels/attention.cu).
 
-Paths, chosen per node by `plan()`:
-- "flash": our flash attention on tensor cores (wmma, half inputs, float accumulators and
-  online softmax). q, k and v are first staged (read through their ne/nb strides, converted
-  from F32/F16/BF16) into contiguous half scratch buffers [batch][head][row][DP], DP the head
-  dim padded with zeros to a compiled size (FLASH_DIMS); q is multiplied by scale*log2(e) on
-  the way so the kernel's softmax is exp2. The kernel then reads K/V tiles with 16-byte loads;
-  a warp holds one (16*RF) x BK score tile, never the Lq x Lk matrix. Half staging also keeps
-  the kernel's re-reads of K/V (once per block of 64*RF queries) at 2 bytes an element.
-  Values beyond half's range (|x| > 65504, possible only for F32/BF16 inputs) become inf here;
-  such a node needs precision="F32".
+Paths, chosen per node by `plan()` (and, for flash, by the device):
+- "flash" on sm_80+ (attn_mma_* kernels): FlashAttention-2's scheme on mma.sync tensor-core
+  instructions; scores, probabilities and the output accumulator stay in registers, K/V tiles
+  go through shared memory in a 2-4 stage cp.async pipeline (MMA_STAGES). F16 q/k/v whose rows are 16-byte
+  aligned with D a multiple of 8 are read in place through their strides (q scaled by
+  scale*log2(e) in registers); anything else (F32/BF16, odd strides: the UNet hands F32
+  views) is first packed by attn_pack_* into contiguous half [batch][head][row][round_up(D, 8)]
+  scratch (q pre-scaled there). Head dims are padded in shared memory to a compiled size
+  (FLASH_DIMS); MMA_VARIANT picks rows per warp (16*RF) and warps per block (NW) per size.
+- "flash" elsewhere, or forced as "wmma" (attn_flash_d<DP>_r<RF>): the portable kernel on the
+  wmma API (HIP's rocWMMA has the same), scores through shared memory; q/k/v staged by
+  attn_stage_* into padded half buffers. Kept as the fallback and tested on every GPU run.
+  Values beyond half's range (|x| > 65504, possible only for F32/BF16 inputs) become inf in
+  either flash kernel; such a node needs precision="F32".
 - "gemm": S = Q K^T with cuBLAS, a row softmax kernel, O = P V with cuBLAS, over chunks of
   queries so that the scores stay under SCORE_BYTES. With compute "F32" the GEMMs run pedantic
   FP32 (no tensor cores): the full-precision path, taken when the node carries
@@ -42,7 +46,18 @@ FLASH_DIMS = (16, 32, 48, 64, 80, 96, 128, 160)  # compiled padded head dims
 FLASH_RF2_DIMS = (32, 48, 64, 80)
 FLASH_RF = {16: 1, 32: 2, 48: 2, 64: 1, 80: 1, 96: 1, 128: 1, 160: 1}
 SCORE_BYTES = 64 << 20    # gemm path: scores + probabilities of one query chunk
-FORCE_PATH: str | None = None  # tests/bench: "flash", "gemm16" or "gemm32" (default: plan())
+FORCE_PATH: str | None = None  # tests/bench: "flash", "wmma", "gemm16" or "gemm32" (default: plan())
+
+# sm_80+ flash kernels attn_mma_d<dp>_r<rf>_w<nw> (kernels/attention.cu MMA_KERNEL lines): the
+# default (rf, nw) per padded head dim, every compiled variant (the bench times them all) and the
+# K/V pipeline stages per head dim (compiled into the kernels; the shared memory follows)
+MMA_VARIANT = {16: (2, 4), 32: (2, 4), 48: (2, 4), 64: (2, 4), 80: (2, 4), 96: (1, 4), 128: (1, 4),
+               160: (1, 4)}
+MMA_KERNELS = frozenset({(d, r, w) for d, (r, w) in MMA_VARIANT.items()} |
+                        {(48, 1, 4), (64, 1, 4), (128, 1, 8)})
+MMA_STAGES = {16: 3, 32: 3, 48: 3, 64: 4, 80: 3, 96: 2, 128: 2, 160: 2}
+MMA_BK = 64               # keys per tile (MMA_BK in the .cu)
+_OFFSET_LIMIT = 1 << 31   # the mma kernel's K/V offsets within a head are 32-bit
 
 _BLOCK = 256              # threads of the staging kernel's blocks
 _MAX_GRID_X = 1 << 20     # grid-stride kernels: enough blocks to fill any GPU
@@ -68,17 +83,18 @@ def wants_f32(node) -> bool:
 
 
 def plan(node) -> tuple:
-    """("flash", DP, RF) or ("gemm", compute dtype name)."""
+    """("flash", DP, RF), ("wmma", DP, RF) or ("gemm", compute dtype name). "flash" runs the
+    mma kernel on sm_80+ and the wmma one (with RF) elsewhere; "wmma" forces the latter."""
     q, v = node.src[0], node.src[2]
     dp = flash_dim(q.ne4[0], v.ne4[0])
     path = FORCE_PATH
     if path is None:
         path = "gemm32" if wants_f32(node) else "flash" if dp is not None else "gemm16"
-    if path == "flash":
+    if path in ("flash", "wmma"):
         if dp is None:
             raise UnsupportedError(f"attention: head dims D={q.ne4[0]}, Dv={v.ne4[0]} exceed the flash "
                                    f"tiles (at most {FLASH_DIMS[-1]}); use the gemm path")
-        return ("flash", dp, FLASH_RF[dp])
+        return (path, dp, FLASH_RF[dp])
     return ("gemm", "F32" if path == "gemm32" else "F16")
 
 
@@ -89,7 +105,9 @@ def _supports(node) -> bool:
 @CUDA.register("attention", supports=_supports)
 def attention(node, xs, out, rt) -> None:
     p = plan(node)
-    if p[0] == "flash":
+    if p[0] == "flash" and tuple(rt.device.capability) >= (8, 0):
+        mma_attention(node, xs, out, rt, p[1])
+    elif p[0] in ("flash", "wmma"):
         flash_attention(node, xs, out, rt, p[1], p[2])
     else:
         gemm_attention(node, xs, out, rt, p[1])
@@ -128,7 +146,54 @@ def _shapes(xs):
     return D, v.ne[0], Lq, Lk, H, N, H // Hkv, N // Nk
 
 
-# ---- flash path ---------------------------------------------------------------------------
+# ---- flash path, sm_80+ ---------------------------------------------------------------------
+
+def mma_smem_bytes(dp: int, rf: int, nw: int) -> int:
+    """Dynamic shared memory of attn_mma_d<dp>_r<rf>_w<nw> (mma_smem_halves in the .cu)."""
+    ld, st = dp + 8, MMA_STAGES[dp]
+    return 2 * max(2 * st * MMA_BK * ld, 2 * (st - 1) * MMA_BK * ld + nw * 16 * rf * ld)
+
+
+def _direct(t) -> bool:
+    """Can the mma kernel read this DevTensor in place (F16, contiguous 16-byte-aligned rows)?"""
+    return (t.dtype.name == "F16" and t.nb[0] == 2 and t.ne[0] % 8 == 0 and t.ptr % 16 == 0
+            and all(b % 16 == 0 for b in t.nb[1:])
+            and (t.ne[1] + MMA_BK) * (t.nb[1] // 2) < _OFFSET_LIMIT)
+
+
+def _pack(rt, t, scale: float) -> tuple:
+    """(ptr, row/head/batch strides in halves, valid columns, packed?) of t as the mma kernel
+    reads it: t itself when _direct (scale not applied), else packed into half scratch times
+    scale (rows of round_up(D, 8), so its offsets stay 32-bit up to millions of keys)."""
+    D, L, Hs, Ns = t.ne
+    if _direct(t):
+        return t.ptr, t.nb[1] // 2, t.nb[2] // 2, t.nb[3] // 2, D, False
+    dpad = _round_up(D, 8)
+    dst = _scratch(rt, Ns * Hs * L * dpad * 2)
+    fn = rt.fn(MODULE, f"attn_pack_{_SUFFIX[t.dtype.name]}", "PqqqqP" + "i" * 5 + "f")
+    grid = (max(1, min(_cdiv(L * dpad // 8, _BLOCK), _MAX_GRID_X)), min(Hs, _MAX_GRID_YZ), min(Ns, _MAX_GRID_YZ))
+    fn(grid, (_BLOCK, 1, 1), t.ptr, *t.nb, dst, D, L, Hs, Ns, dpad, float(scale))
+    return dst, dpad, L * dpad, Hs * L * dpad, dpad, True
+
+
+def mma_attention(node, xs, out, rt, dp: int, variant: tuple | None = None) -> None:
+    q, k, v = xs[:3]
+    mask = xs[3] if len(xs) == 4 else None
+    _, Dv, Lq, Lk, H, N, rh, rn = _shapes(xs)
+    rf, nw = variant or MMA_VARIANT[dp]
+    sl2 = node.params["scale"] * math.log2(math.e)
+    qp, qs1, qs2, qs3, dq, staged = _pack(rt, q, sl2)
+    kp, ks1, ks2, ks3, _, _ = _pack(rt, k, 1.0)
+    vp, vs1, vs2, vs3, dvv, _ = _pack(rt, v, 1.0)
+    bq = nw * 16 * rf
+    fn = rt.fn(MODULE, f"attn_mma_d{dp}_r{rf}_w{nw}", "Pqqq" * 3 + "iif" + "Pi" + "qqqq" + "iii" + "P" + "i" * 7)
+    grid = (_cdiv(Lq, bq), min(H, _MAX_GRID_YZ), min(N, _MAX_GRID_YZ))
+    fn(grid, (nw * 32, 1, 1), qp, qs1, qs2, qs3, kp, ks1, ks2, ks3, vp, vs1, vs2, vs3, dq, dvv,
+       1.0 if staged else float(sl2), *_mask_args(mask), out.ptr, Dv, Lq, Lk, H, N, rh, rn,
+       shmem=mma_smem_bytes(dp, rf, nw))
+
+
+# ---- flash path, portable (wmma) ------------------------------------------------------------
 
 def flash_attention(node, xs, out, rt, dp: int, rf: int) -> None:
     q, k, v = xs[:3]

@@ -428,3 +428,453 @@ FLASH_KERNEL(32, 2)
 FLASH_KERNEL(48, 2)
 FLASH_KERNEL(64, 2)
 FLASH_KERNEL(80, 2)
+
+// ---------------------------------------------------------------------------------------------
+// Flash attention, sm_80+ path (attn_mma_d<DP>_r<RF>_w<NW>): FlashAttention-2's scheme on the
+// mma.sync m16n8k16 (f16 in, f32 accumulate) instructions, with ldmatrix fragment loads and a
+// cp.async pipeline of K/V tiles. It is PTX, so it exists only for __CUDA_ARCH__ >= 800 (every
+// SASS target we ship plus the compute_90 PTX); elsewhere (HIP, older GPUs) the body compiles
+// to nothing and sdrt/gpu/cuda/attention.py takes the portable wmma kernel above, which
+// computes the same thing. Unlike that kernel:
+//  * scores, probabilities and the output accumulator never leave registers: the m16n8 f32
+//    accumulator of S = Q K^T holds, lane for lane, exactly the elements the m16n8k16 A
+//    operand of P V needs, so P is just repacked to half2 (the layouts are fixed by the PTX
+//    ISA: lane l holds rows l/4 and l/4 + 8, columns 2*(l%4) + {0, 1} of each 16x8 tile);
+//    a row's max and sum need two shuffles within each group of 4 lanes; the row sum is kept
+//    per lane and reduced once at the end;
+//  * the running max moves (and O and l are rescaled) only when a row of the warp grew by more
+//    than MMA_LAZY (log2 units): with a stale max the probabilities stay below 2^MMA_LAZY and
+//    the result after O / l is the same; it spares most tiles the rescaling;
+//  * Q is read once into registers (ldmatrix from a shared tile) and scaled there by
+//    scale*log2(e) when it was not staged pre-scaled;
+//  * q/k/v are read straight from their F16 source through row/head/batch strides when the
+//    rows are 16-byte aligned with D a multiple of 8 (the Python side stages anything else:
+//    F32/BF16 or odd strides, into [n][h][l][round_up(D, 8)] half with attn_pack_*); head
+//    dims below DP and keys beyond Lk are zero-filled on the way into shared memory;
+//  * K/V tiles are copied (cp.async, 16 bytes a thread) STAGES - 1 tiles ahead of the one
+//    being computed, one __syncthreads per tile; the blocks of one head start at staggered
+//    tiles (the order does not matter to the online softmax) so that they do not all read the
+//    same tile at once.
+// One warp owns 16*RF query rows, a block NW warps; MMA_BK = 64 keys a tile. Shared memory is
+// dynamic (mma_smem_halves, above 48 KiB opted into by the launcher): K and V tiles
+// [STAGES][2][BK][DP+8] halves (rows skewed by 16 bytes so ldmatrix's 8 row addresses hit
+// distinct banks), with the Q tile [BQ][DP+8] aliasing the last stage before the first tile.
+// Measured on the H200 (bench/bench_cuda_attention.py, docs/cuda.md): larger key tiles (128)
+// or smaller ones (32), 16 rows per warp, 8 warps, Q re-read from shared memory, half2 exp2
+// and rescaling at every tile were no faster than this, most of them slower.
+#define MMA_BK 64
+#define MMA_LAZY 8
+
+__host__ __device__ constexpr int mma_smem_halves(int dp, int rf, int nw, int stages) {
+    return (2 * stages * MMA_BK * (dp + 8)) > (2 * (stages - 1) * MMA_BK * (dp + 8) + nw * 16 * rf * (dp + 8))
+               ? 2 * stages * MMA_BK * (dp + 8)
+               : 2 * (stages - 1) * MMA_BK * (dp + 8) + nw * 16 * rf * (dp + 8);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define SDRT_HAVE_MMA 1
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared, asynchronously; `valid` false writes zeros (src-size 0).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const __half* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const __half* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+// c (16x8 f32) += a (16x16 f16, row) * b (16x8 f16, col)
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2 ulp, -inf -> 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(r));
+    return r;
+}
+#endif
+
+// Q [.., Lq rows, Dq cols] at Q + n*qs3 + h*qs2 + i*qs1 (strides in halves, 16-byte aligned);
+// K, V likewise at kv head h/rh of batch n/rn with Dq / Dvv valid columns (multiples of 8), their
+// offsets from a head's start below 2^31 halves; out [N][H][Lq][Dv] float, contiguous. Scores
+// are in log2 units once Q is times qscale.
+template <int DP, int RF, int NW, int STAGES>
+__device__ void mma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs2, int64_t qs3,
+                         const __half* __restrict__ K, int64_t ks1, int64_t ks2, int64_t ks3,
+                         const __half* __restrict__ V, int64_t vs1, int64_t vs2, int64_t vs3,
+                         int Dq, int Dvv, float qscale, const char* __restrict__ mask, int mdt,
+                         int64_t mnb0, int64_t mnb1, int64_t mnb2, int64_t mnb3, int Mq, int M2,
+                         int M3, float* __restrict__ out, int Dv, int Lq, int Lk, int H, int N,
+                         int rh, int rn) {
+#ifdef SDRT_HAVE_MMA
+    constexpr int BK = MMA_BK;
+    constexpr int NT = NW * 32;
+    constexpr int ROWS = 16 * RF;       // query rows per warp
+    constexpr int BQ = NW * ROWS;       // query rows per block
+    constexpr int LD = DP + 8;          // shared row stride, halves
+    constexpr int CH = DP / 8;          // 16-byte chunks per row
+    constexpr int KD = DP / 16;         // k-steps of Q K^T (head dim)
+    constexpr int NS = BK / 8;          // n-tiles of S (keys)
+    constexpr int KS = BK / 16;         // k-steps of P V (keys)
+    constexpr int ND = DP / 8;          // n-tiles of O (head dim)
+    constexpr int TPR = CH <= 8 ? 8 : CH <= 16 ? 16 : 32;  // threads per row in tile loads
+    constexpr int RSTEP = NT / TPR;     // rows apart of one thread's chunks
+    static_assert(DP % 16 == 0 && BK % RSTEP == 0 && STAGES >= 2, "tiles");
+
+    extern __shared__ __align__(128) unsigned char dsmem[];
+    if (dynamic_smem_bytes() < 2u * mma_smem_halves(DP, RF, NW, STAGES)) __trap();  // launch bug
+    __half* sm = reinterpret_cast<__half*>(dsmem);
+    __half* Qs = sm + (STAGES - 1) * 2 * BK * LD;  // aliases the last stage until the first tile
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, tq = lane & 3;
+    const int qb = blockIdx.x * BQ;     // first query row of the block
+    const int qw = qb + warp * ROWS;    // ... of this warp
+    const int nkt = (Lk + BK - 1) / BK;
+    const int kstart = (int)(blockIdx.x % (unsigned)nkt);  // staggered first tile
+    auto tile_of = [&](int t) { const int u = t + kstart; return u >= nkt ? u - nkt : u; };
+
+    for (int n = blockIdx.z; n < N; n += gridDim.z) {
+        for (int h = blockIdx.y; h < H; h += gridDim.y) {
+            __syncthreads();  // the previous (n, h) is done with shared memory
+            const __half* Qg = Q + (int64_t)n * qs3 + (int64_t)h * qs2;
+            const __half* Kg = K + (int64_t)(n / rn) * ks3 + (int64_t)(h / rh) * ks2;
+            const __half* Vg = V + (int64_t)(n / rn) * vs3 + (int64_t)(h / rh) * vs2;
+
+            // K/V tile loads: thread (lr, lc) copies 16-byte chunk lc of rows lr, lr + RSTEP, ...
+            // (columns at or beyond Dq / Dvv are zero-filled, their source clamped to column 0)
+            const int lc = tid % TPR, lr = tid / TPR;
+            const bool kcol = lc < CH && lc * 8 < Dq, vcol = lc < CH && lc * 8 < Dvv;
+            const int ks1i = (int)ks1, vs1i = (int)vs1;
+            const int koff0 = lr * ks1i + (kcol ? lc * 8 : 0), voff0 = lr * vs1i + (vcol ? lc * 8 : 0);
+            const int soff = lr * LD + lc * 8;
+            auto load_kv = [&](int t) {  // loop step t into stage t % STAGES
+                if (lc >= CH) return;
+                __half* Kb = sm + (t % STAGES) * 2 * BK * LD + soff;
+                __half* Vb = Kb + BK * LD;
+                const int k0 = tile_of(t) * BK;
+                int ko = koff0 + k0 * ks1i, vo = voff0 + k0 * vs1i;
+                if (k0 + BK <= Lk) {
+#pragma unroll
+                    for (int i = 0; i < BK / RSTEP; ++i) {
+                        cp_async16(Kb + i * RSTEP * LD, Kg + ko, kcol);
+                        cp_async16(Vb + i * RSTEP * LD, Vg + vo, vcol);
+                        ko += RSTEP * ks1i;
+                        vo += RSTEP * vs1i;
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < BK / RSTEP; ++i) {
+                        const bool in = k0 + lr + i * RSTEP < Lk;
+                        cp_async16(Kb + i * RSTEP * LD, in ? Kg + ko : Kg, in && kcol);
+                        cp_async16(Vb + i * RSTEP * LD, in ? Vg + vo : Vg, in && vcol);
+                        ko += RSTEP * ks1i;
+                        vo += RSTEP * vs1i;
+                    }
+                }
+            };
+
+#pragma unroll
+            for (int idx = tid; idx < BQ * CH; idx += NT) {
+                const int r = idx / CH, c = idx % CH;
+                const bool in = qb + r < Lq && c * 8 < Dq;
+                cp_async16(Qs + r * LD + c * 8, in ? Qg + (int64_t)(qb + r) * qs1 + c * 8 : Q, in);
+            }
+            load_kv(0);
+            cp_async_commit();
+#pragma unroll
+            for (int t = 1; t < STAGES - 1; ++t) {
+                if (t < nkt) load_kv(t);
+                cp_async_commit();
+            }
+            cp_async_wait<STAGES - 2>();  // Q and tile 0
+            __syncthreads();
+
+            unsigned qf[RF][KD][4];
+#pragma unroll
+            for (int f = 0; f < RF; ++f)
+#pragma unroll
+                for (int kk = 0; kk < KD; ++kk)
+                    ldsm_x4(qf[f][kk], Qs + (warp * ROWS + f * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
+                                           kk * 16 + (lane >> 4) * 8);
+            if (qscale != 1.0f) {
+#pragma unroll
+                for (int f = 0; f < RF; ++f)
+#pragma unroll
+                    for (int kk = 0; kk < KD; ++kk)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const float2 x = __half22float2(*reinterpret_cast<__half2*>(&qf[f][kk][e]));
+                            qf[f][kk][e] = pack_half2(x.x * qscale, x.y * qscale);
+                        }
+            }
+
+            float o[RF][ND][4];
+            float m_run[RF][2], l_run[RF][2];
+#pragma unroll
+            for (int f = 0; f < RF; ++f) {
+#pragma unroll
+                for (int d = 0; d < ND; ++d)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o[f][d][e] = 0.0f;
+                m_run[f][0] = m_run[f][1] = NEG_INF;
+                l_run[f][0] = l_run[f][1] = 0.0f;
+            }
+
+            for (int t = 0; t < nkt; ++t) {
+                cp_async_wait<STAGES - 2>();  // tile t has landed (this thread's part) ...
+                __syncthreads();  // ... everyone's; and stage (t-1) % STAGES (or Q) is free
+                if (t + STAGES - 1 < nkt) load_kv(t + STAGES - 1);
+                cp_async_commit();
+                const __half* Kb = sm + (t % STAGES) * 2 * BK * LD;
+                const __half* Vb = Kb + BK * LD;
+                const int k0 = tile_of(t) * BK;
+
+                // S = Q K^T
+                float s[RF][NS][4];
+#pragma unroll
+                for (int f = 0; f < RF; ++f)
+#pragma unroll
+                    for (int j = 0; j < NS; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) s[f][j][e] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < KD; ++kk) {
+#pragma unroll
+                    for (int p = 0; p < NS / 2; ++p) {
+                        unsigned b[4];
+                        ldsm_x4(b, Kb + (p * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                        for (int f = 0; f < RF; ++f) {
+                            mma16816(s[f][2 * p], qf[f][kk], b[0], b[1]);
+                            mma16816(s[f][2 * p + 1], qf[f][kk], b[2], b[3]);
+                        }
+                    }
+                }
+
+                // keys beyond Lk, and the mask (natural-log units, so times log2(e))
+                if (mask != nullptr || k0 + BK > Lk) {
+#pragma unroll
+                    for (int f = 0; f < RF; ++f)
+#pragma unroll
+                        for (int hr = 0; hr < 2; ++hr) {
+                            const int i = qw + f * 16 + g + hr * 8;
+                            const char* mrow = (mask != nullptr && i < Lq)
+                                                   ? mask + (int64_t)(n % M3) * mnb3 + (int64_t)(h % M2) * mnb2 +
+                                                         (int64_t)(Mq == 1 ? 0 : i) * mnb1
+                                                   : nullptr;
+#pragma unroll
+                            for (int j = 0; j < NS; ++j)
+#pragma unroll
+                                for (int e = 0; e < 2; ++e) {
+                                    const int key = k0 + j * 8 + 2 * tq + e;
+                                    float& x = s[f][j][2 * hr + e];
+                                    if (key >= Lk) x = NEG_INF;
+                                    else if (mrow) x += load_mask(mrow, (int64_t)key * mnb0, mdt) * LOG2E;
+                                }
+                        }
+                }
+
+                // online softmax on the registers: the tile's row maxima ...
+                float mx[RF][2];
+#pragma unroll
+                for (int f = 0; f < RF; ++f)
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) {
+                        float m = fmaxf(s[f][0][2 * hr], s[f][0][2 * hr + 1]);
+#pragma unroll
+                        for (int j = 1; j < NS; ++j) m = fmaxf(m, fmaxf(s[f][j][2 * hr], s[f][j][2 * hr + 1]));
+                        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                        mx[f][hr] = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                    }
+                // ... move the running max only when some row of the warp grew by > MMA_LAZY
+                bool grow = false;
+#pragma unroll
+                for (int f = 0; f < RF; ++f)
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) grow |= mx[f][hr] > m_run[f][hr] + (float)MMA_LAZY;
+                if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+                    for (int f = 0; f < RF; ++f)
+#pragma unroll
+                        for (int hr = 0; hr < 2; ++hr) {
+                            const float m_new = fmaxf(m_run[f][hr], mx[f][hr]);
+                            const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;  // all masked so far
+                            const float alpha = fast_exp2(m_run[f][hr] - m_use);    // m_run = -inf: 0
+                            m_run[f][hr] = m_new;
+                            l_run[f][hr] *= alpha;
+#pragma unroll
+                            for (int d = 0; d < ND; ++d) {
+                                o[f][d][2 * hr] *= alpha;
+                                o[f][d][2 * hr + 1] *= alpha;
+                            }
+                        }
+                }
+                // ... probabilities, row sums (per lane), P in the A-operand layout
+                unsigned pa[RF][KS][4];
+#pragma unroll
+                for (int f = 0; f < RF; ++f) {
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) {
+                        const float m_use = (m_run[f][hr] == NEG_INF) ? 0.0f : m_run[f][hr];
+                        float sum = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < NS; ++j) {
+                            s[f][j][2 * hr] = fast_exp2(s[f][j][2 * hr] - m_use);
+                            s[f][j][2 * hr + 1] = fast_exp2(s[f][j][2 * hr + 1] - m_use);
+                            sum += s[f][j][2 * hr] + s[f][j][2 * hr + 1];
+                        }
+                        l_run[f][hr] += sum;
+                    }
+#pragma unroll
+                    for (int kb = 0; kb < KS; ++kb) {
+                        pa[f][kb][0] = pack_half2(s[f][2 * kb][0], s[f][2 * kb][1]);
+                        pa[f][kb][1] = pack_half2(s[f][2 * kb][2], s[f][2 * kb][3]);
+                        pa[f][kb][2] = pack_half2(s[f][2 * kb + 1][0], s[f][2 * kb + 1][1]);
+                        pa[f][kb][3] = pack_half2(s[f][2 * kb + 1][2], s[f][2 * kb + 1][3]);
+                    }
+                }
+
+                // O += P V
+#pragma unroll
+                for (int kb = 0; kb < KS; ++kb) {
+#pragma unroll
+                    for (int q = 0; q < ND / 2; ++q) {
+                        unsigned b[4];
+                        ldsm_x4_t(b, Vb + (kb * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + q * 16 + (lane >> 4) * 8);
+#pragma unroll
+                        for (int f = 0; f < RF; ++f) {
+                            mma16816(o[f][2 * q], pa[f][kb], b[0], b[1]);
+                            mma16816(o[f][2 * q + 1], pa[f][kb], b[2], b[3]);
+                        }
+                    }
+                }
+            }
+            cp_async_wait<0>();  // nothing in flight when shared memory is reused
+
+            // out = O / l; a fully masked row (l = 0) gives zeros
+#pragma unroll
+            for (int f = 0; f < RF; ++f)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    float l = l_run[f][hr];
+                    l += __shfl_xor_sync(0xffffffffu, l, 1);
+                    l += __shfl_xor_sync(0xffffffffu, l, 2);
+                    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+                    const int i = qw + f * 16 + g + hr * 8;
+                    if (i >= Lq) continue;
+                    float* orow = out + (((int64_t)n * H + h) * Lq + i) * Dv;
+#pragma unroll
+                    for (int d = 0; d < ND; ++d) {
+                        const int c = d * 8 + 2 * tq;
+                        const float v0 = o[f][d][2 * hr] * inv, v1 = o[f][d][2 * hr + 1] * inv;
+                        if (c + 1 < Dv && (Dv & 1) == 0) {
+                            *reinterpret_cast<float2*>(orow + c) = make_float2(v0, v1);
+                        } else {
+                            if (c < Dv) orow[c] = v0;
+                            if (c + 1 < Dv) orow[c + 1] = v1;
+                        }
+                    }
+                }
+        }
+    }
+#endif  // SDRT_HAVE_MMA
+}
+
+#define MMA_KERNEL(DP, RF, NW, STAGES)                                                             \
+    extern "C" __global__ void __launch_bounds__(NW * 32)                                          \
+    attn_mma_d##DP##_r##RF##_w##NW(const __half* Q, int64_t qs1, int64_t qs2, int64_t qs3,        \
+                                   const __half* K, int64_t ks1, int64_t ks2, int64_t ks3,        \
+                                   const __half* V, int64_t vs1, int64_t vs2, int64_t vs3,        \
+                                   int Dq, int Dvv, float qscale, const char* mask, int mdt,      \
+                                   int64_t mnb0, int64_t mnb1, int64_t mnb2, int64_t mnb3, int Mq, \
+                                   int M2, int M3, float* out, int Dv, int Lq, int Lk, int H,     \
+                                   int N, int rh, int rn) {                                       \
+        mma_body<DP, RF, NW, STAGES>(Q, qs1, qs2, qs3, K, ks1, ks2, ks3, V, vs1, vs2, vs3, Dq, Dvv, \
+                                     qscale, mask, mdt, mnb0, mnb1, mnb2, mnb3, Mq, M2, M3, out,  \
+                                     Dv, Lq, Lk, H, N, rh, rn);                                   \
+    }
+
+// (DP, RF, NW, STAGES): the defaults of sdrt/gpu/cuda/attention.py MMA_VARIANT (RF 2 up to DP
+// 80, where two m-tiles share every K/V fragment load; 1 above, for registers), and the
+// alternatives the bench times (MMA_KERNELS there lists them all; MMA_STAGES the stages per
+// DP: more for small DP, 2 above 80 so that sm_86/sm_89's 99 KiB per block still hold them).
+MMA_KERNEL(16, 2, 4, 3)
+MMA_KERNEL(32, 2, 4, 3)
+MMA_KERNEL(48, 2, 4, 3)
+MMA_KERNEL(64, 2, 4, 4)
+MMA_KERNEL(80, 2, 4, 3)
+MMA_KERNEL(96, 1, 4, 2)
+MMA_KERNEL(128, 1, 4, 2)
+MMA_KERNEL(160, 1, 4, 2)
+MMA_KERNEL(48, 1, 4, 3)
+MMA_KERNEL(64, 1, 4, 4)
+MMA_KERNEL(128, 1, 8, 2)
+
+// ---------------------------------------------------------------------------------------------
+// Staging for the mma path: a strided 4-D view (ne [D, L, H, N], byte strides nb) into
+// dst[N][H][L][Dpad] half (Dpad = D rounded up to 8, columns >= D zero), times `scale`. One
+// thread writes one 16-byte chunk (8 halves); heads and batches on grid y/z.
+template <typename Tin>
+__device__ void pack_body(const char* src, int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
+                          __half* dst, int D, int L, int H, int N, int Dpad, float scale) {
+    const int CHn = Dpad / 8;
+    const int total = L * CHn;
+    for (int n = blockIdx.z; n < N; n += gridDim.z)
+        for (int h = blockIdx.y; h < H; h += gridDim.y) {
+            const char* base = src + (int64_t)n * nb3 + (int64_t)h * nb2;
+            __half* dbase = dst + ((int64_t)n * H + h) * (int64_t)L * Dpad;
+            for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
+                const int l = idx / CHn, c = idx - l * CHn;
+                const char* row = base + (int64_t)l * nb1;
+                __half2 v[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int d = c * 8 + 2 * e;
+                    const float x0 = d < D ? load_f<Tin>(row, (int64_t)d * nb0) * scale : 0.0f;
+                    const float x1 = d + 1 < D ? load_f<Tin>(row, (int64_t)(d + 1) * nb0) * scale : 0.0f;
+                    v[e] = __floats2half2_rn(x0, x1);
+                }
+                *reinterpret_cast<uint4*>(dbase + (int64_t)l * Dpad + c * 8) = *reinterpret_cast<uint4*>(v);
+            }
+        }
+}
+
+#define PACK_KERNEL(NAME, TIN)                                                                     \
+    extern "C" __global__ void NAME(const char* src, int64_t nb0, int64_t nb1, int64_t nb2,      \
+                                    int64_t nb3, __half* dst, int D, int L, int H, int N,         \
+                                    int Dpad, float scale) {                                      \
+        pack_body<TIN>(src, nb0, nb1, nb2, nb3, dst, D, L, H, N, Dpad, scale);                    \
+    }
+
+PACK_KERNEL(attn_pack_f32, float)
+PACK_KERNEL(attn_pack_f16, __half)
+PACK_KERNEL(attn_pack_bf16, __nv_bfloat16)

@@ -3,7 +3,19 @@
 `import sdrt` stays light: numpy only. Numba kernels, the Cython quant module and GPU
 backends load on first use.
 """
-from .errors import ModelFileError, OpError, SdrtError, UnsupportedError, UsageError
+import os as _os
+import sys as _sys
+
+# OpenBLAS (numpy's BLAS) keeps its worker threads spinning for 2^28 cycles (~0.1 s) after
+# every call. sdrt interleaves BLAS with Numba's parallel kernels, which then share a core with
+# a spinning BLAS thread: a 2-thread element-wise kernel right after a GEMM took 4.0 ms instead
+# of 1.9, and the SD1.5 UNet forward 8.3 s instead of 7.1 s on 2 cores. 2^4 cycles makes them
+# sleep at once. OpenBLAS reads the variable when numpy loads it, so it applies when sdrt is
+# imported first (the CLI always is); load_pipeline says so when numpy came first.
+_blas_spin_late = "OPENBLAS_THREAD_TIMEOUT" not in _os.environ and "numpy" in _sys.modules
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+from .errors import ModelFileError, OpError, SdrtError, UnsupportedError, UsageError  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -168,6 +168,42 @@ def test_conv2d_weight_tiles(rng, monkeypatch, path, wdtype, case):
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("wdtype", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("shape,padding", [((2, 5, 9, 7), 1), ((1, 3, 8, 8), 0), ((3, 4, 5, 10), 2),
+                                           ((2, 6, 7, 7), (1, 0)), ((1, 2, 4, 3), (0, 2))])
+@pytest.mark.parametrize("tiny_chunks", [False, True])
+def test_conv2d_winograd(rng, monkeypatch, wdtype, shape, padding, tiny_chunks):
+    """3x3 stride-1 convs through F(2x2, 3x3) (conv_winograd.py): odd and even sizes (cut last
+    tile row/column), every padding, bias or none, widened weights; with tiny scratch caps the
+    batch's tile rows come in many chunks and the filters in several output-channel tiles. It
+    must run (counted) and agree with the direct sum as the im2col path does."""
+    import sdrt.ops.cpu.conv as K
+    import sdrt.ops.cpu.conv_winograd as WG
+    calls = []
+    monkeypatch.setattr(WG, "MIN_CHANNELS", 1)
+    monkeypatch.setattr(WG, "MIN_TILES", 1)
+    monkeypatch.setattr(K, "conv_winograd", lambda *a: calls.append(1) or WG.conv_winograd(*a))
+    if tiny_chunks:  # 3 output channels per U tile, 1 tile row per chunk
+        monkeypatch.setattr(WG, "WINO_BYTES", 64 * shape[1] * 3)
+        monkeypatch.setattr(K, "COL_BYTES", 64 * shape[1] * 8)
+    N, C, H, W = shape
+    tx, tw, tb = leaf(rnd(rng, N, C, H, W)), leaf(rnd(rng, 7, C, 3, 3), wdtype), leaf(rnd(rng, 7))
+    for b in (None, tb):
+        node = F.conv2d(tx, tw, b, padding=padding)
+        want = conv_np(values(tx), values(tw), None if b is None else values(b), padding=padding)
+        np.testing.assert_allclose(run(node), want, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2
+
+
+def test_conv2d_winograd_where_it_pays():
+    """Winograd runs for SD's 32x32-and-larger 3x3 convs with batch 2, not for thin channel
+    counts or maps of a few tiles (8x8 with batch 2: 32 tiles)."""
+    from sdrt.ops.cpu.conv_winograd import winograd_applies
+    assert winograd_applies(320, 320, 2, 64, 64) and winograd_applies(128, 128, 1, 512, 512)
+    assert not winograd_applies(4, 320, 2, 64, 64) and not winograd_applies(320, 4, 2, 64, 64)
+    assert not winograd_applies(1280, 1280, 2, 8, 8)
+
+
 def test_conv2d_2d_weight_is_1x1(rng):
     x, w, b = rnd(rng, 2, 5, 3, 4), rnd(rng, 3, 5), rnd(rng, 3)
     node = F.conv2d(leaf(x), leaf(w), leaf(b))  # ne=[C, OC], numpy (OC, C)

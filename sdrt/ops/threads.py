@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 _threads: int | None = None
 _blas = None  # cached threadpoolctl.ThreadpoolController (building one scans the loaded libraries, ~6 ms)
@@ -46,3 +48,36 @@ def blas_controller():
 def one_blas_thread():
     """Context that runs the BLAS calls inside it on one thread (restoring the pool after)."""
     return blas_controller().limit(limits=1, user_api="blas")
+
+
+class _Pool:
+    """A lazily made pool of Python threads, remade when the thread count changes."""
+    lock = threading.Lock()
+    ex: ThreadPoolExecutor | None = None
+    n = 0
+
+    @classmethod
+    def get(cls, n: int) -> ThreadPoolExecutor:
+        with cls.lock:
+            if cls.ex is None or cls.n != n:
+                if cls.ex is not None:
+                    cls.ex.shutdown(wait=True)
+                cls.ex = ThreadPoolExecutor(n, thread_name_prefix="sdrt-task")
+                cls.n = n
+            return cls.ex
+
+
+def run_tasks(fn, jobs) -> None:
+    """fn(job) for every job, on get_threads() Python threads each running single-thread BLAS
+    (and nogil Numba): a free worker takes the next job, so a core taken by another process
+    delays one job, not every barrier of a fork-join GEMM. Used for many independent GEMMs
+    (attention's tiles, Winograd's 16 products)."""
+    jobs = list(jobs)
+    workers = max(1, get_threads())
+    if workers == 1 or len(jobs) == 1:
+        for j in jobs:
+            fn(j)
+        return
+    with one_blas_thread():
+        for _ in _Pool.get(workers).map(fn, jobs):
+            pass

@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numba import njit
 
 from ..convert import raw_to_f32
-from ..threads import get_threads, one_blas_thread
+from ..threads import get_threads, run_tasks
 from . import CPU
 from ._util import as4d, exp2_32, f32_input
 from .norm import FM, fmax32
@@ -138,23 +137,6 @@ def _scratch(bq: int, bk: int, dv: int):
     return _TLS.bufs
 
 
-class _Pool:
-    """A lazily made thread pool, remade when the thread count changes."""
-    lock = threading.Lock()
-    ex: ThreadPoolExecutor | None = None
-    n = 0
-
-    @classmethod
-    def get(cls, n: int) -> ThreadPoolExecutor:
-        with cls.lock:
-            if cls.ex is None or cls.n != n:
-                if cls.ex is not None:
-                    cls.ex.shutdown(wait=True)
-                cls.ex = ThreadPoolExecutor(n, thread_name_prefix="sdrt-attn")
-                cls.n = n
-            return cls.ex
-
-
 def _attention(node, xs, out):
     q, k, v = (as4d(f32_input(s, x)) for s, x in zip(node.src[:3], xs[:3]))
     o4 = as4d(out)
@@ -203,14 +185,7 @@ def _attention(node, xs, out):
                 _accumulate(O, T, alpha)
         _finish(O, l)
 
-    jobs = [(n, h, i0) for n in range(N) for h in range(H) for i0 in range(0, Lq, bq)]
-    if workers == 1 or len(jobs) == 1:
-        for j in jobs:
-            task(j)
-        return
-    with one_blas_thread():
-        for _ in _Pool.get(workers).map(task, jobs):
-            pass
+    run_tasks(task, [(n, h, i0) for n in range(N) for h in range(H) for i0 in range(0, Lq, bq)])
 
 
 CPU.register("attention", supports=lambda node: all(s.dtype.name in ("F32", "F16", "BF16") for s in node.src))(_attention)

@@ -43,11 +43,13 @@ from numba import njit, prange
 from ..conv import conv2d_weight_ne
 from . import CPU
 from ._util import f32_input
+from .conv_winograd import conv_winograd, winograd_applies
 from .matmul import fill_rows
 
 COL_BYTES = 64 << 20  # cap of the im2col / col2im column buffer
 WEIGHT_TILE_BYTES = 32 << 20  # cap of one widened (non-F32) weight tile: mul_mat's TILE_BYTES
 MERGE_MAX_P = 1024     # output positions per item up to which a batch runs as one GEMM
+WINOGRAD = True        # 3x3 stride-1 convs by F(2x2, 3x3) where it pays (conv_winograd.py)
 FLT_MAX = float(np.finfo(np.float32).max)
 # below this many column elements im2col runs serially: waking a Numba team next to OpenBLAS's
 # spinning threads costs more than the copy (as mul_mat measured for its weight tiles)
@@ -387,6 +389,10 @@ def conv_core(x5, w: _WeightRows, kernel, b, out5, stride, pad, dil, groups, col
         bias = b if b is not None else np.zeros(OC, np.float32)
         _depthwise2d(x5.reshape(-1), w.full().reshape(-1), bias, out5.reshape(-1), N, C, OC, H, W, KH, KW,
                      OH, OW, stride[1], stride[2], pad[1], pad[2], dil[1], dil[2])
+        return
+    if (WINOGRAD and groups == 1 and D == 1 and (KD, KH, KW) == (1, 3, 3) and tuple(stride) == (1, 1, 1)
+            and tuple(dil) == (1, 1, 1) and winograd_applies(C, OC, N, OH, OW)):
+        conv_winograd(x5.reshape(N, C, H, W), w, b, out5.reshape(N, OC, OH, OW), pad[1], pad[2], _buffer)
         return
     K = cg * KD * KH * KW
     P = OD * OH * OW

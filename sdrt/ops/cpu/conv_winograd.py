@@ -1,0 +1,239 @@
+"""3x3 stride-1 convolutions by Winograd's minimal filtering F(2x2, 3x3) (Lavin & Gray, 2015).
+
+Each 2x2 block of outputs (a "tile") is computed from the 4x4 input patch d under it; with g
+one 3x3 filter,
+    Y = A^T [ (G g G^T) * (B^T d B) ] A          (* element-wise over the 4x4 entries)
+so a (channel, tile) pair costs 16 multiplies instead of 36. Over a layer the 16 entries are 16
+independent GEMMs U[k] (OC x C) @ V[k] (C x tiles): 2.25x fewer multiply-adds than the im2col
+GEMM W (OC x 9C) @ cols (9C x positions), and V holds 4/9 of the im2col columns. The transforms
+are additions and halvings (G's 0.5 entries are exact), so results differ from the direct sum
+in rounding only: relative differences of a few 1e-7 at SD's shapes.
+
+Per chunk of tile rows of the whole batch (every item's tiles side by side, as conv.py's merged
+GEMM does, so small maps still give GEMMs of hundreds of columns):
+    U (16, OC_tile, C)   filter transform, from the weight rows widened in sub-tiles
+    V (16, C, Pc)        input transform (Numba, parallel over channels)
+    M (16, OC_tile, Pc)  = U[k] @ V[k] with numpy's BLAS, k = 0..15, as 16 one-thread tasks
+    out                  output transform A^T m A + bias (Numba, parallel over output channels)
+V lives in conv's "cols" scratch (at most COL_BYTES), U and M in scratch of at most WINO_BYTES.
+conv.py decides where it applies (`winograd_applies`).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..threads import run_tasks
+
+WINO_BYTES = 16 << 20   # cap of the U tile and of the M chunk (float32 bytes each)
+MIN_CHANNELS = 32       # below this C or OC the 16 GEMMs are too thin to win
+MIN_TILES = 64          # tiles over the batch (8x8 maps with batch 2: 32 tiles, not worth it)
+
+
+# Hot loops index flat arrays with uint64 (as conv.py's im2col): a signed index gets Numba's
+# negative-index wraparound branch, which stops LLVM vectorizing.
+U64 = np.uint64
+
+
+@njit(inline="always")
+def _g4(a, b, e):
+    """One row/column of G g G^T: (a, (a+b+e)/2, (a-b+e)/2, e)."""
+    h = np.float32(0.5)
+    return a, h * (a + b + e), h * (a - b + e), e
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _filter_transform(w, U, ot, C, o0, ld_o):
+    """w flat (ot, C, 3, 3) float32 -> U flat (16, ld_o, C): U[k, o0 + o, c] = (G g G^T)[k // 4,
+    k % 4] for the filter g = w[o, c]."""
+    plane = U64(ld_o * C)
+    for o in prange(ot):
+        src = U64(o * C * 9)
+        dst = U64((o0 + o) * C)
+        for c in range(C):
+            s = src + U64(c * 9)
+            q00, q10, q20, q30 = _g4(w[s], w[s + U64(3)], w[s + U64(6)])  # G g, column by column
+            q01, q11, q21, q31 = _g4(w[s + U64(1)], w[s + U64(4)], w[s + U64(7)])
+            q02, q12, q22, q32 = _g4(w[s + U64(2)], w[s + U64(5)], w[s + U64(8)])
+            d = dst + U64(c)
+            u0, u1, u2, u3 = _g4(q00, q01, q02)                                 # (G g) G^T
+            U[d] = u0
+            U[d + plane] = u1
+            U[d + U64(2) * plane] = u2
+            U[d + U64(3) * plane] = u3
+            u0, u1, u2, u3 = _g4(q10, q11, q12)
+            U[d + U64(4) * plane] = u0
+            U[d + U64(5) * plane] = u1
+            U[d + U64(6) * plane] = u2
+            U[d + U64(7) * plane] = u3
+            u0, u1, u2, u3 = _g4(q20, q21, q22)
+            U[d + U64(8) * plane] = u0
+            U[d + U64(9) * plane] = u1
+            U[d + U64(10) * plane] = u2
+            U[d + U64(11) * plane] = u3
+            u0, u1, u2, u3 = _g4(q30, q31, q32)
+            U[d + U64(12) * plane] = u0
+            U[d + U64(13) * plane] = u1
+            U[d + U64(14) * plane] = u2
+            U[d + U64(15) * plane] = u3
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _input_transform(x, V, N, C, H, W, th, tw, ph, pw, r0, r1, pc):
+    """x flat (N, C, H, W); tile rows r in [r0, r1) of the batch (r = n*th + ty) -> V flat
+    (16, C, pc) at column (r - r0)*tw + tx. The four input rows under a tile row are first
+    copied, zero-padded and split into even and odd padded columns (E, O: tile tx reads
+    E[tx], O[tx], E[tx+1], O[tx+1]), so the tile loop is contiguous and branch-free."""
+    L = tw + 1
+    plane = U64(C * pc)
+    for c in prange(C):
+        E = np.empty(4 * L, np.float32)
+        O = np.empty(4 * L, np.float32)
+        for r in range(r0, r1):
+            n = r // th
+            ty = r - n * th
+            for i in range(4):
+                iy = 2 * ty - ph + i
+                e0 = U64(i * L)
+                if iy < 0 or iy >= H:
+                    for j in range(L):
+                        E[e0 + U64(j)] = 0.0
+                        O[e0 + U64(j)] = 0.0
+                    continue
+                base = ((n * C + c) * H + iy) * W
+                for j in range(L):       # padded columns 2j, 2j + 1 read input columns - pw
+                    ix = 2 * j - pw
+                    E[e0 + U64(j)] = x[U64(base + ix)] if 0 <= ix < W else np.float32(0.0)
+                    O[e0 + U64(j)] = x[U64(base + ix + 1)] if 0 <= ix + 1 < W else np.float32(0.0)
+            dst = U64(c * pc + (r - r0) * tw)
+            L1, L2, L3 = U64(L), U64(2 * L), U64(3 * L)
+            for tx in range(tw):
+                t = U64(tx)
+                # rows of B^T d at the even/odd columns tx and tx + 1
+                ea0 = E[t] - E[t + L2]
+                eb0 = E[t + L1] + E[t + L2]
+                ec0 = E[t + L2] - E[t + L1]
+                ed0 = E[t + L1] - E[t + L3]
+                oa0 = O[t] - O[t + L2]
+                ob0 = O[t + L1] + O[t + L2]
+                oc0 = O[t + L2] - O[t + L1]
+                od0 = O[t + L1] - O[t + L3]
+                t1 = t + U64(1)
+                ea1 = E[t1] - E[t1 + L2]
+                eb1 = E[t1 + L1] + E[t1 + L2]
+                ec1 = E[t1 + L2] - E[t1 + L1]
+                ed1 = E[t1 + L1] - E[t1 + L3]
+                oa1 = O[t1] - O[t1 + L2]
+                ob1 = O[t1 + L1] + O[t1 + L2]
+                oc1 = O[t1 + L2] - O[t1 + L1]
+                od1 = O[t1 + L1] - O[t1 + L3]
+                d = dst + t
+                # (B^T d) B along each row: columns (e0, o0, e1, o1) -> (e0 - e1, o0 + e1, e1 - o0, o0 - o1)
+                V[d] = ea0 - ea1
+                V[d + plane] = oa0 + ea1
+                V[d + U64(2) * plane] = ea1 - oa0
+                V[d + U64(3) * plane] = oa0 - oa1
+                V[d + U64(4) * plane] = eb0 - eb1
+                V[d + U64(5) * plane] = ob0 + eb1
+                V[d + U64(6) * plane] = eb1 - ob0
+                V[d + U64(7) * plane] = ob0 - ob1
+                V[d + U64(8) * plane] = ec0 - ec1
+                V[d + U64(9) * plane] = oc0 + ec1
+                V[d + U64(10) * plane] = ec1 - oc0
+                V[d + U64(11) * plane] = oc0 - oc1
+                V[d + U64(12) * plane] = ed0 - ed1
+                V[d + U64(13) * plane] = od0 + ed1
+                V[d + U64(14) * plane] = ed1 - od0
+                V[d + U64(15) * plane] = od0 - od1
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _output_transform(M, out, bias, o0, ot, ld_o, pc, OC, OH, OW, th, tw, r0, r1):
+    """M flat (16, ld_o, pc) for output channels [o0, o0 + ot) and tile rows [r0, r1) -> out
+    flat (N, OC, OH, OW) = A^T m A + bias; where OH/OW are odd the last row/column is cut."""
+    plane = U64(ld_o * pc)
+    fw = OW // 2                     # tiles whose two columns both exist
+    for o in prange(ot):
+        oc = o0 + o
+        bv = bias[oc]
+        for r in range(r0, r1):
+            n = r // th
+            ty = r - n * th
+            y = 2 * ty
+            two = y + 1 < OH
+            src = U64(o * pc + (r - r0) * tw)
+            row0 = U64(((n * OC + oc) * OH + y) * OW)
+            row1 = row0 + U64(OW)
+            for tx in range(tw):
+                p = src + U64(tx)
+                m0, m1, m2, m3 = M[p], M[p + plane], M[p + U64(2) * plane], M[p + U64(3) * plane]
+                m4, m5, m6, m7 = (M[p + U64(4) * plane], M[p + U64(5) * plane], M[p + U64(6) * plane],
+                                  M[p + U64(7) * plane])
+                m8, m9, m10, m11 = (M[p + U64(8) * plane], M[p + U64(9) * plane], M[p + U64(10) * plane],
+                                    M[p + U64(11) * plane])
+                m12, m13, m14, m15 = (M[p + U64(12) * plane], M[p + U64(13) * plane], M[p + U64(14) * plane],
+                                      M[p + U64(15) * plane])
+                s00 = m0 + m4 + m8       # A^T m: rows 0 + 1 + 2 and 1 - 2 - 3
+                s01 = m1 + m5 + m9
+                s02 = m2 + m6 + m10
+                s03 = m3 + m7 + m11
+                s10 = m4 - m8 - m12
+                s11 = m5 - m9 - m13
+                s12 = m6 - m10 - m14
+                s13 = m7 - m11 - m15
+                x = U64(2 * tx)
+                out[row0 + x] = s00 + s01 + s02 + bv
+                if tx < fw:
+                    out[row0 + x + U64(1)] = s01 - s02 - s03 + bv
+                if two:
+                    out[row1 + x] = s10 + s11 + s12 + bv
+                    if tx < fw:
+                        out[row1 + x + U64(1)] = s11 - s12 - s13 + bv
+
+
+def winograd_applies(C: int, OC: int, N: int, OH: int, OW: int) -> bool:
+    """Whether conv_winograd pays for a 3x3 stride-1 groups-1 conv of these sizes."""
+    return C >= MIN_CHANNELS and OC >= MIN_CHANNELS and N * -(-OH // 2) * -(-OW // 2) >= MIN_TILES
+
+
+def _even_split(n: int, cap: int) -> int:
+    parts = -(-n // max(1, min(n, cap)))
+    return -(-n // parts)
+
+
+def conv_winograd(x4: np.ndarray, w, b, out4: np.ndarray, ph: int, pw: int, buffer) -> None:
+    """out4 (N, OC, OH, OW) = 3x3 conv of x4 (N, C, H, W) (float32, C-contiguous) with weight rows
+    `w` (conv.py's _WeightRows, K = 9C) and bias `b` (or None), zero padding (ph, pw), stride 1.
+    `buffer(name, n)` gives reusable float32 scratch (conv.py's per-thread buffers)."""
+    from .conv import COL_BYTES
+    N, C, H, W = x4.shape
+    OC, OH, OW = out4.shape[1:]
+    th, tw = -(-OH // 2), -(-OW // 2)
+    ot = _even_split(OC, WINO_BYTES // (64 * C))                       # U tile: 16*ot*C floats
+    rc = _even_split(N * th, min(COL_BYTES // (64 * C * tw), WINO_BYTES // (64 * ot * tw)))
+    pc = rc * tw
+    U = buffer("wino_u", 16 * ot * C)
+    V = buffer("cols", 16 * C * pc)
+    M = buffer("wino_m", 16 * ot * pc)
+    Uk, Vk, Mk = U.reshape(16, ot, C), V.reshape(16, C, pc), M.reshape(16, ot, pc)
+    bias = b if b is not None else np.zeros(OC, np.float32)
+    xf, of = x4.reshape(-1), out4.reshape(-1)
+
+    def filters(t0, t1):
+        for s0, s1, rows in w.tiles(t0, t1):
+            _filter_transform(rows.reshape(-1), U, s1 - s0, C, s0 - t0, ot)
+
+    one_tile = ot >= OC
+    if one_tile:
+        filters(0, OC)
+    for r0 in range(0, N * th, rc):
+        r1 = min(N * th, r0 + rc)
+        n_p = (r1 - r0) * tw
+        _input_transform(xf, V, N, C, H, W, th, tw, ph, pw, r0, r1, pc)
+        for t0 in range(0, OC, ot):
+            t1 = min(OC, t0 + ot)
+            if not one_tile:
+                filters(t0, t1)
+            ut, vt, mt = Uk[:, :t1 - t0], Vk[:, :, :n_p], Mk[:, :t1 - t0, :n_p]
+            run_tasks(lambda k: np.matmul(ut[k], vt[k], out=mt[k]), range(16))
+            _output_transform(M, of, bias, t0, t1 - t0, ot, pc, OC, OH, OW, th, tw, r0, r1)

@@ -23,7 +23,6 @@ import sdrt  # noqa: E402,F401  before numpy: sdrt/__init__.py sets OpenBLAS's t
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sdrt.ops import api as F
 from sdrt.ops import dtypes, quant

@@ -6,10 +6,14 @@ GEMM of the same shape (the floor: an im2col conv can at best match the GEMM it 
 Per shape, in one run and interleaved (so machine noise hits all three alike), median of
 --repeat timings after one warm-up:
 - sdrt:       F.conv2d(x, w, b, padding=1) through Graph(...).run("cpu") (F32 weights; the
-              F16 column widens F16 weights inside the op, as SD checkpoints store them);
+              F16 column widens F16 weights inside the op, as SD checkpoints store them) —
+              Winograd F(2x2, 3x3) where it applies (sdrt/ops/cpu/conv_winograd.py), im2col
+              + GEMM elsewhere;
+- sdrt im2col: the same F16 op with Winograd switched off (conv.WINOGRAD = False);
 - numpy:      sliding_window_view im2col copy + np.matmul per batch item + bias;
 - GEMM:       np.matmul(W2d[OC, 9C], cols[9C, OH*OW]) per batch item on ready columns.
-GFLOP/s count 2*OC*9C*OH*OW*N multiply-adds for every column.
+GFLOP/s count 2*OC*9C*OH*OW*N multiply-adds for every column (the direct sum's: Winograd does
+2.25x fewer, so its "GFLOP/s" can pass the GEMM's).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import numpy as np
 
 
 from sdrt.ops import api as F
+import sdrt.ops.cpu.conv as cpu_conv
 from sdrt.ops.graph import Graph
 from sdrt.ops.tensor import Tensor
 
@@ -36,6 +41,7 @@ SHAPES = [
     ("UNet 8x8x1280", 2, 1280, 8, 1280),
     ("VAE 256x256x128", 1, 128, 256, 128),
     ("VAE 64x64x512", 1, 512, 64, 512),
+    ("VAE 512x512x128", 1, 128, 512, 128),
 ]
 UNET_STEP_TFLOP = 1.354  # DESIGN.md: SD1.5 512x512, one sampling step with CFG (2 UNet forwards)
 
@@ -72,8 +78,8 @@ def main():
     reps = 2 if args.quick else args.repeat
     rng = np.random.default_rng(0)
     print(f"conv2d 3x3 pad 1, median of {reps}; GFLOP/s (higher is better)")
-    hdr = (f"{'shape':18} {'N':>2} {'GFLOP':>6} | {'sdrt F32':>8} {'sdrt F16':>8} {'numpy':>7} {'GEMM':>7}"
-           f" | {'sdrt/numpy':>10} {'sdrt/GEMM':>9}")
+    hdr = (f"{'shape':18} {'N':>2} {'GFLOP':>6} | {'sdrt F32':>8} {'sdrt F16':>8} {'im2col':>7} {'numpy':>7} {'GEMM':>7}"
+           f" | {'F16/im2col':>10} {'sdrt/numpy':>10} {'sdrt/GEMM':>9}")
     print(hdr)
     print("-" * len(hdr))
     rows = []
@@ -95,8 +101,15 @@ def main():
         err = float(np.abs(got - ref).max() / (np.abs(ref).max() + 1e-30))
         assert err < 1e-4, f"{name}: sdrt conv2d differs from numpy im2col (rel err {err:.2e})"
         g16.run("cpu")
-        ts = {"s32": [], "s16": [], "np": [], "gemm": []}
-        fns = {"s32": lambda g=g32: g.run("cpu"), "s16": lambda g=g16: g.run("cpu"),
+        def im2col(g=g16):
+            cpu_conv.WINOGRAD = False
+            try:
+                g.run("cpu")
+            finally:
+                cpu_conv.WINOGRAD = True
+        im2col()
+        ts = {"s32": [], "s16": [], "i2c": [], "np": [], "gemm": []}
+        fns = {"s32": lambda g=g32: g.run("cpu"), "s16": lambda g=g16: g.run("cpu"), "i2c": im2col,
                "np": lambda a=(x, w2, b): numpy_im2col_conv(*a),
                "gemm": lambda a=(w2, cols, N, gout): gemm_only(*a)}
         for _ in range(reps):
@@ -104,12 +117,13 @@ def main():
                 ts[k].append(timeit(fn))
         gf = {k: flop / np.median(v) / 1e9 for k, v in ts.items()}
         rows.append((name, N, flop, gf))
-        print(f"{name:18} {N:>2} {flop / 1e9:6.1f} | {gf['s32']:8.1f} {gf['s16']:8.1f} {gf['np']:7.1f} "
-              f"{gf['gemm']:7.1f} | {gf['s32'] / gf['np']:9.2f}x {gf['s32'] / gf['gemm']:8.0%}")
+        print(f"{name:18} {N:>2} {flop / 1e9:6.1f} | {gf['s32']:8.1f} {gf['s16']:8.1f} {gf['i2c']:7.1f} {gf['np']:7.1f} "
+              f"{gf['gemm']:7.1f} | {gf['s16'] / gf['i2c']:9.2f}x {gf['s32'] / gf['np']:9.2f}x {gf['s32'] / gf['gemm']:8.0%}")
     tot = sum(r[2] for r in rows)
-    agg = {k: tot / sum(r[2] / r[3][k] for r in rows) for k in ("s32", "s16", "np", "gemm")}
-    print(f"{'all (time-weighted)':18} {'':>2} {tot / 1e9:6.1f} | {agg['s32']:8.1f} {agg['s16']:8.1f} "
-          f"{agg['np']:7.1f} {agg['gemm']:7.1f} | {agg['s32'] / agg['np']:9.2f}x {agg['s32'] / agg['gemm']:8.0%}")
+    agg = {k: tot / sum(r[2] / r[3][k] for r in rows) for k in ("s32", "s16", "i2c", "np", "gemm")}
+    print(f"{'all (time-weighted)':18} {'':>2} {tot / 1e9:6.1f} | {agg['s32']:8.1f} {agg['s16']:8.1f} {agg['i2c']:7.1f} "
+          f"{agg['np']:7.1f} {agg['gemm']:7.1f} | {agg['s16'] / agg['i2c']:9.2f}x {agg['s32'] / agg['np']:9.2f}x "
+          f"{agg['s32'] / agg['gemm']:8.0%}")
     print(f"SD1.5 UNet step ({UNET_STEP_TFLOP} TFLOP) at these rates: sdrt F16 {UNET_STEP_TFLOP * 1e3 / agg['s16']:.1f} s, "
           f"numpy GEMM {UNET_STEP_TFLOP * 1e3 / agg['gemm']:.1f} s; DESIGN.md floor 5.6 s at 240 GFLOP/s")
 

@@ -42,6 +42,15 @@ def _g4(a, b, e):
     return a, h * (a + b + e), h * (a - b + e), e
 
 
+@njit(inline="always")
+def _put4(A, d, plane, k0, v):
+    """A[d + (k0 + i) * plane] = v[i] for i < 4: four of the 16 planes at one position."""
+    A[d + U64(k0) * plane] = v[0]
+    A[d + U64(k0 + 1) * plane] = v[1]
+    A[d + U64(k0 + 2) * plane] = v[2]
+    A[d + U64(k0 + 3) * plane] = v[3]
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def _filter_transform(w, U, ot, C, o0, ld_o):
     """w flat (ot, C, 3, 3) float32 -> U flat (16, ld_o, C): U[k, o0 + o, c] = (G g G^T)[k // 4,
@@ -56,26 +65,16 @@ def _filter_transform(w, U, ot, C, o0, ld_o):
             q01, q11, q21, q31 = _g4(w[s + U64(1)], w[s + U64(4)], w[s + U64(7)])
             q02, q12, q22, q32 = _g4(w[s + U64(2)], w[s + U64(5)], w[s + U64(8)])
             d = dst + U64(c)
-            u0, u1, u2, u3 = _g4(q00, q01, q02)                                 # (G g) G^T
-            U[d] = u0
-            U[d + plane] = u1
-            U[d + U64(2) * plane] = u2
-            U[d + U64(3) * plane] = u3
-            u0, u1, u2, u3 = _g4(q10, q11, q12)
-            U[d + U64(4) * plane] = u0
-            U[d + U64(5) * plane] = u1
-            U[d + U64(6) * plane] = u2
-            U[d + U64(7) * plane] = u3
-            u0, u1, u2, u3 = _g4(q20, q21, q22)
-            U[d + U64(8) * plane] = u0
-            U[d + U64(9) * plane] = u1
-            U[d + U64(10) * plane] = u2
-            U[d + U64(11) * plane] = u3
-            u0, u1, u2, u3 = _g4(q30, q31, q32)
-            U[d + U64(12) * plane] = u0
-            U[d + U64(13) * plane] = u1
-            U[d + U64(14) * plane] = u2
-            U[d + U64(15) * plane] = u3
+            _put4(U, d, plane, 0, _g4(q00, q01, q02))                        # (G g) G^T
+            _put4(U, d, plane, 4, _g4(q10, q11, q12))
+            _put4(U, d, plane, 8, _g4(q20, q21, q22))
+            _put4(U, d, plane, 12, _g4(q30, q31, q32))
+
+
+@njit(inline="always")
+def _bt_column(R, t, L1, L2, L3):
+    """B^T d for one column: R holds the four input rows L1 apart; entry t of each."""
+    return R[t] - R[t + L2], R[t + L1] + R[t + L2], R[t + L2] - R[t + L1], R[t + L1] - R[t + L3]
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -110,41 +109,17 @@ def _input_transform(x, V, N, C, H, W, th, tw, ph, pw, r0, r1, pc):
             for tx in range(tw):
                 t = U64(tx)
                 # rows of B^T d at the even/odd columns tx and tx + 1
-                ea0 = E[t] - E[t + L2]
-                eb0 = E[t + L1] + E[t + L2]
-                ec0 = E[t + L2] - E[t + L1]
-                ed0 = E[t + L1] - E[t + L3]
-                oa0 = O[t] - O[t + L2]
-                ob0 = O[t + L1] + O[t + L2]
-                oc0 = O[t + L2] - O[t + L1]
-                od0 = O[t + L1] - O[t + L3]
                 t1 = t + U64(1)
-                ea1 = E[t1] - E[t1 + L2]
-                eb1 = E[t1 + L1] + E[t1 + L2]
-                ec1 = E[t1 + L2] - E[t1 + L1]
-                ed1 = E[t1 + L1] - E[t1 + L3]
-                oa1 = O[t1] - O[t1 + L2]
-                ob1 = O[t1 + L1] + O[t1 + L2]
-                oc1 = O[t1 + L2] - O[t1 + L1]
-                od1 = O[t1 + L1] - O[t1 + L3]
+                ea0, eb0, ec0, ed0 = _bt_column(E, t, L1, L2, L3)
+                oa0, ob0, oc0, od0 = _bt_column(O, t, L1, L2, L3)
+                ea1, eb1, ec1, ed1 = _bt_column(E, t1, L1, L2, L3)
+                oa1, ob1, oc1, od1 = _bt_column(O, t1, L1, L2, L3)
                 d = dst + t
                 # (B^T d) B along each row: columns (e0, o0, e1, o1) -> (e0 - e1, o0 + e1, e1 - o0, o0 - o1)
-                V[d] = ea0 - ea1
-                V[d + plane] = oa0 + ea1
-                V[d + U64(2) * plane] = ea1 - oa0
-                V[d + U64(3) * plane] = oa0 - oa1
-                V[d + U64(4) * plane] = eb0 - eb1
-                V[d + U64(5) * plane] = ob0 + eb1
-                V[d + U64(6) * plane] = eb1 - ob0
-                V[d + U64(7) * plane] = ob0 - ob1
-                V[d + U64(8) * plane] = ec0 - ec1
-                V[d + U64(9) * plane] = oc0 + ec1
-                V[d + U64(10) * plane] = ec1 - oc0
-                V[d + U64(11) * plane] = oc0 - oc1
-                V[d + U64(12) * plane] = ed0 - ed1
-                V[d + U64(13) * plane] = od0 + ed1
-                V[d + U64(14) * plane] = ed1 - od0
-                V[d + U64(15) * plane] = od0 - od1
+                _put4(V, d, plane, 0, (ea0 - ea1, oa0 + ea1, ea1 - oa0, oa0 - oa1))
+                _put4(V, d, plane, 4, (eb0 - eb1, ob0 + eb1, eb1 - ob0, ob0 - ob1))
+                _put4(V, d, plane, 8, (ec0 - ec1, oc0 + ec1, ec1 - oc0, oc0 - oc1))
+                _put4(V, d, plane, 12, (ed0 - ed1, od0 + ed1, ed1 - od0, od0 - od1))
 
 
 @njit(parallel=True, fastmath=True, cache=True)

@@ -2,12 +2,13 @@
 weights of the real shapes, built in memory: sdrt, and optionally diffusers/PyTorch fp32.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_unet.py [--repeat 3] [--peer]
-        [--preset sd1|sd2|sdxl] [--size 64] [--f32] [--profile]
+        [--preset sd1|sd2|sdxl] [--size 64] [--f32] [--profile] [--backend cuda0]
 
 Prints seconds per forward (median of --repeat after one warm-up), the planned peak of
 intermediate memory, node count, and with --peer the same for diffusers' UNet2DConditionModel
 (fp32, SD1.5 config, its own random init; torch threads = this process's CPUs) and the ratio.
---profile prints the time per op kind (SDRT_DEBUG=2 timing through a logging handler).
+--profile prints the time per op kind and the largest (op, shape) entries (SDRT_DEBUG=2 timing
+through a logging handler; on a cudaN backend these are per-node GPU event times, eager runs).
 DESIGN.md's reference: PyTorch fp32 takes 7.2 s for this step on the 2-core machine.
 """
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main():
     ap.add_argument("--f32", action="store_true", help="F32 weights instead of F16")
     ap.add_argument("--peer", action="store_true", help="also time diffusers (PyTorch fp32)")
     ap.add_argument("--profile", action="store_true", help="time per op kind")
+    ap.add_argument("--backend", default="cpu", help="cpu or cudaN (--profile then gives per-node GPU times)")
     args = ap.parse_args()
 
     cfg = UNetConfig.preset(args.preset)
@@ -83,7 +85,7 @@ def main():
           f"built+planned in {time.perf_counter() - t0:.2f} s")
 
     if args.profile:
-        prof = collections.Counter()
+        prof, by_shape = collections.Counter(), collections.Counter()
 
         class H(logging.Handler):
             def emit(self, rec):
@@ -91,7 +93,8 @@ def main():
                     return
                 op, ms = rec.args[0], rec.args[-1]
                 prof[op] += ms / 1e3
-        lg = logging.getLogger("sdrt.graph")
+                by_shape[(op, str(rec.args[2]))] += ms / 1e3
+        lg = logging.getLogger("sdrt")  # sdrt.graph (CPU runner) and sdrt.cuda (per-node GPU times)
         lg.addHandler(H())
         lg.setLevel(logging.INFO)
         os.environ["SDRT_DEBUG"] = "2"
@@ -113,11 +116,14 @@ def main():
     ts, tp = [], []
     for i in range(args.repeat + 1):
         t0 = time.perf_counter()
-        o = model(x, t, ctx, y)
+        o = model(x, t, ctx, y, backend=args.backend)
         dt = time.perf_counter() - t0
         msg = f"  run {i}{' (warm-up)' if not i else ''}: sdrt {dt:.2f} s"
         if i:
             ts.append(dt)
+        elif args.profile:  # the profile covers the timed runs only (no compiles, no uploads)
+            prof.clear()
+            by_shape.clear()
         if peer is not None:
             t0 = time.perf_counter()
             peer()
@@ -136,7 +142,10 @@ def main():
         os.environ["SDRT_DEBUG"] = "0"
         tot = sum(prof.values())
         for op, s in prof.most_common():
-            print(f"  {op:20s} {s / (args.repeat + 1):7.3f} s  {100 * s / tot:5.1f}%")
+            print(f"  {op:20s} {s / args.repeat:7.3f} s  {100 * s / tot:5.1f}%")
+        print("  largest (op, output ne):")
+        for (op, ne), s in by_shape.most_common(15):
+            print(f"  {op:20s} {ne:24s} {s / args.repeat:7.3f} s  {100 * s / tot:5.1f}%")
 
 if __name__ == "__main__":
     main()

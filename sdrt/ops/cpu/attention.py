@@ -4,20 +4,20 @@ online softmax.
 For each (batch, head, block of `bq` queries) — one task — the keys are walked in blocks of
 `bk`:
     S = Q_blk @ K_blk^T                      BLAS sgemm into a (bq, bk) float32 tile
-    S <- exp(S*scale + mask - m_new)         Numba: running row max m, row sum l, and the
-                                             factor alpha = exp(m_old - m_new)
+    S <- 2^(S*c + mask*log2e - m_new)        Numba, base 2 (c = scale*log2e): running row max m,
+                                             row sum l, and the factor alpha = 2^(m_old - m_new)
     O = O * alpha + S @ V_blk                BLAS, then a Numba multiply-add
 and finally O /= l. When Lk fits one block (cross-attention: 77 keys) there is no rescaling:
 O = S @ V straight into the output. The score tile is the only large buffer, never Lq x Lk.
 
 Tile size: the score tile makes three trips per block (written by the first GEMM, rewritten by
-the softmax, packed by the second GEMM), so it is kept L2-sized: SCORE_ELEMS = 128K floats
-(512 KB; this machine's L2 is 1 MB per core), key blocks of at most 512, query blocks of up to
-1024 filling the rest. Measured at SD1.5's 40-wide heads (4096 tokens, 8 heads, batch 2, two
-threads, a quiet 2-core Xeon slot; times relative to the former 128 x 4096 tiles with the
-float64-polynomial exp): 128x4096 0.79, 256x256 0.84, 512x256 0.79, 256x512 0.69, 512x512 0.70,
-128x1024 0.74; cross-attention (77 keys) with 1024-query blocks 0.58 (128: 0.93, 512: 0.67).
-The exp is _util.exp32 (all float32, 16 lanes: 0.30 ns per score against 0.72 before).
+the softmax, packed by the second GEMM), so it is kept L2-sized: SCORE_ELEMS = 256K floats
+(1 MB; this machine's L2 is 2 MB per core), key blocks of at most 512, query blocks of up to
+1024 filling the rest. At SD1.5's 40-wide heads (4096 tokens, 8 heads, batch 2, two threads,
+quiet, 2026-12-01) the op took 291 ms with 512x512 tiles, 302 with 256x512, 303 with 512x1024,
+317 with 1024x256, 330 with 1024x512; cross-attention (77 keys) runs 1024-query blocks.
+The exp is _util.exp2_32 (all float32, 16 lanes with full-width AVX-512: the exp pass costs
+0.26 ns per score; ops/numba_target.py).
 
 Threads: the tasks go to a pool of `get_threads()` Python threads, each running single-thread
 BLAS and `nogil` Numba; a free worker takes the next task, so a core stolen by another process

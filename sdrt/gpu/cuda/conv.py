@@ -38,6 +38,8 @@ COL_BYTES = 256 << 20  # cap of one chunk's column matrix (and of a packed trans
 _SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _ESIZE = {"F32": 4, "F16": 2}
 _IM2COL_ARGS = "PP" + "q" * 5 + "i" * 20 + "q" * 4
+IM2COL_BLOCKS = 16384  # blocks of an im2col launch (a few per SM slot: rows are short)
+MAX_GRID_Y = 65535
 
 
 def _launch(rt, kernel: str, argtypes: str, n: int, *args) -> None:
@@ -90,10 +92,18 @@ def im2col(rt, col: int, col_dtype: str, x, strides, dims, kernel, stride, pad, 
     circ (y, x); out_hw (OH, OW)."""
     C, D, H, W = dims
     kd, kh, kw = kernel
-    total = nbatch * C * kd * kh * kw * rows * out_hw[1]
-    _launch(rt, f"im2col_{_SUFFIX[x.dtype.name]}_{_SUFFIX[col_dtype]}", _IM2COL_ARGS, total,
-            col, x.ptr, *strides, C, D, H, W, kd, kh, kw, *stride, *pad, *dil, int(circ[0]), int(circ[1]),
-            *out_hw, n0, nbatch, r0, rows)
+    OW = out_hw[1]
+    col_rows = nbatch * C * kd * kh * kw
+    if col_rows * rows * OW == 0:
+        return
+    # blockIdx.y: column rows, blockIdx.x: output rows, threads: an output row (conv.cu im2col_rows);
+    # about IM2COL_BLOCKS blocks in all, each looping over several output rows
+    gy = min(col_rows, MAX_GRID_Y)
+    gx = max(1, min(rows, -(-IM2COL_BLOCKS // gy)))
+    threads = 128 if OW >= 96 else max(32, -(-OW // 32) * 32)
+    rt.fn(MODULE, f"im2col_{_SUFFIX[x.dtype.name]}_{_SUFFIX[col_dtype]}", _IM2COL_ARGS)(
+        (gx, gy, 1), (threads, 1, 1), col, x.ptr, *strides, C, D, H, W, kd, kh, kw, *stride, *pad, *dil,
+        int(circ[0]), int(circ[1]), *out_hw, n0, nbatch, r0, rows)
 
 
 def conv_forward(rt, x, w, bias, out, *, N, strides, dims, OC, kernel, out_dims, stride, pad, dil,

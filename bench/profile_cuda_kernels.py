@@ -1,0 +1,62 @@
+"""Every CUDA kernel of one sdrt UNet forward on cuda0, timed by CUPTI (GPU only; needs PyTorch).
+
+    python bench/profile_cuda_kernels.py [--arch sdxl|sd15] [--ckpt FILE] [--rows 45]
+
+One CFG step (batch-2 UNet forward at 1024x1024 for SDXL, 512x512 for SD1.5) is run until its
+CUDA graph replays, then once more under torch.profiler with CUDA activities: CUPTI traces the
+whole process, so sdrt's own kernels (PyCUDA launches, graph replays) and cuBLAS's appear by
+name with their GPU time — unlike SDRT_DEBUG=2, whose per-node event times of an eager run
+include the gaps while Python launches the next node. Without --ckpt the weights are random
+arrays in host memory, which the backend copies in on every call (the "Memcpy HtoD" row); with a
+checkpoint (tools/make_sd_checkpoint.py) they stay resident.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sdrt  # noqa: E402,F401  before numpy: sdrt/__init__.py sets OpenBLAS's thread spin
+
+import numpy as np  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", choices=("sdxl", "sd15"), default="sdxl")
+    ap.add_argument("--ckpt", default=None, help="checkpoint to take the UNet from (default: random weights)")
+    ap.add_argument("--rows", type=int, default=45)
+    a = ap.parse_args()
+    import torch
+    from sdrt.models.diffusion.unet import UNetConfig, UNetModel
+    torch.zeros(1, device="cuda")  # torch's context first: the primary context sdrt then shares
+    cfg = UNetConfig.preset("sdxl" if a.arch == "sdxl" else "sd1")
+    if a.ckpt:
+        from sdrt.io import open_model
+        model = UNetModel(open_model(a.ckpt).tensors)
+    else:
+        from bench_unet import random_table
+        model = UNetModel(random_table(cfg, np.float16)[0], config=cfg)
+    S, C = (128, 2048) if a.arch == "sdxl" else (64, 768)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 4, S, S), dtype=np.float32)
+    t = np.array([999.0, 999.0], np.float32)
+    ctx = rng.standard_normal((2, 77, C), dtype=np.float32)
+    y = rng.standard_normal((2, cfg.adm_in_channels), dtype=np.float32) if cfg.adm_in_channels else None
+    for _ in range(4):  # eager, capture, replays
+        model(x, t, ctx, y, backend="cuda0")
+    t0 = time.perf_counter()
+    model(x, t, ctx, y, backend="cuda0")
+    print(f"{a.arch}: replayed forward {1e3 * (time.perf_counter() - t0):.1f} ms (wall, with input/output copies)")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        model(x, t, ctx, y, backend="cuda0")
+        torch.cuda.synchronize()
+    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows, max_name_column_width=80))
+
+
+if __name__ == "__main__":
+    main()

@@ -27,7 +27,6 @@ import sdrt  # noqa: E402,F401  before numpy: sdrt/__init__.py sets OpenBLAS's t
 
 import numpy as np
 
-
 from sdrt.ops import api as F
 import sdrt.ops.cpu.conv as cpu_conv
 from sdrt.ops.graph import Graph

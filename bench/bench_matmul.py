@@ -23,7 +23,6 @@ import sdrt  # noqa: E402,F401  before numpy: sdrt/__init__.py sets OpenBLAS's t
 
 import numpy as np
 
-
 from sdrt.ops import api as F
 from sdrt.ops import dtypes, quant
 from sdrt.ops.convert import f32_to_raw

@@ -26,7 +26,6 @@ import sdrt  # noqa: E402,F401  before numpy: sdrt/__init__.py sets OpenBLAS's t
 
 import numpy as np
 
-
 from sdrt.models.diffusion.unet import PREFIX, UNetConfig, UNetModel
 from sdrt.ops import api as F
 from sdrt.ops.tensor import Tensor

@@ -23,7 +23,6 @@ import sdrt  # noqa: E402,F401  before numpy: sdrt/__init__.py sets OpenBLAS's t
 
 import numpy as np
 
-
 from sdrt.models.vae.autoencoder_kl import AutoencoderKL  # noqa: E402
 from sdrt.ops import api as F  # noqa: E402
 from sdrt.ops.tensor import Tensor  # noqa: E402

@@ -41,12 +41,8 @@ def main():
     else:
         from bench_unet import random_table
         model = UNetModel(random_table(cfg, np.float16)[0], config=cfg)
-    S, C = (128, 2048) if a.arch == "sdxl" else (64, 768)
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((2, 4, S, S), dtype=np.float32)
-    t = np.array([999.0, 999.0], np.float32)
-    ctx = rng.standard_normal((2, 77, C), dtype=np.float32)
-    y = rng.standard_normal((2, cfg.adm_in_channels), dtype=np.float32) if cfg.adm_in_channels else None
+    from bench_cuda_sd import inputs
+    x, t, ctx, y, _ = inputs(a.arch)  # the same CFG-step inputs bench_cuda_sd.py times
     for _ in range(4):  # eager, capture, replays
         model(x, t, ctx, y, backend="cuda0")
     t0 = time.perf_counter()

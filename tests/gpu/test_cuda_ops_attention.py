@@ -187,18 +187,24 @@ def test_head_dims_beyond_flash_use_gemm(cuda, rng, D):
     check(cuda, node, "gemm16")
 
 
+def _check_full_and_padded(cuda, rng, dp, path, Lq, dtype="F32"):
+    """The kernel of padded head dim dp at its full width and padded (D = dp - 8, where that
+    still maps to dp): 200 keys with the last 10 masked out (a ragged, partly masked key tile)."""
+    for D in (dp, dp - 8):
+        if GA.flash_dim(D, D) != dp:
+            continue
+        q, k, v = randn(rng, 1, 2, Lq, D), randn(rng, 1, 2, 200, D), randn(rng, 1, 2, 200, D)
+        m = randn(rng, 1, 200)
+        m[0, 190:] = -np.inf
+        check(cuda, F.attention(leaf(q, dtype), leaf(k, dtype), leaf(v, dtype), leaf(m)), path)
+
+
 @pytest.mark.parametrize("dp,rf", sorted({(d, 1) for d in GA.FLASH_DIMS} | {(d, 2) for d in GA.FLASH_RF2_DIMS}))
 def test_every_wmma_variant(cuda, rng, monkeypatch, dp, rf):
     """Each compiled kernel attn_flash_d<dp>_r<rf>, at its full width and padded (D = dp - 8)."""
     monkeypatch.setattr(GA, "FORCE_PATH", "wmma")
     monkeypatch.setitem(GA.FLASH_RF, dp, rf)
-    for D in (dp, dp - 8):
-        if GA.flash_dim(D, D) != dp:
-            continue
-        q, k, v = randn(rng, 1, 2, 150, D), randn(rng, 1, 2, 200, D), randn(rng, 1, 2, 200, D)
-        m = randn(rng, 1, 200)
-        m[0, 190:] = -np.inf
-        check(cuda, F.attention(leaf(q), leaf(k), leaf(v), leaf(m)), "wmma")
+    _check_full_and_padded(cuda, rng, dp, "wmma", Lq=150)
 
 
 @pytest.mark.parametrize("dtype", ["F32", "F16"])
@@ -210,13 +216,7 @@ def test_every_mma_variant(cuda, rng, monkeypatch, dp, rf, nw, dtype):
         pytest.skip("mma kernels need sm_80")
     monkeypatch.setattr(GA, "FORCE_PATH", "flash")
     monkeypatch.setitem(GA.MMA_VARIANT, dp, (rf, nw))
-    for D in (dp, dp - 8):
-        if GA.flash_dim(D, D) != dp:
-            continue
-        q, k, v = randn(rng, 1, 2, 300, D), randn(rng, 1, 2, 200, D), randn(rng, 1, 2, 200, D)
-        m = randn(rng, 1, 200)
-        m[0, 190:] = -np.inf
-        check(cuda, F.attention(leaf(q, dtype), leaf(k, dtype), leaf(v, dtype), leaf(m)), "flash")
+    _check_full_and_padded(cuda, rng, dp, "flash", Lq=300, dtype=dtype)
 
 
 def test_gemm_path_query_chunks(cuda, rng, monkeypatch, path):

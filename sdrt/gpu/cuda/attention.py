@@ -176,11 +176,11 @@ def _pack(rt, t, scale: float) -> tuple:
     return dst, dpad, L * dpad, Hs * L * dpad, dpad, True
 
 
-def mma_attention(node, xs, out, rt, dp: int, variant: tuple | None = None) -> None:
+def mma_attention(node, xs, out, rt, dp: int) -> None:
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) == 4 else None
     _, Dv, Lq, Lk, H, N, rh, rn = _shapes(xs)
-    rf, nw = variant or MMA_VARIANT[dp]
+    rf, nw = MMA_VARIANT[dp]
     sl2 = node.params["scale"] * math.log2(math.e)
     qp, qs1, qs2, qs3, dq, staged = _pack(rt, q, sl2)
     kp, ks1, ks2, ks3, _, _ = _pack(rt, k, 1.0)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from ...ops.conv import conv2d_weight_ne
 from .layout import launch_1d
-from .matmul import weight_as
+from .matmul import MAX_GRID_Y, weight_as
 from .quant import decodable
 from .table import CUDA
 
@@ -39,7 +39,6 @@ _SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _ESIZE = {"F32": 4, "F16": 2}
 _IM2COL_ARGS = "PP" + "q" * 5 + "i" * 20 + "q" * 4
 IM2COL_BLOCKS = 16384  # blocks of an im2col launch (a few per SM slot: rows are short)
-MAX_GRID_Y = 65535
 
 
 def _launch(rt, kernel: str, argtypes: str, n: int, *args) -> None:

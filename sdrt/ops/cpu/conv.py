@@ -390,16 +390,16 @@ def conv_core(x5, w: _WeightRows, kernel, b, out5, stride, pad, dil, groups, col
         _depthwise2d(x5.reshape(-1), w.full().reshape(-1), bias, out5.reshape(-1), N, C, OC, H, W, KH, KW,
                      OH, OW, stride[1], stride[2], pad[1], pad[2], dil[1], dil[2])
         return
+    col_bytes = col_bytes or COL_BYTES
     if (WINOGRAD and groups == 1 and D == 1 and (KD, KH, KW) == (1, 3, 3) and tuple(stride) == (1, 1, 1)
             and tuple(dil) == (1, 1, 1) and winograd_applies(C, OC, N, OH, OW)):
-        conv_winograd(x5.reshape(N, C, H, W), w, b, out5.reshape(N, OC, OH, OW), pad[1], pad[2], _buffer)
+        conv_winograd(x5.reshape(N, C, H, W), w, b, out5.reshape(N, OC, OH, OW), pad[1], pad[2], _buffer, col_bytes)
         return
     K = cg * KD * KH * KW
     P = OD * OH * OW
     out3 = out5.reshape(N, OC, P)
     pointwise = (KD, KH, KW) == (1, 1, 1) and tuple(stride) == (1, 1, 1) and tuple(pad) == (0, 0, 0)
     nrows = OD * OH
-    col_bytes = col_bytes or COL_BYTES
     # a 1x1 conv's columns are a copy of x made only to merge: worth it at 8x8..16x16, not at 32x32
     if groups == 1 and N > 1 and P <= (MERGE_MAX_P // 4 if pointwise else MERGE_MAX_P) and K * N * P * 4 <= col_bytes:
         cols = _buffer("cols", K * N * P)

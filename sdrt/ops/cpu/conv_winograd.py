@@ -15,7 +15,7 @@ GEMM does, so small maps still give GEMMs of hundreds of columns):
     V (16, C, Pc)        input transform (Numba, parallel over channels)
     M (16, OC_tile, Pc)  = U[k] @ V[k] with numpy's BLAS, k = 0..15, as 16 one-thread tasks
     out                  output transform A^T m A + bias (Numba, parallel over output channels)
-V lives in conv's "cols" scratch (at most COL_BYTES), U and M in scratch of at most WINO_BYTES.
+V lives in conv's "cols" scratch (at most conv.COL_BYTES), U and M in scratch of at most WINO_BYTES.
 conv.py decides where it applies (`winograd_applies`).
 """
 from __future__ import annotations
@@ -176,16 +176,16 @@ def _even_split(n: int, cap: int) -> int:
     return -(-n // parts)
 
 
-def conv_winograd(x4: np.ndarray, w, b, out4: np.ndarray, ph: int, pw: int, buffer) -> None:
+def conv_winograd(x4: np.ndarray, w, b, out4: np.ndarray, ph: int, pw: int, buffer, col_bytes: int) -> None:
     """out4 (N, OC, OH, OW) = 3x3 conv of x4 (N, C, H, W) (float32, C-contiguous) with weight rows
     `w` (conv.py's _WeightRows, K = 9C) and bias `b` (or None), zero padding (ph, pw), stride 1.
-    `buffer(name, n)` gives reusable float32 scratch (conv.py's per-thread buffers)."""
-    from .conv import COL_BYTES
+    `buffer(name, n)` gives reusable float32 scratch (conv.py's per-thread buffers); V, in the
+    "cols" buffer, stays under `col_bytes` (conv.py's COL_BYTES)."""
     N, C, H, W = x4.shape
     OC, OH, OW = out4.shape[1:]
     th, tw = -(-OH // 2), -(-OW // 2)
     ot = _even_split(OC, WINO_BYTES // (64 * C))                       # U tile: 16*ot*C floats
-    rc = _even_split(N * th, min(COL_BYTES // (64 * C * tw), WINO_BYTES // (64 * ot * tw)))
+    rc = _even_split(N * th, min(col_bytes // (64 * C * tw), WINO_BYTES // (64 * ot * tw)))
     pc = rc * tw
     U = buffer("wino_u", 16 * ot * C)
     V = buffer("cols", 16 * C * pc)

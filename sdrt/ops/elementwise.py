@@ -1,4 +1,4 @@
-"""Element-wise ops: binary with broadcasting, unary activations, scale/clamp, casts.
+"""Element-wise ops: binary with broadcasting, unary activations, scale/clamp, a fused GEGLU, casts.
 
 Binary ops broadcast from the low dims (ggml's ne order): a missing high dim or a dim of 1
 repeats. The result takes the first operand's dtype.
@@ -14,7 +14,7 @@ from .registry import defop, fail, make_node, require_float
 
 __all__ = ["add", "sub", "mul", "div", "neg", "abs", "sqr", "sqrt", "exp", "log", "sin", "cos", "step",
            "relu", "leaky_relu", "silu", "sigmoid", "tanh", "gelu", "gelu_quick", "clamp", "scale",
-           "cast", "cont"]
+           "geglu", "cast", "cont"]
 
 
 
@@ -119,6 +119,39 @@ def scale(x, s, b=0.0): return make_node("scale", (x,), s=float(s), b=float(b))
 def gelu(x, approximate: str = "none"):
     """GELU; approximate='tanh' gives the tanh form (ggml_gelu), 'none' the erf form (ggml_gelu_erf)."""
     return make_node("gelu_tanh" if approximate == "tanh" else "gelu", (x,))
+
+
+# ---- gated ----------------------------------------------------------------------------------
+GELU_FORMS = {"tanh": "gelu_tanh", "none": "gelu"}  # geglu's `approximate` -> the unary op it uses
+
+
+def _geglu_infer(srcs, params):
+    require_float("geglu", srcs)
+    x, = srcs
+    if params["approximate"] not in GELU_FORMS:
+        fail("geglu", srcs, f"approximate must be 'tanh' or 'none', got {params['approximate']!r}")
+    if x.ne[0] % 2:
+        fail("geglu", srcs, f"ne[0]={x.ne[0]} must be even (the halves a and gate)")
+    return (x.ne[0] // 2,) + tuple(x.ne[1:]), x.dtype
+
+
+def _geglu_reference(node, xs):
+    x = xs[0].astype(np.float64)
+    h = x.shape[-1] // 2
+    return x[..., :h] * UNARY[GELU_FORMS[node.params["approximate"]]](x[..., h:], node.params)
+
+
+defop("geglu", _geglu_infer, _geglu_reference,
+      "GEGLU (ggml_geglu swapped, diffusers' GEGLU): x[:h] * gelu(x[h:]) along ne[0] = 2h; "
+      "approximate='tanh' | 'none' picks the GELU form")
+
+
+def geglu(x, approximate: str = "none"):
+    """GEGLU fused: ne[0] = 2h splits into (a, gate) = x[0:h], x[h:2h]; the result, ne (h, ...)
+    and x's dtype, is a * gelu(gate) with gelu's `approximate` form ('tanh' or 'none' = erf).
+    On the CPU the same values as mul(x.slice(0, 0, h), gelu(x.slice(0, h), approximate)) bit for
+    bit, F16/BF16 included."""
+    return make_node("geglu", (x,), approximate=str(approximate))
 
 
 # ---- casts and copies -----------------------------------------------------------------------

@@ -70,6 +70,31 @@ def test_conv2d_chunked_columns(cuda, rng, cols, case, cap):
         check(cuda, F.conv2d(leaf(x), leaf(w, wdtype), leaf(randn(rng, w.shape[0])), **c))
 
 
+# the 8-columns-a-thread im2col (stride 1 along x, no x dilation or wrap, OW % 8 == 0): zero
+# padding wider than the kernel, y stride/dilation/wrap, every input dtype and a transposed view,
+# with row chunks of one and several rows
+VEC8_CASES = {
+    "pad1": dict(x=(2, 3, 6, 16), w=(4, 3, 3, 3), padding=1),
+    "pad3_kernel2": dict(x=(1, 2, 5, 11), w=(3, 2, 2, 2), padding=3),
+    "1x1": dict(x=(2, 5, 3, 24), w=(4, 5, 1, 1)),
+    "y_stride_dilation": dict(x=(1, 3, 9, 16), w=(2, 3, 3, 3), stride=(1, 2), padding=(1, 2), dilation=(1, 2)),
+    "circular_y": dict(x=(1, 2, 5, 16), w=(2, 2, 3, 3), padding=1, circular=(False, True)),
+    "wide_kernel": dict(x=(1, 2, 4, 14), w=(2, 2, 1, 7)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VEC8_CASES))
+@pytest.mark.parametrize("xdtype", FLOATS + ["transposed"])
+@pytest.mark.parametrize("cap", [64, 3000, 1 << 28])
+def test_conv2d_vector_columns(cuda, rng, cols, case, xdtype, cap):
+    cols(cap)
+    c = dict(VEC8_CASES[case])
+    x, w = randn(rng, *c.pop("x")), randn(rng, *c.pop("w"))
+    tx = leaf(x, noncontig=True) if xdtype == "transposed" else leaf(x, xdtype)
+    for wdtype in ("F32", "F16"):
+        check(cuda, F.conv2d(tx, leaf(w, wdtype), leaf(randn(rng, w.shape[0])), **c))
+
+
 @pytest.mark.parametrize("wdtype", FLOATS + ["F8_E4M3"])
 @pytest.mark.parametrize("xdtype", FLOATS)
 def test_conv2d_dtypes(cuda, rng, wdtype, xdtype):

@@ -157,6 +157,43 @@ def test_binary_sd_shapes(cuda, rng):
                            leaf(rng.standard_normal(320).astype(np.float32))))
 
 
+# the row walk (merged first dim >= elementwise.ROW_MIN: blockIdx.y over rows, ILP elements a
+# thread): rows not a multiple of the block's span, more rows than a grid's y extent, 4-D splits
+ROW_SHAPES = [(3, 1000), (2, 5, 257), (70000, 256), (2, 3, 4, 1031)]
+
+
+@pytest.mark.parametrize("shape", ROW_SHAPES, ids=str)
+def test_row_walk(cuda, rng, shape):
+    a = rng.standard_normal(shape).astype(np.float32)
+    bias = rng.standard_normal(shape[-1]).astype(np.float32)
+    col = rng.standard_normal(shape[:-1] + (1,)).astype(np.float32)
+    check_exact(cuda, F.add(leaf(a), leaf(bias, "F16")))
+    check_exact(cuda, F.mul(leaf(a, "F16"), leaf(col)))
+    check_exact(cuda, F.sub(leaf(a, "BF16"), leaf(a)))
+    wide = leaf(np.concatenate([a, a], axis=-1))
+    half = wide.slice(0, shape[-1], 2 * shape[-1])  # a half-row view: rows 2*ne0 apart
+    check_close(cuda, F.gelu(half, "tanh"))
+    check_exact(cuda, F.cast(half, "F16"))
+    check_exact(cuda, F.cont(half))
+
+
+# ---- geglu ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_geglu(cuda, rng, approximate, dtype, layout):
+    check_close(cuda, F.geglu(view_of(rng.standard_normal((2, 3, 5, 14)).astype(np.float32), dtype, layout),
+                              approximate=approximate))
+
+
+def test_geglu_sd_shape(cuda, rng):
+    # the UNet's feed-forward: [2*1280, 1024, 2] after the projection, and a half-row slice of it
+    h = leaf(rng.standard_normal((2, 1024, 2560)).astype(np.float32))
+    check_close(cuda, F.geglu(h, approximate="tanh"))
+    check_close(cuda, F.geglu(h.slice(0, 0, 1280), approximate="none"))
+    check_close(cuda, F.geglu(leaf(rng.standard_normal((2, 77, 2560)).astype(np.float32), "F16"), "tanh"))
+
+
 # ---- casts and copies --------------------------------------------------------------------------
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dst", FLOATS)

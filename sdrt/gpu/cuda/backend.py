@@ -38,7 +38,7 @@ import numpy as np
 
 from ...errors import DeviceOutOfMemoryError, UnsupportedError
 from ...ops.graph import ALIGN
-from . import cudagraph
+from . import cudagraph, fuse
 from .devtensor import DevTensor
 from .driver import CudaDevice, PinnedBuffer
 from .runtime import CudaRuntime, ScratchOverflow
@@ -47,7 +47,7 @@ from .table import CUDA
 log = logging.getLogger("sdrt.cuda")
 
 # modules of this package that are infrastructure, not op families
-_INFRA = {"backend", "cublas", "cudagraph", "devtensor", "driver", "runtime", "table"}
+_INFRA = {"backend", "cublas", "cudagraph", "devtensor", "driver", "fuse", "runtime", "table"}
 
 
 def import_families() -> list[str]:
@@ -152,8 +152,9 @@ class _GraphState:
             pin = PinnedBuffer(backend.device, _align(n.nbytes))
             self.pinned.append(pin)
             self.outputs.append((n, self.node_ptr[id(n)], pin))
-        # every node's kernel, before anything runs
-        self.kernels = []
+        # every node's kernel, before anything runs; then the fused pairs (fuse.py): per segment
+        # [(fn, the tensors it reads)] in node order
+        kernels = []
         for seg in plan.segments:
             ks = []
             for n in seg.nodes:
@@ -163,7 +164,12 @@ class _GraphState:
                     raise UnsupportedError(f"backend {backend.name!r} has no kernel for {n.op}({srcs}) -> "
                                            f"{n.dtype.name}" + (f" (node {n.name})" if n.name else ""))
                 ks.append(k.fn)
-            self.kernels.append(ks)
+            kernels.append(ks)
+        if getattr(backend, "fuse", True):
+            self.kernels = fuse.launch_lists(graph, plan, kernels, self.node_ptr)
+        else:
+            self.kernels = [[(fn, tuple(n.src)) for fn, n in zip(ks, seg.nodes)]
+                            for ks, seg in zip(kernels, plan.segments)]
         self.launches: list | None = None    # [(fn, node, xs, out)] once weights have fixed addresses
         self.captured: cudagraph.CapturedGraph | None = None
         self.capture_ok = True
@@ -224,6 +230,7 @@ class CudaBackend:
         self._states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._lock = threading.RLock()
         self._pending_upload = None   # event of the last weight upload on the copy stream
+        self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"   # fuse.py's pairs (0: every node alone)
 
     def __repr__(self):
         return f"CudaBackend({self.name}: {self.device.info.describe()})"
@@ -375,8 +382,8 @@ class CudaBackend:
                 on_segment(k, seg.name, seg.nodes)
             if residency is not None:
                 residency.begin_segment(k, seg.name, [s for n in seg.nodes for s in n.src if s.owner.op is None])
-            for fn, n in zip(state.kernels[k], seg.nodes):
-                xs = [DevTensor.of(s, state.ptr(s, residency)) for s in n.src]
+            for (fn, srcs), n in zip(state.kernels[k], seg.nodes):
+                xs = [DevTensor.of(s, state.ptr(s, residency)) for s in srcs]
                 out = DevTensor.of(n, state.node_ptr[id(n)])
                 self._wait_uploads()
                 if debug >= 2:

@@ -38,6 +38,7 @@ COL_BYTES = 256 << 20  # cap of one chunk's column matrix (and of a packed trans
 _SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _ESIZE = {"F32": 4, "F16": 2}
 _IM2COL_ARGS = "PP" + "q" * 5 + "i" * 20 + "q" * 4
+_IM2COL_VEC8_ARGS = "PP" + "q" * 5 + "i" * 17 + "q" * 4
 IM2COL_BLOCKS = 16384  # blocks of an im2col launch (a few per SM slot: rows are short)
 
 
@@ -80,8 +81,13 @@ def _conv_ok(node) -> bool:
 
 def add_bias(rt, out_ptr: int, bias, oc: int, per_channel: int, total: int, add: bool = True) -> None:
     """out (F32 [..][OC][per_channel], `total` elements) = (out if add else 0) + bias[oc]."""
-    _launch(rt, f"bias_store_{_SUFFIX[bias.dtype.name]}", "PP" + "q" * 10 + "i", total,
-            out_ptr, bias.ptr, bias.ne[0], bias.ne[1], bias.ne[2], *bias.nb, oc, per_channel, total, int(add))
+    if total == 0:
+        return
+    # blockIdx.y: the rows (batch item, channel); blockIdx.x: 1024 elements of a row each
+    grid = (-(-per_channel // 1024), min(total // per_channel, MAX_GRID_Y), 1)
+    rt.fn(MODULE, f"bias_store_{_SUFFIX[bias.dtype.name]}", "PP" + "q" * 10 + "i")(
+        grid, (256, 1, 1), out_ptr, bias.ptr, bias.ne[0], bias.ne[1], bias.ne[2], *bias.nb, oc,
+        per_channel, total, int(add))
 
 
 def im2col(rt, col: int, col_dtype: str, x, strides, dims, kernel, stride, pad, dil, circ, out_hw,
@@ -98,9 +104,18 @@ def im2col(rt, col: int, col_dtype: str, x, strides, dims, kernel, stride, pad, 
     # blockIdx.y: column rows, blockIdx.x: output rows, threads: an output row (conv.cu im2col_rows);
     # about IM2COL_BLOCKS blocks in all, each looping over several output rows
     gy = min(col_rows, MAX_GRID_Y)
+    suffix = f"{_SUFFIX[x.dtype.name]}_{_SUFFIX[col_dtype]}"
+    if stride[2] == 1 and dil[2] == 1 and not circ[1] and OW % 8 == 0:
+        # 8 columns a thread, one vector store (conv.cu im2col_vec8)
+        groups = rows * OW // 8
+        gx = max(1, min(-(-groups // 128), -(-IM2COL_BLOCKS // gy)))
+        rt.fn(MODULE, f"im2col_vec8_{suffix}", _IM2COL_VEC8_ARGS)(
+            (gx, gy, 1), (128, 1, 1), col, x.ptr, *strides, C, D, H, W, kd, kh, kw, stride[0], stride[1],
+            pad[0], pad[1], pad[2], dil[0], dil[1], int(circ[0]), *out_hw, n0, nbatch, r0, rows)
+        return
     gx = max(1, min(rows, -(-IM2COL_BLOCKS // gy)))
     threads = 128 if OW >= 96 else max(32, -(-OW // 32) * 32)
-    rt.fn(MODULE, f"im2col_{_SUFFIX[x.dtype.name]}_{_SUFFIX[col_dtype]}", _IM2COL_ARGS)(
+    rt.fn(MODULE, f"im2col_{suffix}", _IM2COL_ARGS)(
         (gx, gy, 1), (threads, 1, 1), col, x.ptr, *strides, C, D, H, W, kd, kh, kw, *stride, *pad, *dil,
         int(circ[0]), int(circ[1]), *out_hw, n0, nbatch, r0, rows)
 

@@ -12,6 +12,12 @@ Types and compute (cublasGemmStridedBatchedEx):
 | F32 | F32 | CUBLAS_COMPUTE_32F_PEDANTIC (plain FP32), or CUBLAS_COMPUTE_32F_FAST_TF32 with allow_tf32 |
 | F16 | F16 or F32 | CUBLAS_COMPUTE_32F (tensor cores, F32 accumulation) |
 | BF16 | BF16 or F32 | CUBLAS_COMPUTE_32F (tensor cores, F32 accumulation) |
+
+`Cublas.gemm_bias` is one GEMM with cuBLASLt's bias epilogue (C = op(A) op(B) + bias broadcast
+over C's columns, F32 bias), for the linear layers' `add(mul_mat(w, x), b)`: the separate
+broadcast add read and wrote the whole F32 output once more. Its descriptors and the heuristic's
+algorithm are made once per shape; a shape cuBLASLt has no algorithm for raises UnsupportedError
+(the caller runs the plain GEMM and an add instead).
 """
 from __future__ import annotations
 
@@ -27,6 +33,12 @@ CUDA_TYPES = {"F32": 0, "F16": 2, "BF16": 14}   # cudaDataType: CUDA_R_32F, CUDA
 C_TYPES = {"F32": ("F32",), "F16": ("F16", "F32"), "BF16": ("BF16", "F32")}   # a/b dtype -> allowed c
 COMPUTE_32F, COMPUTE_32F_PEDANTIC, COMPUTE_32F_FAST_TF32 = 68, 69, 77
 GEMM_DEFAULT_ALGO = -1
+# cuBLASLt (cublasLt.h): matmul descriptor attributes, epilogue, preference attribute
+LT_TRANSA, LT_TRANSB, LT_EPILOGUE, LT_BIAS_POINTER = 3, 4, 7, 8
+LT_EPILOGUE_BIAS = 4
+LT_PREF_MAX_WORKSPACE_BYTES = 1
+LT_PREF_MIN_ALIGNMENT = (5, 6, 7, 8)   # of A, B, C, D in bytes (the heuristic assumes 256 unless told)
+LT_HEURISTIC_BYTES = 96   # cublasLtMatmulHeuristicResult_t: algo (64 B), workspaceSize, state, waves, 4 ints
 OP_N, OP_T = 0, 1
 WORKSPACE_BYTES = 32 << 20   # what cuBLAS asks for on Hopper; preallocated so capture works
 STATUS_NAMES = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
@@ -91,8 +103,85 @@ def library():
         f.argtypes, f.restype = args, c_int
     lib.cublasGetStatusName.argtypes, lib.cublasGetStatusName.restype = (c_int,), ctypes.c_char_p
     lib.sdrt_path = path
+    lib.sdrt_lt = lt if lt.exists() else None
     _LIB = lib
     return lib
+
+
+_LT = None
+
+
+def lt_library():
+    """libcublasLt, the sibling of the loaded libcublas (or the linker's), with the calls bound."""
+    global _LT
+    if _LT is not None:
+        return _LT
+    lib = library()
+    try:
+        lt = ctypes.CDLL(str(lib.sdrt_lt) if lib.sdrt_lt else "libcublasLt.so.13")
+    except OSError as e:
+        raise UnsupportedError(f"cuBLASLt not found next to {lib.sdrt_path}: {e}") from e
+    u64, i64 = ctypes.c_uint64, c_longlong
+    sig = {
+        "cublasLtCreate": (POINTER(c_void_p),),
+        "cublasLtDestroy": (c_void_p,),
+        "cublasLtMatmulDescCreate": (POINTER(c_void_p), c_int, c_int),
+        "cublasLtMatmulDescSetAttribute": (c_void_p, c_int, c_void_p, c_size_t),
+        "cublasLtMatrixLayoutCreate": (POINTER(c_void_p), c_int, u64, u64, i64),
+        "cublasLtMatmulPreferenceCreate": (POINTER(c_void_p),),
+        "cublasLtMatmulPreferenceSetAttribute": (c_void_p, c_int, c_void_p, c_size_t),
+        "cublasLtMatmulAlgoGetHeuristic": (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                                           c_void_p, c_int, c_void_p, POINTER(c_int)),
+        "cublasLtMatmul": (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                           c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                           c_size_t, c_void_p),
+    }
+    for name, args in sig.items():
+        f = getattr(lt, name)
+        f.argtypes, f.restype = args, c_int
+    _LT = lt
+    return lt
+
+
+def _alignment(ptr: int) -> int:
+    """The largest power of two up to 256 that divides the address."""
+    a = 256
+    while ptr % a:
+        a //= 2
+    return a
+
+
+class _LtPlan:
+    """The descriptors and algorithm of one bias-epilogue GEMM shape (kept for the process)."""
+
+    def __init__(self, lt, handle, transa, transb, m, n, k, ab_type, lda, ldb, c_type, ldc, workspace_bytes,
+                 align):
+        self.desc, self.a, self.b, self.c = c_void_p(), c_void_p(), c_void_p(), c_void_p()
+        what = f"cuBLASLt bias GEMM m={m} n={n} k={k}"
+        check(lt.cublasLtMatmulDescCreate(ctypes.byref(self.desc), COMPUTE_32F, CUDA_TYPES["F32"]), what)
+        for attr, value in ((LT_TRANSA, OP_T if transa else OP_N), (LT_TRANSB, OP_T if transb else OP_N),
+                            (LT_EPILOGUE, LT_EPILOGUE_BIAS)):
+            v = c_int(value)
+            check(lt.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), 4), what)
+        rows_a, cols_a = (k, m) if transa else (m, k)
+        rows_b, cols_b = (n, k) if transb else (k, n)
+        check(lt.cublasLtMatrixLayoutCreate(ctypes.byref(self.a), ab_type, rows_a, cols_a, lda), what)
+        check(lt.cublasLtMatrixLayoutCreate(ctypes.byref(self.b), ab_type, rows_b, cols_b, ldb), what)
+        check(lt.cublasLtMatrixLayoutCreate(ctypes.byref(self.c), c_type, m, n, ldc), what)
+        pref = c_void_p()
+        check(lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), what)
+        ws = ctypes.c_uint64(workspace_bytes)
+        check(lt.cublasLtMatmulPreferenceSetAttribute(pref, LT_PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), 8), what)
+        for attr, nbytes in zip(LT_PREF_MIN_ALIGNMENT, align):
+            v = ctypes.c_uint32(nbytes)
+            check(lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4), what)
+        self.heuristic = ctypes.create_string_buffer(LT_HEURISTIC_BYTES)
+        found = c_int(0)
+        check(lt.cublasLtMatmulAlgoGetHeuristic(handle, self.desc, self.a, self.b, self.c, self.c, pref, 1,
+                                                self.heuristic, ctypes.byref(found)), what)
+        if found.value < 1:
+            raise UnsupportedError(f"{what}: cuBLASLt has no algorithm for it")
+        self.algo = ctypes.addressof(self.heuristic)  # the algo is the result's first member
 
 
 def status_name(code: int) -> str:
@@ -122,6 +211,9 @@ class Cublas:
         self.lib = library()
         self._handles: dict[int, c_void_p] = {}
         self._workspaces: list[int] = []
+        self._stream_workspace: dict[int, int] = {}   # stream handle -> its handle's workspace
+        self._lt = None                               # the cuBLASLt handle, made on first use
+        self._lt_plans: dict[tuple, object] = {}      # shape -> _LtPlan, or the error it gave
         v = c_int()
         h = self.handle(device.compute)
         check(self.lib.cublasGetVersion_v2(h, ctypes.byref(v)), "cublasGetVersion")
@@ -136,6 +228,7 @@ class Cublas:
             check(self.lib.cublasSetStream_v2(h, c_void_p(stream.handle)), "cublasSetStream")
             ws = self.device.allocator.alloc(WORKSPACE_BYTES)
             self._workspaces.append(ws)
+            self._stream_workspace[stream.handle] = ws
             check(self.lib.cublasSetWorkspace_v2(h, c_void_p(ws), WORKSPACE_BYTES), "cublasSetWorkspace")
             self._handles[stream.handle] = h
         return h
@@ -165,7 +258,45 @@ class Cublas:
             c_void_p(b), CUDA_TYPES[b_dtype], ldb, stride_b, ctypes.byref(zero),
             c_void_p(c), CUDA_TYPES[c_dtype], ldc, stride_c, batch, compute, GEMM_DEFAULT_ALGO), what)
 
+    def gemm_bias(self, stream, transa: bool, transb: bool, m: int, n: int, k: int,
+                  a: int, a_dtype: str, lda: int, b: int, b_dtype: str, ldb: int, c: int, ldc: int,
+                  bias: int, *, c_dtype: str = "F32") -> None:
+        """Column-major C[m,n] = op(A)[m,k] op(B)[k,n] + bias[m] (F32 bias, broadcast over the
+        n columns) through cuBLASLt's bias epilogue, enqueued on `stream`. F16/BF16 a and b."""
+        if a_dtype != b_dtype or a_dtype not in ("F16", "BF16") or c_dtype not in C_TYPES[a_dtype]:
+            raise UnsupportedError(f"cuBLASLt bias GEMM: {a_dtype}x{b_dtype}->{c_dtype}")
+        if min(m, n, k) < 1 or max(m, n, k, lda, ldb, ldc) > _INT32_MAX:
+            raise OpError(f"cuBLASLt bias GEMM: dims must be in 1..2^31-1 (m={m} n={n} k={k})")
+        lt = lt_library()
+        handle = self.handle(stream)  # also makes this stream's workspace
+        if self._lt is None:
+            self._lt = c_void_p()
+            check(lt.cublasLtCreate(ctypes.byref(self._lt)), "cublasLtCreate")
+        align = tuple(_alignment(p) for p in (a, b, c, c))
+        key = (transa, transb, m, n, k, a_dtype, lda, ldb, c_dtype, ldc, align)
+        plan = self._lt_plans.get(key)
+        if plan is None:
+            try:
+                plan = _LtPlan(lt, self._lt, transa, transb, m, n, k, CUDA_TYPES[a_dtype], lda, ldb,
+                               CUDA_TYPES[c_dtype], ldc, WORKSPACE_BYTES, align)
+            except UnsupportedError as e:
+                plan = e
+            self._lt_plans[key] = plan
+        if isinstance(plan, Exception):
+            raise UnsupportedError(str(plan))
+        ptr = c_void_p(bias)
+        check(lt.cublasLtMatmulDescSetAttribute(plan.desc, LT_BIAS_POINTER, ctypes.byref(ptr), 8),
+              "cuBLASLt bias pointer")
+        one, zero = c_float(1.0), c_float(0.0)
+        check(lt.cublasLtMatmul(self._lt, plan.desc, ctypes.byref(one), c_void_p(a), plan.a, c_void_p(b), plan.b,
+                                ctypes.byref(zero), c_void_p(c), plan.c, c_void_p(c), plan.c, c_void_p(plan.algo),
+                                c_void_p(self._stream_workspace[stream.handle]), WORKSPACE_BYTES,
+                                c_void_p(stream.handle)), f"cuBLASLt bias GEMM m={m} n={n} k={k}")
+
     def close(self) -> None:
+        if self._lt is not None:
+            lt_library().cublasLtDestroy(self._lt)
+            self._lt = None
         for h in self._handles.values():
             self.lib.cublasDestroy_v2(h)
         self._handles.clear()

@@ -21,6 +21,9 @@ from .table import CUDA
 MODULE = "elementwise"
 BLOCK = 256
 MAX_BLOCKS = 1 << 16  # grid-stride loops cover the rest
+MAX_GRID_Y = 65535
+ROW_MIN = 256  # elementwise.cu: merged rows at least this long take the row path,
+ILP = 4        # ILP elements a thread
 FLOAT = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 CAST_SOURCES = {**FLOAT, "F8_E4M3": "f8_e4m3", "F8_E5M2": "f8_e5m2"}
 RAW = {1: "b8", 2: "b16", 4: "b32", 8: "b64"}
@@ -34,6 +37,14 @@ def _fn(rt, kernel: str, argtypes: str):
 
 def grid_1d(n: int):
     return (max(1, min((n + BLOCK - 1) // BLOCK, MAX_BLOCKS)), 1, 1), (BLOCK, 1, 1)
+
+
+def grid_for(ne0: int, n: int):
+    """The launch shape for a walk over n elements whose merged first dim is ne0 (the kernel
+    picks its path by the same rule): rows on blockIdx.y, ILP elements a thread; else 1-D."""
+    if ROW_MIN <= ne0 < n:
+        return (-(-ne0 // (BLOCK * ILP)), min(n // ne0, MAX_GRID_Y), 1), (BLOCK, 1, 1)
+    return grid_1d(n)
 
 
 def operand_strides(x, out_ne) -> list[int]:
@@ -64,7 +75,7 @@ def merge_dims(ne, *strides):
 def _launch_strided(rt, kernel: str, x, out, *extra, extra_types: str = "") -> None:
     ne, (sx,) = merge_dims(out.ne, operand_strides(x, out.ne))
     n = out.nelements
-    grid, block = grid_1d(n)
+    grid, block = grid_for(ne[0], n)
     _fn(rt, kernel, STRIDED + extra_types)(grid, block, x.ptr, out.ptr, n, *ne, *sx, *extra)
 
 
@@ -73,17 +84,17 @@ def _float_srcs(node) -> bool:
     return all(s.dtype.name in FLOAT for s in node.src)
 
 
-def _binary(node, xs, out, rt):
+def binary(node, xs, out, rt):
     a, b = xs
     ne, (sa, sb) = merge_dims(out.ne, operand_strides(a, out.ne), operand_strides(b, out.ne))
     n = out.nelements
-    grid, block = grid_1d(n)
+    grid, block = grid_for(ne[0], n)
     kernel = f"binary_{node.op}_{FLOAT[a.dtype.name]}_{FLOAT[b.dtype.name]}"
     _fn(rt, kernel, "PPPqqqq" + "q" * 8)(grid, block, a.ptr, b.ptr, out.ptr, n, *ne, *sa, *sb)
 
 
 for _op in BINARY_CODES:
-    CUDA.register(_op, supports=_float_srcs)(_binary)
+    CUDA.register(_op, supports=_float_srcs)(binary)
 
 
 # ---- unary -------------------------------------------------------------------------------------
@@ -103,6 +114,19 @@ def _unary(node, xs, out, rt):
 
 for _op in UNARY_CODES:
     CUDA.register(_op, supports=_float_srcs)(_unary)
+
+
+# ---- geglu -------------------------------------------------------------------------------------
+@CUDA.register("geglu", supports=_float_srcs)
+def _geglu(node, xs, out, rt):
+    x, = xs
+    h = out.ne[0]
+    # x's own strides (its ne0 is 2h, so operand_strides would call dim 0 a broadcast)
+    ne, (sx,) = merge_dims(out.ne, list(x.nb))
+    gelu = "tanh" if node.params["approximate"] == "tanh" else "erf"
+    grid, block = grid_for(ne[0], out.nelements)
+    _fn(rt, f"geglu_{gelu}_{FLOAT[x.dtype.name]}", STRIDED + "q")(
+        grid, block, x.ptr, out.ptr, out.nelements, *ne, *sx, h * x.nb[0])
 
 
 # ---- cont / cast -------------------------------------------------------------------------------

@@ -27,8 +27,10 @@ by get_rows_<type>; an id outside [0, V) yields a NaN row (the CPU op raises; a 
 """
 from __future__ import annotations
 
+from ...errors import UnsupportedError
 from ...ops.registry import FLOATS
 from . import quant
+from .devtensor import DevTensor
 from .quant import weight_as  # noqa: F401  (public: other families import it from here)
 from .table import CUDA
 
@@ -76,6 +78,48 @@ def mul_mat(node, xs, out, rt):
         _mul_mat_vec(rt, w, x, x_ne, x_nb, out, shape)
     else:
         _mul_mat_gemm(rt, w, x, x_ne, x_nb, out, shape)
+
+
+def mul_mat_add_bias(add, xs, out, rt):
+    """add(mul_mat(w, x), b) for a bias b of M elements, as one GEMM with cuBLASLt's bias
+    epilogue where it is one dense F16/BF16 GEMM (the backend's fuse pass runs it in place of
+    the add, on the add's output, which is the product's buffer); otherwise the product and
+    then the add."""
+    from .elementwise import binary
+    w, x, b = xs
+    if not _gemm_with_bias(rt, w, x, out, b):
+        mul_mat(None, (w, x), out, rt)
+        binary(add, (DevTensor.of(add.src[0], out.ptr), b), out, rt)
+
+
+def _gemm_with_bias(rt, w, x, out, b) -> bool:
+    """Enqueue out = w . x + b as one bias-epilogue GEMM when the shapes allow; False otherwise
+    (nothing enqueued that matters: a packed x in scratch is just not used)."""
+    K, M, w2, w3 = w.ne
+    _, N, b2, b3 = x.ne
+    gd = w.dtype.name
+    if gd not in ("F16", "BF16") or w2 * w3 != 1 or not _gemm_ready(gd, w.ne, w.nb, gd, 2):
+        return False
+    if b.nelements != M or b.nb[0] != b.dtype.type_size or b.dtype.name not in FLOATS:
+        return False
+    if (b2 > 1 or b3 > 1) and not _even_rows(x.ne, x.nb):
+        return False
+    N = N * b2 * b3
+    x_ne, x_nb = (K, N, 1, 1), (x.nb[0], x.nb[1], x.nb[1] * N, x.nb[1] * N)
+    if _gemm_ready(x.dtype.name, x_ne, x_nb, gd, 2):
+        xp, ldb = x.ptr, x_nb[1] // 2
+    else:
+        xp, ldb = rt.scratch(K * N * 2), K
+        quant.to_dense(rt, x.ptr, x.dtype, x.ne, x.nb, gd, xp)
+    bias = b.ptr
+    if b.dtype.name != "F32":
+        bias = rt.scratch(M * 4)
+        rt.cast(bias, "F32", b.ptr, b.dtype.name, M)
+    try:
+        rt.gemm_bias(True, False, M, N, K, w.ptr, gd, w.nb[1] // 2, xp, gd, ldb, out.ptr, M, bias)
+    except UnsupportedError:
+        return False
+    return True
 
 
 def _fold_packed(shape):

@@ -74,7 +74,7 @@ def to_dense(rt, ptr: int, dtype: DType, ne, nb, out_dtype: str, dst: int) -> No
         rt.fn(MODULE, f"dequant_{name}_{out_suffix}", "PqqqiiiiP")(
             grid, block, ptr, nb[1], nb[2], nb[3], ne[0], ne[1], ne[2], ne[3], dst)
     else:
-        grid, block = _grid(ne[0] * ne[1] * ne[2] * ne[3])
+        grid, block = _grid(-(-ne[0] * ne[1] * ne[2] * ne[3] // 4))  # 4 elements a thread (quant.cu)
         rt.fn(MODULE, f"convert_{name}_{out_suffix}", "PqqqqiiiiP")(
             grid, block, ptr, nb[0], nb[1], nb[2], nb[3], ne[0], ne[1], ne[2], ne[3], dst)
 

@@ -168,6 +168,13 @@ class CudaRuntime:
         if n > 0:
             self.fn("runtime", f"fill_{_SUFFIX[dtype]}", "Pfq")((self.grid_for(n),), (BLOCK,), dst, float(value), n)
 
+    def gemm_bias(self, transa: bool, transb: bool, m: int, n: int, k: int, a: int, a_dtype: str, lda: int,
+                  b: int, b_dtype: str, ldb: int, c: int, ldc: int, bias: int, *, c_dtype: str = "F32") -> None:
+        """One GEMM with cuBLASLt's bias epilogue on rt.stream: column-major C[m,n] = op(A) op(B)
+        + bias[m] (F32 bias). Raises UnsupportedError when cuBLASLt has no algorithm for it."""
+        self.cublas.gemm_bias(self.stream, transa, transb, m, n, k, a, a_dtype, lda, b, b_dtype, ldb, c, ldc,
+                              bias, c_dtype=c_dtype)
+
     @property
     def cublas(self) -> Cublas:
         if self._cublas is None:

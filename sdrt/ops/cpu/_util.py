@@ -45,6 +45,14 @@ def _bits_as_f32(typingctx, x):
     return types.float32(types.int32), codegen
 
 
+@intrinsic
+def _f32_as_bits(typingctx, x):
+    """The bits of a float32 as an int32 (the inverse of _bits_as_f32)."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.int32(types.float32), codegen
+
+
 @njit(fastmath={"nsz", "arcp", "contract", "afn", "reassoc"}, inline="always")
 def exp32(x):
     """exp(x) in float32 arithmetic throughout (Cephes expf: reduction by ln 2, degree-6

@@ -1,4 +1,5 @@
 """CPU kernels for element-wise ops. One Numba kernel per arity; the op is a row-level switch.
+GEGLU (a * gelu(gate) over the two halves of ne[0]) has its own fused kernels.
 
 Inputs of any float dtype are widened to float32 first (Numba has no fp16/bf16 on CPU);
 activations are F32 in practice, where the kernels read and write the views directly.
@@ -12,7 +13,7 @@ from numba import njit, prange
 
 from . import CPU
 from ._util import as4d, f32_input, f32_output, store
-from ._util import exp32
+from ._util import _bits_as_f32, _f32_as_bits, exp32
 from .norm import FM
 
 BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3}
@@ -217,6 +218,124 @@ def _gelu_tanh(x4, o4):
         _gelu_tanh4(x4, o4)
 
 
+# ---- geglu ----------------------------------------------------------------------------------
+ROUND_CODES = {"F32": 0, "F16": 1, "BF16": 2}  # node dtype -> what gelu(gate) is rounded to
+
+
+@njit(inline="always")
+def _round_to(v, rnd):
+    """float32 v rounded to the nearest F16 (rnd 1) or BF16 (rnd 2) value, as float32; rnd 0: v.
+    Integer bit arithmetic only (exact under any fastmath flags). Round to nearest even as
+    numpy's astype(float16) (subnormals, overflow to inf from 65520) and as f32_to_raw's BF16;
+    a NaN stays a (quiet) NaN of the same sign."""
+    if rnd == 0:
+        return v
+    u = np.int64(_f32_as_bits(v)) & 0xFFFFFFFF
+    a = u & 0x7FFFFFFF
+    if rnd == 2:
+        if a > 0x7F800000:
+            r = (u | 0x400000) & 0xFFFF0000
+        else:
+            r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        return _bits_as_f32(np.int32(np.uint32(r)))
+    sign = u & 0x80000000
+    if a > 0x7F800000:  # NaN
+        r = 0x7FC00000 | (a & 0x7FE000)
+    elif a >= 0x477FF000:  # >= 65520 (the tie above F16's max 65504 goes to the even inf)
+        r = 0x7F800000
+    elif a >= 0x38800000:  # F16 normal range (>= 2**-14): keep 10 mantissa bits
+        r = (a + 0xFFF + ((a >> 13) & 1)) & 0x7FFFE000
+    else:  # F16 subnormal or zero: a multiple of 2**-24
+        e = a >> 23
+        q = np.int64(0)
+        if e > 0:
+            m = (a & 0x7FFFFF) | 0x800000
+            sh = 126 - e  # m * 2**(e - 150) / 2**-24 = m / 2**sh, sh >= 14
+            if sh <= 25:
+                q = m >> sh
+                rem = m - (q << sh)
+                half = np.int64(1) << (sh - 1)
+                if rem > half or (rem == half and (q & 1) == 1):
+                    q += 1
+        r = np.int64(_f32_as_bits(np.float32(q) * np.float32(5.960464477539063e-08)))  # exact
+    return _bits_as_f32(np.int32(np.uint32(r | sign)))
+
+
+@njit(parallel=True, fastmath=FM, cache=True)
+def _geglu_tanh_rows(x, s3, s2, s1, out, n3, n2, n1, h, rnd):
+    """out row r (C-contiguous, h wide) = x[a] * gelu_tanh(x[gate]) where row (i3, i2, i1) of the
+    flat float32 buffer x starts at i3*s3 + i2*s2 + i1*s1 (unit inner stride), a its first h
+    elements and gate the next h. gelu is _gelu_tanh1 under the same flags as _gelu_tanh_rows,
+    so the values are bit for bit those of gelu_tanh then mul. It goes through `out` first, in
+    its own loop: in one expression the reassoc flag would let LLVM rewrite a * (v / d) as
+    (a * v) / d, which rounds differently. rnd: round gelu's output as an F16/BF16 gelu node
+    stores it (see _round_to) before the product, as the unfused graph does."""
+    for r in prange(n3 * n2 * n1):
+        i3 = r // (n2 * n1)
+        i2 = (r // n1) % n2
+        i1 = r % n1
+        src = np.uint64(i3 * s3 + i2 * s2 + i1 * s1)
+        gsrc = src + np.uint64(h)
+        dst = np.uint64(r * h)
+        for i in range(h):
+            out[dst + np.uint64(i)] = _gelu_tanh1(x[gsrc + np.uint64(i)])
+        if rnd == 0:
+            for i in range(h):
+                out[dst + np.uint64(i)] = x[src + np.uint64(i)] * out[dst + np.uint64(i)]
+        else:
+            for i in range(h):
+                out[dst + np.uint64(i)] = x[src + np.uint64(i)] * _round_to(out[dst + np.uint64(i)], rnd)
+
+
+@njit(parallel=True, fastmath=False, cache=True)
+def _geglu_erf_rows(x, s3, s2, s1, out, n3, n2, n1, h, rnd, op, p0, p1):
+    """_geglu_tanh_rows with the erf GELU: _apply(v, op=14, p0, p1) as _unary4 evaluates it (the
+    same argument types and flags: float64 arithmetic, one rounding to float32), then the
+    float32 product."""
+    for r in prange(n3 * n2 * n1):
+        i3 = r // (n2 * n1)
+        i2 = (r // n1) % n2
+        i1 = r % n1
+        src = np.uint64(i3 * s3 + i2 * s2 + i1 * s1)
+        gsrc = src + np.uint64(h)
+        dst = np.uint64(r * h)
+        for i in range(h):
+            out[dst + np.uint64(i)] = _apply(x[gsrc + np.uint64(i)], op, p0, p1)
+        if rnd == 0:
+            for i in range(h):
+                out[dst + np.uint64(i)] = x[src + np.uint64(i)] * out[dst + np.uint64(i)]
+        else:
+            for i in range(h):
+                out[dst + np.uint64(i)] = x[src + np.uint64(i)] * _round_to(out[dst + np.uint64(i)], rnd)
+
+
+def _geglu(node, xs, out):
+    """F32 input: read in place (any view with unit-stride, non-negative, element-aligned rows;
+    other views are copied contiguous first). F16/BF16: widened to float32 as every element-wise
+    kernel does; gelu(gate) is rounded to the dtype before the float32 product and the product
+    once more when stored: round(a * round(gelu(gate))), the unfused slice/gelu/mul graph's
+    values bit for bit (and ggml's f16 geglu, whose gelu comes from an f16 table)."""
+    x4 = as4d(f32_input(node.src[0], xs[0]))
+    o = f32_output(node, out)
+    o4 = as4d(o)
+    if o4.size == 0:
+        return
+    st = x4.strides
+    if not (st[3] == 4 and min(st) >= 0 and all(v % 4 == 0 for v in st)):
+        x4 = np.ascontiguousarray(x4)
+        st = x4.strides
+    n3, n2, n1, n0 = x4.shape
+    s3, s2, s1 = st[0] // 4, st[1] // 4, st[2] // 4
+    span = (n3 - 1) * s3 + (n2 - 1) * s2 + (n1 - 1) * s1 + n0
+    flat = np.lib.stride_tricks.as_strided(x4, shape=(span,), strides=(4,))
+    h, rnd, flat_o = n0 // 2, ROUND_CODES[node.dtype.name], o4.reshape(-1)
+    if node.params["approximate"] == "tanh":
+        _geglu_tanh_rows(flat, s3, s2, s1, flat_o, n3, n2, n1, h, rnd)
+    else:
+        _geglu_erf_rows(flat, s3, s2, s1, flat_o, n3, n2, n1, h, rnd, UNARY_CODES["gelu"], 0.0, 0.0)
+    store(node, out, o)
+
+
 @njit(parallel=True, cache=True)
 def _copy4(x, out):
     n3, n2, n1, n0 = out.shape
@@ -274,6 +393,7 @@ for _op in BINARY_CODES:
     CPU.register(_op, supports=_float_node)(_binary)
 for _op in UNARY_CODES:
     CPU.register(_op, supports=_float_node)(_unary)
+CPU.register("geglu", supports=_float_node)(_geglu)
 
 
 @CPU.register("cont")

@@ -11,15 +11,62 @@
 namespace {
 
 // ---- the index walk ---------------------------------------------------------------------------
-// Calls f(i, i0, i1, i2, i3) for every flat output index i < n of a tensor of shape
-// (ne0, ne1, ne2, n / (ne0*ne1*ne2)), grid-stride. One dim: no division; otherwise 32-bit
-// division while the indices fit. The branch is uniform over the grid; keeping it inside the
-// loop leaves one copy of the op's code (three made the fatbin three times larger).
-template <typename F>
-__device__ __forceinline__ void for_each_index(int64_t n, int64_t ne0, int64_t ne1, int64_t ne2, F f) {
+// Stores out[i] = value(i0, i1, i2, i3) for every flat output index i < n of a tensor of shape
+// (ne0, ne1, ne2, n / (ne0*ne1*ne2)). Two paths, chosen by the shape alone (elementwise.py sizes
+// the grid by the same rule, ROW_MIN):
+//  - rows (ne0 >= ROW_MIN, more than one row): blockIdx.y walks the rows, whose index is split
+//    once per row, and each thread takes ILP elements of a row, loaded before any is stored so
+//    that their loads overlap (the broadcast bias adds spent most of their time on the per-element
+//    divisions and one load in flight per thread). Reading all before writing is safe in place:
+//    an element's value only reads its own index of a same-shape operand.
+//  - flat, a grid-stride loop: one dim needs no division; otherwise 32-bit division while the
+//    indices fit. Its branch is uniform over the grid and stays inside the loop: one copy of the
+//    op's code (three made the fatbin three times larger).
+#define ROW_MIN 256
+#define ILP 4
+
+__device__ __forceinline__ void split_row(int64_t r, int64_t ne1, int64_t ne2, int64_t nrows,
+                                          int64_t& i1, int64_t& i2, int64_t& i3) {
+    if (nrows <= 0xFFFFFFFFLL) {
+        const uint32_t m1 = (uint32_t)ne1, m2 = (uint32_t)ne2;
+        uint32_t q = (uint32_t)r;
+        i1 = q % m1; q /= m1;
+        i2 = q % m2;
+        i3 = q / m2;
+    } else {
+        i1 = r % ne1;
+        i2 = (r / ne1) % ne2;
+        i3 = r / ne1 / ne2;
+    }
+}
+
+template <typename T, typename F>
+__device__ __forceinline__ void map_index(T* __restrict__ out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
+                                          F value) {
+    if (ne0 >= ROW_MIN && ne0 < n) {
+        const int64_t nrows = n / ne0;
+        const int64_t step = (int64_t)gridDim.x * blockDim.x * ILP;
+#pragma unroll 1
+        for (int64_t r = blockIdx.y; r < nrows; r += gridDim.y) {
+            int64_t i1, i2, i3;
+            split_row(r, ne1, ne2, nrows, i1, i2, i3);
+            T* o = out + r * ne0;
+#pragma unroll 1
+            for (int64_t j = (int64_t)blockIdx.x * blockDim.x * ILP + threadIdx.x; j < ne0; j += step) {
+                T v[ILP];
+#pragma unroll
+                for (int u = 0; u < ILP; ++u)
+                    if (j + u * blockDim.x < ne0) v[u] = value(j + u * blockDim.x, i1, i2, i3);
+#pragma unroll
+                for (int u = 0; u < ILP; ++u)
+                    if (j + u * blockDim.x < ne0) o[j + u * blockDim.x] = v[u];
+            }
+        }
+        return;
+    }
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const bool one_dim = ne0 == n, small = n <= 0xFFFFFFFFLL;
-    // unroll 1: memory-bound loops gain nothing from unrolling, and it would multiply the code
+    // unroll 1: one copy of the op's code (see above)
 #pragma unroll 1
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         int64_t i0 = i, i1 = 0, i2 = 0, i3 = 0;
@@ -38,7 +85,7 @@ __device__ __forceinline__ void for_each_index(int64_t n, int64_t ne0, int64_t n
             i2 = r % ne2;
             i3 = r / ne2;
         }
-        f(i, i0, i1, i2, i3);
+        out[i] = value(i0, i1, i2, i3);
     }
 }
 
@@ -57,10 +104,10 @@ __device__ __forceinline__ void binary(const char* a, const char* b, TA* out, in
                                        int64_t ne0, int64_t ne1, int64_t ne2,
                                        int64_t sa0, int64_t sa1, int64_t sa2, int64_t sa3,
                                        int64_t sb0, int64_t sb1, int64_t sb2, int64_t sb3) {
-    for_each_index(n, ne0, ne1, ne2, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
         const float va = load_f<TA>(a, i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3);
         const float vb = load_f<TB>(b, i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3);
-        out[i] = from_f32<TA>(binary_op<OP>(va, vb));
+        return from_f32<TA>(binary_op<OP>(va, vb));
     });
 }
 
@@ -95,8 +142,22 @@ template <int OP> __device__ __forceinline__ float unary_op(float v, float p0, f
 template <int OP, typename T>
 __device__ __forceinline__ void unary(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
                                       int64_t s0, int64_t s1, int64_t s2, int64_t s3, float p0, float p1) {
-    for_each_index(n, ne0, ne1, ne2, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-        out[i] = from_f32<T>(unary_op<OP>(load_f<T>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3), p0, p1));
+    map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+        return from_f32<T>(unary_op<OP>(load_f<T>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3), p0, p1));
+    });
+}
+
+// ---- geglu -------------------------------------------------------------------------------------
+// out (h, ne1, ne2, ne3) = x[i0] * gelu(x[h + i0]) per row of x (2h wide); the gate half starts
+// gate_off bytes after the value half. GELU is the tanh form or the erf one, as the op's param.
+template <int GELU, typename T>
+__device__ __forceinline__ void geglu(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
+                                      int64_t s0, int64_t s1, int64_t s2, int64_t s3, int64_t gate_off) {
+    map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+        const int64_t off = i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3;
+        // rounded to T between the gelu and the product, as the CPU's unfused mul(a, gelu(gate))
+        const float g = to_f32(from_f32<T>(unary_op<GELU>(load_f<T>(x, off + gate_off), 0.0f, 0.0f)));
+        return from_f32<T>(load_f<T>(x, off) * g);
     });
 }
 
@@ -104,8 +165,8 @@ __device__ __forceinline__ void unary(const char* x, T* out, int64_t n, int64_t 
 template <typename TS, typename TD>
 __device__ __forceinline__ void cast(const char* x, TD* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
                                      int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
-    for_each_index(n, ne0, ne1, ne2, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-        out[i] = from_f32<TD>(load_f<TS>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3));
+    map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+        return from_f32<TD>(load_f<TS>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3));
     });
 }
 
@@ -113,8 +174,8 @@ __device__ __forceinline__ void cast(const char* x, TD* out, int64_t n, int64_t 
 template <typename U>
 __device__ __forceinline__ void copy(const char* x, U* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
                                      int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
-    for_each_index(n, ne0, ne1, ne2, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-        out[i] = load<U>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3);
+    map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+        return load<U>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3);
     });
 }
 
@@ -183,6 +244,18 @@ UNARY_TYPES(gelu_tanh, GELU_TANH)
 UNARY_TYPES(gelu_quick, GELU_QUICK)
 UNARY_TYPES(clamp, CLAMP)
 UNARY_TYPES(scale, SCALE)
+
+#define GEGLU_ENTRY(name, GELU, T)                                                                    \
+    extern "C" __global__ void name(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1,      \
+                                    int64_t ne2, STRIDES4(s), int64_t gate_off) {                    \
+        geglu<GELU, T>(x, out, n, ne0, ne1, ne2, s0, s1, s2, s3, gate_off);                           \
+    }
+#define GEGLU_TYPES(gelu, GELU)                         \
+    GEGLU_ENTRY(geglu_##gelu##_f32, GELU, float)        \
+    GEGLU_ENTRY(geglu_##gelu##_f16, GELU, __half)       \
+    GEGLU_ENTRY(geglu_##gelu##_bf16, GELU, bf16_t)
+GEGLU_TYPES(erf, GELU)
+GEGLU_TYPES(tanh, GELU_TANH)
 
 #define CAST_ENTRY(name, TS, TD)                                                                      \
     extern "C" __global__ void name(const char* x, TD* out, int64_t n, int64_t ne0, int64_t ne1,     \

@@ -78,9 +78,19 @@ __device__ void convert(const uint8_t* __restrict__ src, int64_t nb0, int64_t nb
                         int ne0, int ne1, int ne2, int ne3, void* __restrict__ dst) {
     const int64_t n = (int64_t)ne0 * ne1 * ne2 * ne3;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    if (nb1 == nb0 * ne0 && nb2 == nb1 * ne1 && nb3 == nb2 * ne2) {  // evenly strided: no index split
-        for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
-            O::put(dst, i, S::load(src + i * nb0));
+    if (nb1 == nb0 * ne0 && nb2 == nb1 * ne1 && nb3 == nb2 * ne2) {
+        // evenly strided: no index split; four elements a thread, all loaded before any is
+        // stored, so that their loads overlap (the GEMMs' activation packing)
+        const int64_t bd = blockDim.x;
+        for (int64_t i = blockIdx.x * bd * 4 + threadIdx.x; i < n; i += stride * 4) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (i + u * bd < n) v[u] = S::load(src + (i + u * bd) * nb0);
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (i + u * bd < n) O::put(dst, i + u * bd, v[u]);
+        }
         return;
     }
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {

@@ -72,3 +72,25 @@ def test_fusion_off_gives_the_same(cuda, rng, monkeypatch):
     off = run3(cuda, out)
     for a, c in zip(on, off):
         assert_within_scale(a, c, 1e-4, "fused vs unfused")
+
+
+@pytest.mark.parametrize("left", [False, True])
+@pytest.mark.parametrize("shape", [(1, 7, 24), (2, 1024, 640)])
+def test_linear_bias_residual_fused(cuda, rng, spy, left, shape):
+    # x = to_out(h) + x, as a transformer block: the residual read as cuBLASLt's C
+    n, l, k = shape
+    x = leaf(randn(rng, n, l, k))
+    h = F.gelu(x)
+    y = F.linear(h, leaf(randn(rng, k, k) / np.sqrt(k), "F16"), leaf(randn(rng, k), "F16"))
+    check(cuda, F.silu(F.add(x, y) if left else F.add(y, x)), 3e-3)
+    assert spy and all(spy)
+
+
+def test_linear_bias_residual_fallback(cuda, rng, spy):
+    # a residual that is a permuted view (same shape, not contiguous): the slot runs the bias
+    # GEMM and then the add
+    x = leaf(randn(rng, 2, 40, 64))
+    r = leaf(randn(rng, 40, 2, 64)).permute(0, 2, 1, 3)
+    y = F.linear(F.gelu(x), leaf(randn(rng, 64, 64) / 8, "F16"), leaf(randn(rng, 64), "F16"))
+    check(cuda, F.silu(F.add(y, r)), 3e-3)
+    assert spy == [False, True]

@@ -45,7 +45,7 @@ FLASH_DIMS = (16, 32, 48, 64, 80, 96, 128, 160)  # compiled padded head dims
 # (dp, 2) for FLASH_RF2_DIMS; 2 halves the K/V fragment loads per product but needs more registers.
 FLASH_RF2_DIMS = (32, 48, 64, 80)
 FLASH_RF = {16: 1, 32: 2, 48: 2, 64: 1, 80: 1, 96: 1, 128: 1, 160: 1}
-SCORE_BYTES = 64 << 20    # gemm path: scores + probabilities of one query chunk
+SCORE_BYTES = 32 << 20    # gemm path: scores + probabilities of one query chunk (scratch: see conv.COL_BYTES)
 FORCE_PATH: str | None = None  # tests/bench: "flash", "wmma", "gemm16" or "gemm32" (default: plan())
 
 # sm_80+ flash kernels attn_mma_d<dp>_r<rf>_w<nw> (kernels/attention.cu MMA_KERNEL lines): the

@@ -34,7 +34,11 @@ from .quant import decodable
 from .table import CUDA
 
 MODULE = "conv"
-COL_BYTES = 256 << 20  # cap of one chunk's column matrix (and of a packed transposed-conv input)
+# cap of one chunk's column matrix (and of a packed transposed-conv input). The scratch it sizes
+# is held for every graph: at 256 MiB, SDXL's 1024x1024 VAE decode (2.8 GB of activations) did
+# not fit --max-vram 3 beside its weights. 64 MiB chunks still give the UNet's and the VAE's
+# GEMMs 5K-27K columns each.
+COL_BYTES = 64 << 20
 _SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _ESIZE = {"F32": 4, "F16": 2}
 _IM2COL_ARGS = "PP" + "q" * 5 + "i" * 20 + "q" * 4

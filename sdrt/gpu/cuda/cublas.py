@@ -14,8 +14,9 @@ Types and compute (cublasGemmStridedBatchedEx):
 | BF16 | BF16 or F32 | CUBLAS_COMPUTE_32F (tensor cores, F32 accumulation) |
 
 `Cublas.gemm_bias` is one GEMM with cuBLASLt's bias epilogue (C = op(A) op(B) + bias broadcast
-over C's columns, F32 bias), for the linear layers' `add(mul_mat(w, x), b)`: the separate
-broadcast add read and wrote the whole F32 output once more. Its descriptors and the heuristic's
+over C's columns, F32 bias, optionally + a residual matrix read as Lt's C), for the linear
+layers' `add(mul_mat(w, x), b)` [+ r]: each separate add read and wrote the whole F32 output
+once more. Its descriptors and the heuristic's
 algorithm are made once per shape; a shape cuBLASLt has no algorithm for raises UnsupportedError
 (the caller runs the plain GEMM and an add instead).
 """
@@ -260,9 +261,10 @@ class Cublas:
 
     def gemm_bias(self, stream, transa: bool, transb: bool, m: int, n: int, k: int,
                   a: int, a_dtype: str, lda: int, b: int, b_dtype: str, ldb: int, c: int, ldc: int,
-                  bias: int, *, c_dtype: str = "F32") -> None:
+                  bias: int, *, c_dtype: str = "F32", residual: int | None = None) -> None:
         """Column-major C[m,n] = op(A)[m,k] op(B)[k,n] + bias[m] (F32 bias, broadcast over the
-        n columns) through cuBLASLt's bias epilogue, enqueued on `stream`. F16/BF16 a and b."""
+        n columns) [+ R[m,n], a matrix laid out as C, at `residual`] through cuBLASLt's bias
+        epilogue, enqueued on `stream`. F16/BF16 a and b."""
         if a_dtype != b_dtype or a_dtype not in ("F16", "BF16") or c_dtype not in C_TYPES[a_dtype]:
             raise UnsupportedError(f"cuBLASLt bias GEMM: {a_dtype}x{b_dtype}->{c_dtype}")
         if min(m, n, k) < 1 or max(m, n, k, lda, ldb, ldc) > _INT32_MAX:
@@ -272,7 +274,8 @@ class Cublas:
         if self._lt is None:
             self._lt = c_void_p()
             check(lt.cublasLtCreate(ctypes.byref(self._lt)), "cublasLtCreate")
-        align = tuple(_alignment(p) for p in (a, b, c, c))
+        src_c = c if residual is None else residual
+        align = tuple(_alignment(p) for p in (a, b, src_c, c))
         key = (transa, transb, m, n, k, a_dtype, lda, ldb, c_dtype, ldc, align)
         plan = self._lt_plans.get(key)
         if plan is None:
@@ -287,9 +290,9 @@ class Cublas:
         ptr = c_void_p(bias)
         check(lt.cublasLtMatmulDescSetAttribute(plan.desc, LT_BIAS_POINTER, ctypes.byref(ptr), 8),
               "cuBLASLt bias pointer")
-        one, zero = c_float(1.0), c_float(0.0)
+        one, beta = c_float(1.0), c_float(0.0 if residual is None else 1.0)
         check(lt.cublasLtMatmul(self._lt, plan.desc, ctypes.byref(one), c_void_p(a), plan.a, c_void_p(b), plan.b,
-                                ctypes.byref(zero), c_void_p(c), plan.c, c_void_p(c), plan.c, c_void_p(plan.algo),
+                                ctypes.byref(beta), c_void_p(src_c), plan.c, c_void_p(c), plan.c, c_void_p(plan.algo),
                                 c_void_p(self._stream_workspace[stream.handle]), WORKSPACE_BYTES,
                                 c_void_p(stream.handle)), f"cuBLASLt bias GEMM m={m} n={n} k={k}")
 

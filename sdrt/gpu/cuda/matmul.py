@@ -92,9 +92,23 @@ def mul_mat_add_bias(add, xs, out, rt):
         binary(add, (DevTensor.of(add.src[0], out.ptr), b), out, rt)
 
 
-def _gemm_with_bias(rt, w, x, out, b) -> bool:
-    """Enqueue out = w . x + b as one bias-epilogue GEMM when the shapes allow; False otherwise
-    (nothing enqueued that matters: a packed x in scratch is just not used)."""
+def mul_mat_add_bias_residual(res_add, xs, out, rt):
+    """add(add(mul_mat(w, x), b), r) (either operand order of the outer add), r the size of the
+    output: one bias-epilogue GEMM that also reads r as cuBLASLt's C (beta 1), writing the
+    outer add's output (the product's buffer); otherwise the three steps."""
+    from .elementwise import binary
+    w, x, b, r = xs
+    if _gemm_with_bias(rt, w, x, out, b, residual=r):
+        return
+    inner = next(s.owner for s in res_add.src if s.owner.op == "add" and s.owner is not r.tensor.owner)
+    mul_mat_add_bias(inner, (w, x, b), out, rt)
+    y = DevTensor.of(inner, out.ptr)
+    binary(res_add, (y, r) if res_add.src[0].owner is inner else (r, y), out, rt)
+
+
+def _gemm_with_bias(rt, w, x, out, b, residual=None) -> bool:
+    """Enqueue out = w . x + b (+ residual) as one bias-epilogue GEMM when the shapes allow;
+    False otherwise (nothing enqueued that matters: a packed x in scratch is just not used)."""
     K, M, w2, w3 = w.ne
     _, N, b2, b3 = x.ne
     gd = w.dtype.name
@@ -103,6 +117,9 @@ def _gemm_with_bias(rt, w, x, out, b) -> bool:
     if b.nelements != M or b.nb[0] != b.dtype.type_size or b.dtype.name not in FLOATS:
         return False
     if (b2 > 1 or b3 > 1) and not _even_rows(x.ne, x.nb):
+        return False
+    if residual is not None and (residual.dtype.name != "F32" or not residual.is_contiguous
+                                 or residual.nelements != out.nelements or residual.ne[0] != M):
         return False
     N = N * b2 * b3
     x_ne, x_nb = (K, N, 1, 1), (x.nb[0], x.nb[1], x.nb[1] * N, x.nb[1] * N)
@@ -116,7 +133,8 @@ def _gemm_with_bias(rt, w, x, out, b) -> bool:
         bias = rt.scratch(M * 4)
         rt.cast(bias, "F32", b.ptr, b.dtype.name, M)
     try:
-        rt.gemm_bias(True, False, M, N, K, w.ptr, gd, w.nb[1] // 2, xp, gd, ldb, out.ptr, M, bias)
+        rt.gemm_bias(True, False, M, N, K, w.ptr, gd, w.nb[1] // 2, xp, gd, ldb, out.ptr, M, bias,
+                     residual=None if residual is None else residual.ptr)
     except UnsupportedError:
         return False
     return True

@@ -60,7 +60,7 @@ class Launcher:
 
 class _Scratch:
     """A bump allocator over one device buffer, reset before each kernel function. The buffer
-    grows (to at least double) when a request does not fit, never while capturing; a replaced
+    grows (by at least 1/8) when a request does not fit, never while capturing; a replaced
     buffer stays alive until the kernel function that outgrew it returns, so every pointer handed
     out during one call stays valid."""
 
@@ -84,7 +84,9 @@ class _Scratch:
             if self.device.capturing:
                 raise ScratchOverflow(f"rt.scratch({nbytes}) during capture: {self.capacity - self.top} "
                                       f"of {self.capacity} bytes left")
-            new = max(2 * self.capacity, self.top + n, 1 << 20)
+            # what this call has taken so far, +1/8 (not doubled: the buffer is held for every
+            # graph and counts against --max-vram; it only grows during the first, eager runs)
+            new = -(-max(self.top + n, self.capacity + self.capacity // 8) // (1 << 20)) << 20
             if self.ptr:
                 self.retired.append(self.ptr)
             self.ptr, self.capacity, self.top = self.device.allocator.alloc(new), new, 0
@@ -169,11 +171,13 @@ class CudaRuntime:
             self.fn("runtime", f"fill_{_SUFFIX[dtype]}", "Pfq")((self.grid_for(n),), (BLOCK,), dst, float(value), n)
 
     def gemm_bias(self, transa: bool, transb: bool, m: int, n: int, k: int, a: int, a_dtype: str, lda: int,
-                  b: int, b_dtype: str, ldb: int, c: int, ldc: int, bias: int, *, c_dtype: str = "F32") -> None:
+                  b: int, b_dtype: str, ldb: int, c: int, ldc: int, bias: int, *, c_dtype: str = "F32",
+                  residual: int | None = None) -> None:
         """One GEMM with cuBLASLt's bias epilogue on rt.stream: column-major C[m,n] = op(A) op(B)
-        + bias[m] (F32 bias). Raises UnsupportedError when cuBLASLt has no algorithm for it."""
+        + bias[m] (F32 bias) [+ the matrix at `residual`, laid out as C]. Raises
+        UnsupportedError when cuBLASLt has no algorithm for it."""
         self.cublas.gemm_bias(self.stream, transa, transb, m, n, k, a, a_dtype, lda, b, b_dtype, ldb, c, ldc,
-                              bias, c_dtype=c_dtype)
+                              bias, c_dtype=c_dtype, residual=residual)
 
     @property
     def cublas(self) -> Cublas:

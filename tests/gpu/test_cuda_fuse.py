@@ -93,4 +93,5 @@ def test_linear_bias_residual_fallback(cuda, rng, spy):
     r = leaf(randn(rng, 40, 2, 64)).permute(0, 2, 1, 3)
     y = F.linear(F.gelu(x), leaf(randn(rng, 64, 64) / 8, "F16"), leaf(randn(rng, 64), "F16"))
     check(cuda, F.silu(F.add(y, r)), 3e-3)
-    assert spy == [False, True]
+    # each enqueue (the eager run, the capture) tries the residual GEMM, then the bias-only one
+    assert spy and spy == [False, True] * (len(spy) // 2)

@@ -91,9 +91,12 @@ def test_bias_then_residual_is_one_slot():
 def test_residual_not_fused():
     x = leaf(rand(16, 32))
     y = F.linear(F.gelu(x), leaf(rand(32, 32), "F16"), leaf(rand(32), "F16"))
-    # a broadcast operand, an F16 one, a bias add that is read twice: only the pair fuses
+    # a broadcast operand, an F16 one, a permuted view, a bias add that is read twice: only the
+    # pair fuses
+    perm = leaf(rand(32, 16)).permute(1, 0)
+    assert perm.ne == (32, 16) and not perm.is_contiguous()
     for g in (Graph(F.silu(F.add(y, leaf(rand(32))))), Graph(F.silu(F.add(y, leaf(rand(16, 32), "F16")))),
-              Graph(F.mul(F.silu(F.add(y, x)), y))):
+              Graph(F.silu(F.add(y, perm))), Graph(F.mul(F.silu(F.add(y, x)), y))):
         names = [fn.__name__ for _, fn, _ in launches(g)]
         assert names.count("mul_mat_add_bias") == 1 and "mul_mat_add_bias_residual" not in names
 
@@ -109,3 +112,4 @@ def test_unet_graph_fuses_every_linear_bias():
     assert blocks == 11
     assert names.count("mul_mat_add_bias_residual") == 3 * blocks
     assert names.count("mul_mat_add_bias") >= blocks
+

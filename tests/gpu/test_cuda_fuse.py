@@ -86,12 +86,10 @@ def test_linear_bias_residual_fused(cuda, rng, spy, left, shape):
     assert spy and all(spy)
 
 
-def test_linear_bias_residual_fallback(cuda, rng, spy):
-    # a residual that is a permuted view (same shape, not contiguous): the slot runs the bias
-    # GEMM and then the add
+def test_noncontiguous_residual_stays_an_add(cuda, rng, spy):
+    # a residual that is a permuted view (same shape, not contiguous): the bias GEMM, then the add
     x = leaf(randn(rng, 2, 40, 64))
     r = leaf(randn(rng, 40, 2, 64)).permute(0, 2, 1, 3)
     y = F.linear(F.gelu(x), leaf(randn(rng, 64, 64) / 8, "F16"), leaf(randn(rng, 64), "F16"))
     check(cuda, F.silu(F.add(y, r)), 3e-3)
-    # each enqueue (the eager run, the capture) tries the residual GEMM, then the bias-only one
-    assert spy and spy == [False, True] * (len(spy) // 2)
+    assert spy and all(spy)

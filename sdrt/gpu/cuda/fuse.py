@@ -1,8 +1,8 @@
-"""Kernel fusion over a planned graph, for the CUDA backend: pairs of nodes one kernel runs.
+"""Kernel fusion over a planned graph, for the CUDA backend: runs of nodes one kernel does.
 
 `launch_lists(graph, plan, kernels, node_ptr)` gives, per segment and node, the kernel function
 to call and the tensors it reads (`kernels`: each segment's kernel functions in node order,
-`node_ptr`: each computed node's device address). Today one pattern is fused:
+`node_ptr`: each computed node's device address). Two patterns are fused:
 
 - `add(mul_mat(w, x), b)` with b a vector of the product's M rows (a linear layer's bias),
   where the add directly follows the product, is the product's only consumer and writes over
@@ -43,12 +43,13 @@ def _bias_of(add, mm) -> bool:
 
 def _residual_of(r, add) -> object | None:
     """The residual operand when node `r` is add(add_node, res) or add(res, add_node) with res a
-    whole-size F32 tensor (not add_node itself); else None."""
-    if r.op != "add" or tuple(r.ne) != tuple(add.ne) or r.dtype.name != "F32":
+    contiguous F32 tensor of the output's shape (what cuBLASLt reads as C); else None."""
+    if r.op != "add" or tuple(r.ne4) != tuple(add.ne4) or r.dtype.name != "F32":
         return None
     a, b = r.src
     y, res = (a, b) if a.owner is add else (b, a)
-    if not _is_whole(y, add) or res.owner is add or tuple(res.ne) != tuple(add.ne) or res.dtype.name != "F32":
+    if (not _is_whole(y, add) or res.owner is add or tuple(res.ne4) != tuple(add.ne4)
+            or res.dtype.name != "F32" or not res.is_contiguous()):
         return None
     return res
 

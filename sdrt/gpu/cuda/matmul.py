@@ -17,6 +17,10 @@ type), x ne=[K, N, b2, b3] (F32/F16/BF16, any view) -> out F32 ne=[M, N, b2, b3]
   k=K, A=w (lda = w's row stride), B=x (ldb = x's row stride), C=out (ldc=M)). Batch dims
   become strided-batched GEMMs; when w is one matrix and x's rows are evenly spaced (or x was
   packed), all batches fold into one GEMM with N*b2*b3 columns.
+- Linear layers' bias (and a transformer block's residual after it) can ride in the GEMM:
+  `mul_mat_add_bias` / `mul_mat_add_bias_residual`, which fuse.py puts in place of the add
+  nodes, run one cuBLASLt GEMM with the bias epilogue (the residual as its C, beta 1) for a
+  dense F16/BF16 weight, and the unfused kernels otherwise.
 - Why no fused dequant+tensor-core GEMM for large N: the decode pass moves ~2.6 bytes per weight
   (Q4_K: 0.56 read + 2 written; cuBLAS then reads the 2), a few % of an N >= 2048 GEMM, while a
   hand-written wmma kernel (no wgmma/TMA) reaches well under cuBLAS's Hopper throughput;
@@ -31,6 +35,7 @@ from ...errors import UnsupportedError
 from ...ops.registry import FLOATS
 from . import quant
 from .devtensor import DevTensor
+from .elementwise import binary
 from .quant import weight_as  # noqa: F401  (public: other families import it from here)
 from .table import CUDA
 
@@ -85,7 +90,6 @@ def mul_mat_add_bias(add, xs, out, rt):
     epilogue where it is one dense F16/BF16 GEMM (the backend's fuse pass runs it in place of
     the add, on the add's output, which is the product's buffer); otherwise the product and
     then the add."""
-    from .elementwise import binary
     w, x, b = xs
     if not _gemm_with_bias(rt, w, x, out, b):
         mul_mat(None, (w, x), out, rt)
@@ -96,7 +100,6 @@ def mul_mat_add_bias_residual(res_add, xs, out, rt):
     """add(add(mul_mat(w, x), b), r) (either operand order of the outer add), r the size of the
     output: one bias-epilogue GEMM that also reads r as cuBLASLt's C (beta 1), writing the
     outer add's output (the product's buffer); otherwise the three steps."""
-    from .elementwise import binary
     w, x, b, r = xs
     if _gemm_with_bias(rt, w, x, out, b, residual=r):
         return

@@ -261,6 +261,18 @@ def _round_to(v, rnd):
     return _bits_as_f32(np.int32(np.uint32(r | sign)))
 
 
+@njit(inline="always")
+def _times_values(x, src, out, dst, h, rnd):
+    """out[dst + i] = x[src + i] * out[dst + i] for i < h, out's gelu values first rounded as an
+    F16/BF16 node would store them (rnd, see _round_to): geglu's product, one float32 multiply."""
+    if rnd == 0:
+        for i in range(h):
+            out[dst + np.uint64(i)] = x[src + np.uint64(i)] * out[dst + np.uint64(i)]
+    else:
+        for i in range(h):
+            out[dst + np.uint64(i)] = x[src + np.uint64(i)] * _round_to(out[dst + np.uint64(i)], rnd)
+
+
 @njit(parallel=True, fastmath=FM, cache=True)
 def _geglu_tanh_rows(x, s3, s2, s1, out, n3, n2, n1, h, rnd):
     """out row r (C-contiguous, h wide) = x[a] * gelu_tanh(x[gate]) where row (i3, i2, i1) of the
@@ -279,12 +291,7 @@ def _geglu_tanh_rows(x, s3, s2, s1, out, n3, n2, n1, h, rnd):
         dst = np.uint64(r * h)
         for i in range(h):
             out[dst + np.uint64(i)] = _gelu_tanh1(x[gsrc + np.uint64(i)])
-        if rnd == 0:
-            for i in range(h):
-                out[dst + np.uint64(i)] = x[src + np.uint64(i)] * out[dst + np.uint64(i)]
-        else:
-            for i in range(h):
-                out[dst + np.uint64(i)] = x[src + np.uint64(i)] * _round_to(out[dst + np.uint64(i)], rnd)
+        _times_values(x, src, out, dst, h, rnd)
 
 
 @njit(parallel=True, fastmath=False, cache=True)
@@ -301,12 +308,7 @@ def _geglu_erf_rows(x, s3, s2, s1, out, n3, n2, n1, h, rnd, op, p0, p1):
         dst = np.uint64(r * h)
         for i in range(h):
             out[dst + np.uint64(i)] = _apply(x[gsrc + np.uint64(i)], op, p0, p1)
-        if rnd == 0:
-            for i in range(h):
-                out[dst + np.uint64(i)] = x[src + np.uint64(i)] * out[dst + np.uint64(i)]
-        else:
-            for i in range(h):
-                out[dst + np.uint64(i)] = x[src + np.uint64(i)] * _round_to(out[dst + np.uint64(i)], rnd)
+        _times_values(x, src, out, dst, h, rnd)
 
 
 def _geglu(node, xs, out):

@@ -152,8 +152,8 @@ class _GraphState:
             pin = PinnedBuffer(backend.device, _align(n.nbytes))
             self.pinned.append(pin)
             self.outputs.append((n, self.node_ptr[id(n)], pin))
-        # every node's kernel, before anything runs; then the fused pairs (fuse.py): per segment
-        # [(fn, the tensors it reads)] in node order
+        # every node's kernel, before anything runs; then the fused runs of nodes (fuse.py): per
+        # segment [(fn, the tensors it reads)] in node order
         kernels = []
         for seg in plan.segments:
             ks = []
@@ -230,7 +230,7 @@ class CudaBackend:
         self._states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._lock = threading.RLock()
         self._pending_upload = None   # event of the last weight upload on the copy stream
-        self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"   # fuse.py's pairs (0: every node alone)
+        self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"   # fuse.py's fused runs (0: every node alone)
 
     def __repr__(self):
         return f"CudaBackend({self.name}: {self.device.info.describe()})"

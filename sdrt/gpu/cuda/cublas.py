@@ -16,9 +16,9 @@ Types and compute (cublasGemmStridedBatchedEx):
 `Cublas.gemm_bias` is one GEMM with cuBLASLt's bias epilogue (C = op(A) op(B) + bias broadcast
 over C's columns, F32 bias, optionally + a residual matrix read as Lt's C), for the linear
 layers' `add(mul_mat(w, x), b)` [+ r]: each separate add read and wrote the whole F32 output
-once more. Its descriptors and the heuristic's
-algorithm are made once per shape; a shape cuBLASLt has no algorithm for raises UnsupportedError
-(the caller runs the plain GEMM and an add instead).
+once more. Its descriptors and the heuristic's algorithm are made once per shape and pointer
+alignment and kept for the process; a shape cuBLASLt has no algorithm for raises
+UnsupportedError (the caller runs the plain GEMM and the adds instead).
 """
 from __future__ import annotations
 
@@ -270,7 +270,7 @@ class Cublas:
         if min(m, n, k) < 1 or max(m, n, k, lda, ldb, ldc) > _INT32_MAX:
             raise OpError(f"cuBLASLt bias GEMM: dims must be in 1..2^31-1 (m={m} n={n} k={k})")
         lt = lt_library()
-        handle = self.handle(stream)  # also makes this stream's workspace
+        self.handle(stream)  # makes this stream's workspace, shared with the cuBLAS handle
         if self._lt is None:
             self._lt = c_void_p()
             check(lt.cublasLtCreate(ctypes.byref(self._lt)), "cublasLtCreate")

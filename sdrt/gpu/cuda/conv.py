@@ -34,11 +34,16 @@ from .quant import decodable
 from .table import CUDA
 
 MODULE = "conv"
-# cap of one chunk's column matrix (and of a packed transposed-conv input). The scratch it sizes
-# is held for every graph: at 256 MiB, SDXL's 1024x1024 VAE decode (2.8 GB of activations) did
-# not fit --max-vram 3 beside its weights. 64 MiB chunks still give the UNet's and the VAE's
-# GEMMs 5K-27K columns each.
-COL_BYTES = 64 << 20
+# cap of one chunk's column matrix (and of a packed transposed-conv input); COL_BYTES_LEAN under
+# an explicit --max-vram budget (rt.lean). The scratch it sizes is held for every graph: at
+# 256 MiB SDXL's 1024x1024 VAE decode (2.8 GB of activations) did not fit --max-vram 3 beside its
+# weights; at 64 MiB it does, but the smaller GEMMs cost the decode 137 -> 154 ms on the H200.
+COL_BYTES = 256 << 20
+COL_BYTES_LEAN = 64 << 20
+
+
+def col_bytes(rt) -> int:
+    return COL_BYTES_LEAN if rt.lean else COL_BYTES
 _SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _ESIZE = {"F32": 4, "F16": 2}
 _IM2COL_ARGS = "PP" + "q" * 5 + "i" * 20 + "q" * 4
@@ -56,15 +61,15 @@ def _balanced(n: int, cap: int) -> int:
     return -(-n // chunks)
 
 
-def _chunks(nbatch: int, nrows: int, row_bytes: int) -> tuple[int, int]:
-    """(batch items, rows) per chunk so that a chunk's columns fit COL_BYTES: whole batch items
+def _chunks(nbatch: int, nrows: int, row_bytes: int, cap: int) -> tuple[int, int]:
+    """(batch items, rows) per chunk so that a chunk's columns fit `cap` bytes: whole batch items
     while they fit, else one item and as many rows as fit (at least one)."""
     item = row_bytes * nrows
-    if item * nbatch <= COL_BYTES:
+    if item * nbatch <= cap:
         return nbatch, nrows
-    if item <= COL_BYTES:
-        return _balanced(nbatch, COL_BYTES // item), nrows
-    return 1, _balanced(nrows, COL_BYTES // max(row_bytes, 1))
+    if item <= cap:
+        return _balanced(nbatch, cap // item), nrows
+    return 1, _balanced(nrows, cap // max(row_bytes, 1))
 
 
 def gemm_dtype(w) -> str:
@@ -156,7 +161,7 @@ def conv_forward(rt, x, w, bias, out, *, N, strides, dims, OC, kernel, out_dims,
         gemms(x.ptr, C * P, 0, N, 0, P)  # the input is the column matrix
     else:
         nrows = OD * OH
-        nb, rows = _chunks(N, nrows, C * KD * KH * KW * OW * esz)
+        nb, rows = _chunks(N, nrows, C * KD * KH * KW * OW * esz, col_bytes(rt))
         col = rt.scratch(nb * rows * C * KD * KH * KW * OW * esz)
         for n0 in range(0, N, nb):
             nbc = min(nb, N - n0)
@@ -228,9 +233,10 @@ def conv_transpose2d(node, xs, out, rt):
     else:
         _launch(rt, "zero_f32", "Pq", total, out.ptr, total)
     packed = x.dtype.name == gdt and x.is_contiguous
-    nb, rows = _chunks(N, H, M * W * 4)
+    cap = col_bytes(rt)
+    nb, rows = _chunks(N, H, M * W * 4, cap)
     if not packed:  # x as a contiguous [n][C][H*W] matrix in the GEMM dtype
-        nb = max(1, min(nb, COL_BYTES // (C * Pin * esz)))
+        nb = max(1, min(nb, cap // (C * Pin * esz)))
         xbuf = rt.scratch(nb * C * Pin * esz)
     cols = rt.scratch(nb * M * rows * W * 4)
     for n0 in range(0, N, nb):

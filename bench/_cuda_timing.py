@@ -65,3 +65,21 @@ class CudaDev:
             b.synchronize()
             runs.append(b.time_since(a) / repeat)
         return statistics.median(runs)
+
+
+def torch_time_ms(fn, repeat: int) -> float:
+    """PyTorch's side of a bench: median over 3 runs of the mean time of `repeat` back-to-back
+    calls of fn, by torch CUDA events (one call first, to warm up)."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(repeat):
+            fn()
+        b.record()
+        b.synchronize()
+        runs.append(a.elapsed_time(b) / repeat)
+    return statistics.median(runs)

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from _cuda_timing import CudaDev
+from _cuda_timing import CudaDev, torch_time_ms
 
 from sdrt.gpu.cuda import attention as GA
 from sdrt.ops import api as F
@@ -62,18 +61,8 @@ def torch_sdpa(q, k, v, repeat):
     if not torch.cuda.is_available():
         return None, None
     tq, tk, tv = (torch.from_numpy(a).cuda() for a in (q, k, v))
-    tF.scaled_dot_product_attention(tq, tk, tv)
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(repeat):
-            o = tF.scaled_dot_product_attention(tq, tk, tv)
-        b.record()
-        b.synchronize()
-        runs.append(a.elapsed_time(b) / repeat)
-    return statistics.median(runs), o.float().cpu().numpy()
+    ms = torch_time_ms(lambda: tF.scaled_dot_product_attention(tq, tk, tv), repeat)
+    return ms, tF.scaled_dot_product_attention(tq, tk, tv).float().cpu().numpy()
 
 
 def kernel_call(d: CudaDev, node, force: str | None = None, variant=None):

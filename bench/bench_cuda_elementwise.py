@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sdrt  # noqa: E402,F401  before numpy (sdrt/__init__.py sets OpenBLAS's thread spin)
 
 import numpy as np  # noqa: E402
-from _cuda_timing import CudaDev  # noqa: E402
+from _cuda_timing import CudaDev, torch_time_ms  # noqa: E402
 
 from sdrt.ops import api as F  # noqa: E402
 from sdrt.ops.tensor import Tensor  # noqa: E402
@@ -93,23 +93,6 @@ def time_sdrt(dev, node, repeat):
     return ms
 
 
-def time_torch(make, fn, repeat):
-    import torch
-    args = make()
-    fn(*args)
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(3):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(repeat):
-            fn(*args)
-        e.record()
-        e.synchronize()
-        runs.append(s.elapsed_time(e) / repeat)
-    return sorted(runs)[1]
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=50)
@@ -124,7 +107,8 @@ def main():
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, node, make, fn, nbytes in cases():
         us = time_sdrt(dev, node, a.repeat) * 1e3
-        tus = time_torch(make, fn, a.repeat) * 1e3 if torch is not None else float("nan")
+        args = make() if torch is not None else None
+        tus = torch_time_ms(lambda: fn(*args), a.repeat) * 1e3 if torch is not None else float("nan")
         print(f"| {name} | {nbytes / 2**20:.0f} | {us:.1f} | {nbytes / us / 1e3:.0f} | {tus:.1f} | "
               f"{nbytes / tus / 1e3:.0f} | {us / tus:.2f} |", flush=True)
 

@@ -29,6 +29,7 @@ from ctypes import POINTER, c_float, c_int, c_longlong, c_size_t, c_void_p
 from pathlib import Path
 
 from ...errors import OpError, UnsupportedError
+from .driver import bind_signatures
 
 CUDA_TYPES = {"F32": 0, "F16": 2, "BF16": 14}   # cudaDataType: CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
 C_TYPES = {"F32": ("F32",), "F16": ("F16", "F32"), "BF16": ("BF16", "F32")}   # a/b dtype -> allowed c
@@ -99,9 +100,7 @@ def library():
                                        c_void_p, c_int, c_int, c_longlong, c_void_p,
                                        c_void_p, c_int, c_int, c_longlong, c_int, c_int, c_int),
     }
-    for name, args in sig.items():
-        f = getattr(lib, name)
-        f.argtypes, f.restype = args, c_int
+    bind_signatures(lib, sig)
     lib.cublasGetStatusName.argtypes, lib.cublasGetStatusName.restype = (c_int,), ctypes.c_char_p
     lib.sdrt_path = path
     lib.sdrt_lt = lt if lt.exists() else None
@@ -137,9 +136,7 @@ def lt_library():
                            c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
                            c_size_t, c_void_p),
     }
-    for name, args in sig.items():
-        f = getattr(lt, name)
-        f.argtypes, f.restype = args, c_int
+    bind_signatures(lt, sig)
     _LT = lt
     return lt
 

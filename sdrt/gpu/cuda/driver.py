@@ -76,14 +76,20 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 _LIBCUDA = None
 
 
+def bind_signatures(lib, signatures: dict) -> None:
+    """Give each function `name` of the ctypes library its argtypes; every one returns a C int
+    (a CUresult or cublasStatus_t)."""
+    for name, args in signatures.items():
+        f = getattr(lib, name)
+        f.argtypes, f.restype = args, c_int
+
+
 def libcuda():
     """libcuda.so.1 with the signatures above (OSError when there is no driver)."""
     global _LIBCUDA
     if _LIBCUDA is None:
         lib = ctypes.CDLL("libcuda.so.1")
-        for name, args in _SIGNATURES.items():
-            f = getattr(lib, name)
-            f.argtypes, f.restype = args, c_int
+        bind_signatures(lib, _SIGNATURES)
         _LIBCUDA = lib
     return _LIBCUDA
 

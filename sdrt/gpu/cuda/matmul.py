@@ -57,6 +57,13 @@ def _even_rows(ne, nb) -> bool:
     return True
 
 
+def _rows_as_one_matrix(ne, nb):
+    """x's (ne, nb) with every batch folded into the columns: one [K, N*b2*b3] matrix, for rows
+    evenly spaced over the batch dims (_even_rows)."""
+    n = ne[1] * ne[2] * ne[3]
+    return (ne[0], n, 1, 1), (nb[0], nb[1], nb[1] * n, nb[1] * n)
+
+
 def _gemm_ready(dtype: str, ne, nb, want: str, es: int) -> bool:
     """Whether cuBLAS can read the tensor in place as `want`: same dtype, unit element stride,
     row/batch strides in whole elements and rows at least ne0 apart."""
@@ -76,8 +83,8 @@ def mul_mat(node, xs, out, rt):
     x_ne, x_nb = x.ne, x.nb
     if w2 == 1 and w3 == 1 and (b2 > 1 or b3 > 1) and _even_rows(x_ne, x_nb):
         # one weight for every batch and evenly spaced rows: one matrix of N*b2*b3 columns
-        N, b2, b3 = N * b2 * b3, 1, 1
-        x_ne, x_nb = (K, N, 1, 1), (x_nb[0], x_nb[1], x_nb[1] * N, x_nb[1] * N)
+        x_ne, x_nb = _rows_as_one_matrix(x_ne, x_nb)
+        N, b2, b3 = x_ne[1], 1, 1
     shape = (K, M, N, w2, w3, b2, b3)
     if w.dtype.is_quantized and N * (b2 // w2) * (b3 // w3) <= MMV_MAX_COLS:
         _mul_mat_vec(rt, w, x, x_ne, x_nb, out, shape)
@@ -124,8 +131,8 @@ def _gemm_with_bias(rt, w, x, out, b, residual=None) -> bool:
     if residual is not None and (residual.dtype.name != "F32" or not residual.is_contiguous
                                  or residual.nelements != out.nelements or residual.ne[0] != M):
         return False
-    N = N * b2 * b3
-    x_ne, x_nb = (K, N, 1, 1), (x.nb[0], x.nb[1], x.nb[1] * N, x.nb[1] * N)
+    x_ne, x_nb = _rows_as_one_matrix(x.ne, x.nb)
+    N = x_ne[1]
     if _gemm_ready(x.dtype.name, x_ne, x_nb, gd, 2):
         xp, ldb = x.ptr, x_nb[1] // 2
     else:

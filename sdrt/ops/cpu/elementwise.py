@@ -262,6 +262,17 @@ def _round_to(v, rnd):
 
 
 @njit(inline="always")
+def _geglu_row(r, n2, n1, s3, s2, s1, h):
+    """Where row r = (i3, i2, i1) of geglu's flat input starts (its values), where its gate half
+    starts, and where output row r starts (h wide)."""
+    i3 = r // (n2 * n1)
+    i2 = (r // n1) % n2
+    i1 = r % n1
+    src = np.uint64(i3 * s3 + i2 * s2 + i1 * s1)
+    return src, src + np.uint64(h), np.uint64(r * h)
+
+
+@njit(inline="always")
 def _times_values(x, src, out, dst, h, rnd):
     """out[dst + i] = x[src + i] * out[dst + i] for i < h, out's gelu values first rounded as an
     F16/BF16 node would store them (rnd, see _round_to): geglu's product, one float32 multiply."""
@@ -283,12 +294,7 @@ def _geglu_tanh_rows(x, s3, s2, s1, out, n3, n2, n1, h, rnd):
     (a * v) / d, which rounds differently. rnd: round gelu's output as an F16/BF16 gelu node
     stores it (see _round_to) before the product, as the unfused graph does."""
     for r in prange(n3 * n2 * n1):
-        i3 = r // (n2 * n1)
-        i2 = (r // n1) % n2
-        i1 = r % n1
-        src = np.uint64(i3 * s3 + i2 * s2 + i1 * s1)
-        gsrc = src + np.uint64(h)
-        dst = np.uint64(r * h)
+        src, gsrc, dst = _geglu_row(r, n2, n1, s3, s2, s1, h)
         for i in range(h):
             out[dst + np.uint64(i)] = _gelu_tanh1(x[gsrc + np.uint64(i)])
         _times_values(x, src, out, dst, h, rnd)
@@ -300,12 +306,7 @@ def _geglu_erf_rows(x, s3, s2, s1, out, n3, n2, n1, h, rnd, op, p0, p1):
     same argument types and flags: float64 arithmetic, one rounding to float32), then the
     float32 product."""
     for r in prange(n3 * n2 * n1):
-        i3 = r // (n2 * n1)
-        i2 = (r // n1) % n2
-        i1 = r % n1
-        src = np.uint64(i3 * s3 + i2 * s2 + i1 * s1)
-        gsrc = src + np.uint64(h)
-        dst = np.uint64(r * h)
+        src, gsrc, dst = _geglu_row(r, n2, n1, s3, s2, s1, h)
         for i in range(h):
             out[dst + np.uint64(i)] = _apply(x[gsrc + np.uint64(i)], op, p0, p1)
         _times_values(x, src, out, dst, h, rnd)

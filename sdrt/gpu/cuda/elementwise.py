@@ -41,10 +41,10 @@ def grid_1d(n: int):
 
 def grid_for(ne0: int, n: int):
     """The launch shape for a walk over n elements whose merged first dim is ne0 (the kernel
-    picks its path by the same rule): rows on blockIdx.y, ILP elements a thread; else 1-D."""
+    picks its path by the same rule): rows on blockIdx.y, else 1-D; ILP elements a thread."""
     if ROW_MIN <= ne0 < n:
         return (-(-ne0 // (BLOCK * ILP)), min(n // ne0, MAX_GRID_Y), 1), (BLOCK, 1, 1)
-    return grid_1d(n)
+    return grid_1d(-(-n // ILP))
 
 
 def operand_strides(x, out_ne) -> list[int]:

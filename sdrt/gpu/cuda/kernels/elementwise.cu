@@ -11,17 +11,17 @@
 namespace {
 
 // ---- the index walk ---------------------------------------------------------------------------
-// Stores out[i] = value(i0, i1, i2, i3) for every flat output index i < n of a tensor of shape
-// (ne0, ne1, ne2, n / (ne0*ne1*ne2)). Two paths, chosen by the shape alone (elementwise.py sizes
-// the grid by the same rule, ROW_MIN):
+// Stores out[i] = op(load(i0, i1, i2, i3)) for every flat output index i < n of a tensor of shape
+// (ne0, ne1, ne2, n / (ne0*ne1*ne2)). `load` reads one element's operands (a float, a float2, raw
+// bits), `op` makes its value from them. Each thread takes ILP elements and loads all their
+// operands before computing or storing any, so that ILP loads are in flight at once: with one,
+// silu ran at 1.3-1.6 TB/s, with four 3.0 (bench/cuda_elementwise_variants.cu on the H200). Reading
+// all before writing is safe in place: an element only reads its own index of a same-shape operand.
+// Two walks, chosen by the shape alone (elementwise.py sizes the grid by the same rule, ROW_MIN):
 //  - rows (ne0 >= ROW_MIN, more than one row): blockIdx.y walks the rows, whose index is split
-//    once per row, and each thread takes ILP elements of a row, loaded before any is stored so
-//    that their loads overlap (the broadcast bias adds spent most of their time on the per-element
-//    divisions and one load in flight per thread). Reading all before writing is safe in place:
-//    an element's value only reads its own index of a same-shape operand.
-//  - flat, a grid-stride loop: one dim needs no division; otherwise 32-bit division while the
-//    indices fit. Its branch is uniform over the grid and stays inside the loop: one copy of the
-//    op's code (three made the fatbin three times larger).
+//    once per row; a thread's ILP elements are blockDim apart in the row.
+//  - flat: a grid-stride loop over groups of ILP*blockDim elements; one dim needs no division,
+//    otherwise 32-bit division while the indices fit (the branch is uniform over the grid).
 #define ROW_MIN 256
 #define ILP 4
 
@@ -40,52 +40,64 @@ __device__ __forceinline__ void split_row(int64_t r, int64_t ne1, int64_t ne2, i
     }
 }
 
-template <typename T, typename F>
+template <typename T, typename L, typename O>
 __device__ __forceinline__ void map_index(T* __restrict__ out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
-                                          F value) {
+                                          L load, O op) {
+    using V = decltype(load(int64_t(0), int64_t(0), int64_t(0), int64_t(0)));
+    const int64_t bd = blockDim.x;
     if (ne0 >= ROW_MIN && ne0 < n) {
         const int64_t nrows = n / ne0;
-        const int64_t step = (int64_t)gridDim.x * blockDim.x * ILP;
+        const int64_t step = (int64_t)gridDim.x * bd * ILP;
 #pragma unroll 1
         for (int64_t r = blockIdx.y; r < nrows; r += gridDim.y) {
             int64_t i1, i2, i3;
             split_row(r, ne1, ne2, nrows, i1, i2, i3);
             T* o = out + r * ne0;
 #pragma unroll 1
-            for (int64_t j = (int64_t)blockIdx.x * blockDim.x * ILP + threadIdx.x; j < ne0; j += step) {
-                T v[ILP];
+            for (int64_t j = (int64_t)blockIdx.x * bd * ILP + threadIdx.x; j < ne0; j += step) {
+                V v[ILP];
 #pragma unroll
                 for (int u = 0; u < ILP; ++u)
-                    if (j + u * blockDim.x < ne0) v[u] = value(j + u * blockDim.x, i1, i2, i3);
+                    if (j + u * bd < ne0) v[u] = load(j + u * bd, i1, i2, i3);
 #pragma unroll
                 for (int u = 0; u < ILP; ++u)
-                    if (j + u * blockDim.x < ne0) o[j + u * blockDim.x] = v[u];
+                    if (j + u * bd < ne0) o[j + u * bd] = op(v[u]);
             }
         }
         return;
     }
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    const bool one_dim = ne0 == n, small = n <= 0xFFFFFFFFLL;
-    // unroll 1: one copy of the op's code (see above)
+    const bool one_dim = ne0 == n;
+    if (!one_dim && n > 0xFFFFFFFFLL) {  // 64-bit index splits (over 2^32 elements): one at a time
 #pragma unroll 1
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        int64_t i0 = i, i1 = 0, i2 = 0, i3 = 0;
-        if (one_dim) {
-        } else if (small) {
-            const uint32_t m0 = (uint32_t)ne0, m1 = (uint32_t)ne1, m2 = (uint32_t)ne2;
-            uint32_t r = (uint32_t)i;
-            i0 = r % m0; r /= m0;
-            i1 = r % m1; r /= m1;
-            i2 = r % m2;
-            i3 = r / m2;
-        } else {
+        for (int64_t i = (int64_t)blockIdx.x * bd + threadIdx.x; i < n; i += (int64_t)gridDim.x * bd) {
             int64_t r = i;
-            i0 = r % ne0; r /= ne0;
-            i1 = r % ne1; r /= ne1;
-            i2 = r % ne2;
-            i3 = r / ne2;
+            const int64_t i0 = r % ne0; r /= ne0;
+            const int64_t i1 = r % ne1; r /= ne1;
+            out[i] = op(load(i0, i1, r % ne2, r / ne2));
         }
-        out[i] = value(i0, i1, i2, i3);
+        return;
+    }
+    const int64_t step = (int64_t)gridDim.x * bd * ILP;
+    const uint32_t m0 = (uint32_t)ne0, m1 = (uint32_t)ne1, m2 = (uint32_t)ne2;
+#pragma unroll 1
+    for (int64_t base = (int64_t)blockIdx.x * bd * ILP + threadIdx.x; base < n; base += step) {
+        V v[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            const int64_t i = base + u * bd;
+            if (i >= n) continue;
+            if (one_dim) {
+                v[u] = load(i, 0, 0, 0);
+            } else {
+                uint32_t r = (uint32_t)i;
+                const uint32_t i0 = r % m0; r /= m0;
+                const uint32_t i1 = r % m1; r /= m1;
+                v[u] = load(i0, i1, r % m2, r / m2);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; ++u)
+            if (base + u * bd < n) out[base + u * bd] = op(v[u]);
     }
 }
 
@@ -105,10 +117,9 @@ __device__ __forceinline__ void binary(const char* a, const char* b, TA* out, in
                                        int64_t sa0, int64_t sa1, int64_t sa2, int64_t sa3,
                                        int64_t sb0, int64_t sb1, int64_t sb2, int64_t sb3) {
     map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-        const float va = load_f<TA>(a, i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3);
-        const float vb = load_f<TB>(b, i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3);
-        return from_f32<TA>(binary_op<OP>(va, vb));
-    });
+        return make_float2(load_f<TA>(a, i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3),
+                           load_f<TB>(b, i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3));
+    }, [](float2 v) { return from_f32<TA>(binary_op<OP>(v.x, v.y)); });
 }
 
 // ---- unary ------------------------------------------------------------------------------------
@@ -149,8 +160,8 @@ template <int OP, typename T>
 __device__ __forceinline__ void unary(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
                                       int64_t s0, int64_t s1, int64_t s2, int64_t s3, float p0, float p1) {
     map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-        return from_f32<T>(unary_op<OP>(load_f<T>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3), p0, p1));
-    });
+        return load_f<T>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3);
+    }, [&](float v) { return from_f32<T>(unary_op<OP>(v, p0, p1)); });
 }
 
 // ---- geglu -------------------------------------------------------------------------------------
@@ -161,9 +172,11 @@ __device__ __forceinline__ void geglu(const char* x, T* out, int64_t n, int64_t 
                                       int64_t s0, int64_t s1, int64_t s2, int64_t s3, int64_t gate_off) {
     map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
         const int64_t off = i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3;
+        return make_float2(load_f<T>(x, off), load_f<T>(x, off + gate_off));
+    }, [](float2 v) {
         // rounded to T between the gelu and the product, as the CPU's unfused mul(a, gelu(gate))
-        const float g = to_f32(from_f32<T>(unary_op<GELU>(load_f<T>(x, off + gate_off), 0.0f, 0.0f)));
-        return from_f32<T>(load_f<T>(x, off) * g);
+        const float g = to_f32(from_f32<T>(unary_op<GELU>(v.y, 0.0f, 0.0f)));
+        return from_f32<T>(v.x * g);
     });
 }
 
@@ -172,8 +185,8 @@ template <typename TS, typename TD>
 __device__ __forceinline__ void cast(const char* x, TD* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
                                      int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
     map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-        return from_f32<TD>(load_f<TS>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3));
-    });
+        return load_f<TS>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3);
+    }, [](float v) { return from_f32<TD>(v); });
 }
 
 // bit-exact copy of elements of one size (any non-block dtype)
@@ -182,7 +195,7 @@ __device__ __forceinline__ void copy(const char* x, U* out, int64_t n, int64_t n
                                      int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
     map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
         return load<U>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3);
-    });
+    }, [](U v) { return v; });
 }
 
 // whole rows of `units` U each (block-type rows are contiguous bytes), rows strided by nb1..nb3

@@ -1,21 +1,26 @@
 """The CUDA backend's fusion pass (sdrt/gpu/cuda/fuse.py) on planned graphs, without a GPU: which
-linear-layer bias adds become one bias-epilogue GEMM, and which must stay separate. The fused
-kernel's numbers are checked against the CPU on a GPU (tests/gpu/test_cuda_fuse.py)."""
+linear-layer bias adds become one bias-epilogue GEMM, and which must stay separate; which F32
+results are stored as F16. The kernels' numbers are checked against the CPU on a GPU
+(tests/gpu/test_cuda_fuse.py)."""
+from collections import Counter
+
 import numpy as np
 from opcheck import leaf
 
 from sdrt.gpu.cuda import fuse
+from sdrt.gpu.cuda.backend import import_families
+from sdrt.gpu.cuda.table import CUDA
 from sdrt.ops import api as F
 from sdrt.ops.graph import Graph
+from sdrt.ops.registry import make_node
 
 
 def own(node, xs, out, rt):
     """Stands for a node's own kernel."""
 
 
-def launches(graph):
-    """fuse.launch_lists over the graph's plan, with addresses laid out as the backend does."""
-    plan = graph.plan()
+def _addresses(plan):
+    """Node addresses laid out as the backend lays them out."""
     ptr = {id(n): (1 << 40) + i * (1 << 30) for i, n in enumerate(plan.outputs)}
     for seg in plan.segments:
         for n in seg.nodes:
@@ -23,9 +28,25 @@ def launches(graph):
                 ptr[id(n)] = seg.offsets[id(n)]
             elif id(n) in plan.cross_offsets:
                 ptr[id(n)] = (1 << 36) + plan.cross_offsets[id(n)]
+    return ptr
+
+
+def launches(graph):
+    """fuse.launch_lists over the graph's plan."""
+    plan = graph.plan()
     kernels = [[own] * len(seg.nodes) for seg in plan.segments]
-    lists = fuse.launch_lists(graph, plan, kernels, ptr)
+    lists = fuse.launch_lists(graph, plan, kernels, _addresses(plan))
     return [(n, fn, srcs) for seg, lst in zip(plan.segments, lists) for n, (fn, srcs) in zip(seg.nodes, lst)]
+
+
+def half(graph):
+    """The nodes fuse.half_nodes stores as F16, with the CUDA backend's own kernels."""
+    import_families()
+    plan = graph.plan()
+    ptr = _addresses(plan)
+    kernels = [[CUDA.find(n).fn for n in seg.nodes] for seg in plan.segments]
+    ids = fuse.half_nodes(graph, plan, fuse.launch_lists(graph, plan, kernels, ptr), ptr)
+    return [n for n in graph.nodes if id(n) in ids]
 
 
 def fused(graph):
@@ -112,4 +133,66 @@ def test_unet_graph_fuses_every_linear_bias():
     assert blocks == 11
     assert names.count("mul_mat_add_bias_residual") == 3 * blocks
     assert names.count("mul_mat_add_bias") >= blocks
+    # both attentions of every block write their heads merged back into channels (the cont)
+    assert names.count("attention_into_cont") == 2 * blocks
 
+
+
+def test_unet_half_storage():
+    # per SD1 transformer block: the three layer norms, q/k/v of both attentions (k/v from the
+    # context), the attention outputs' conts and the proj_in cont after the group norm, ff.net.0
+    # (its bias GEMM, the add node) and the geglu; every group norm (each feeds a conv or the
+    # proj_in cont); never a graph output, never read by an op that would keep more than F16
+    from test_unet import _graph
+    g = _graph("sd1")
+    hs = half(g)
+    blocks = sum(n.op == "geglu" for n in g.nodes)
+    norms = sum(n.op == "group_norm_affine" for n in g.nodes)
+    assert Counter(n.op for n in hs) == {"mul_mat": 6 * blocks, "cont": 3 * blocks, "layer_norm_affine": 3 * blocks,
+                                         "add": blocks, "geglu": blocks, "group_norm_affine": norms}
+    ids = {id(n) for n in hs}
+    assert not ids & {id(n) for n in g.plan().outputs}
+    for n in g.nodes:
+        for i, s in enumerate(n.src):
+            if id(s.owner) in ids:
+                assert (n.op, i) in {("mul_mat", 1), ("attention", 0), ("attention", 1), ("attention", 2),
+                                     ("geglu", 0), ("cont", 0), ("conv2d", 0)}, n.op
+                if n.op == "cont":
+                    assert id(n) in ids
+
+
+def test_half_storage_only_where_nothing_is_lost():
+    x = leaf(rand(2, 64, 32))
+    ln = F.layer_norm_affine(x, leaf(rand(32)), leaf(rand(32)), 1e-5)
+    w16, w32 = leaf(rand(48, 32), "F16"), leaf(rand(48, 32))
+    # read by an F16 GEMM: stored as F16; also by an add, or by an F32 GEMM: kept F32
+    assert [n.op for n in half(Graph(F.silu(F.mul_mat(w16, ln))))] == ["layer_norm_affine"]
+    assert half(Graph({"a": F.silu(F.mul_mat(w16, ln)), "b": F.silu(F.add(ln, x))})) == []
+    assert half(Graph(F.silu(F.mul_mat(w32, ln)))) == []
+    # a GEMM's result read by an add: F32; the graph output itself: F32
+    assert [n.op for n in half(Graph(F.mul_mat(w16, ln)))] == ["layer_norm_affine"]
+    assert half(Graph(F.silu(F.mul_mat(w32, x)))) == []
+    # q/k/v of a full-precision attention stay F32; of a default one, F16
+    q = F.mul_mat(w16, x)
+
+    def attn(**kw):
+        h = q.reshape(8, 6, 64, 2).permute(0, 2, 1, 3)
+        return F.silu(make_node("attention", (h, h, h), scale=0.3, **kw))
+    assert [n.op for n in half(Graph(attn()))] == ["mul_mat"]
+    assert half(Graph(attn(precision="F32"))) == []
+    # a cont stored as F16 only when its reader takes F16: before a GEMM, not before a silu
+    t = F.cont(F.gelu(x).permute(1, 0, 2, 3))
+    assert [n.op for n in half(Graph(F.silu(F.mul_mat(leaf(rand(48, 64), "F16"), t))))] == ["cont"]
+    assert half(Graph(F.silu(t))) == []
+
+
+def test_attention_into_cont_only_for_its_own_permute():
+    q = leaf(rand(2, 6, 64, 8))  # ne [8, 64, 6, 2]: D, L, H, N
+    a = F.attention(q, q, q)
+    names = [fn.__name__ for _, fn, _ in launches(Graph(F.silu(F.cont(a.permute(0, 2, 1, 3)))))]
+    assert names == ["_skip", "attention_into_cont", "own"]
+    # another permute, the attention read twice, or itself the output: the cont stays a copy
+    for g in (Graph(F.silu(F.cont(a.permute(1, 0, 2, 3)))),
+              Graph(F.add(F.cont(a.permute(0, 2, 1, 3)), F.silu(a).permute(0, 2, 1, 3))),
+              Graph({"a": a, "c": F.silu(F.cont(a.permute(0, 2, 1, 3)))})):
+        assert "attention_into_cont" not in [fn.__name__ for _, fn, _ in launches(g)]

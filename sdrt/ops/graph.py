@@ -186,6 +186,17 @@ class Graph:
                     return o
             return None
 
+        # an attention read only by the cont right after it (the heads merged back): the cont
+        # is placed with the attention, apart from the attention's inputs, so that a backend may
+        # write the cont from the attention kernel directly (the CUDA one does: fuse.py)
+        placed_with: dict[int, Tensor] = {}
+        for i, n in enumerate(nodes):
+            o = n.src[0].owner if n.op == "cont" else None
+            if (o is not None and o.op == "attention" and pos[id(o)] == i - 1 and last_use[id(o)] == i
+                    and self.segment_index[id(o)] == self.segment_index[id(n)]
+                    and id(o) not in own_arena and id(n) not in own_arena):
+                placed_with[id(o)] = n
+
         def plan_arena(members, offsets) -> int:
             """Offsets for `members` (in run order) in one arena; each is freed once the run
             has passed its last consumer (which may be a node outside `members`). An in-place
@@ -197,6 +208,8 @@ class Graph:
                     dead = heapq.heappop(live)[2]
                     if id(dead) not in handed_on:
                         arena.release(offsets[id(dead)], _align(dead.nbytes))
+                if id(n) in offsets:  # placed with the attention before it
+                    continue
                 src = inplace_src(n)
                 if src is not None and id(src) in offsets:
                     offsets[id(n)] = offsets[id(src)]
@@ -204,6 +217,10 @@ class Graph:
                 else:
                     offsets[id(n)] = arena.alloc(_align(n.nbytes))
                 heapq.heappush(live, (last_use[id(n)], k, n))
+                c = placed_with.get(id(n))
+                if c is not None:
+                    offsets[id(c)] = arena.alloc(_align(c.nbytes))
+                    heapq.heappush(live, (last_use[id(c)], k + 0.5, c))
             return arena.top
 
         names = [c.cut for c in self.cut_nodes] + [None]

@@ -93,3 +93,70 @@ def test_noncontiguous_residual_stays_an_add(cuda, rng, spy):
     y = F.linear(F.gelu(x), leaf(randn(rng, 64, 64) / 8, "F16"), leaf(randn(rng, 64), "F16"))
     check(cuda, F.silu(F.add(y, r)), 3e-3)
     assert spy and all(spy)
+
+
+# ---- F32 results stored as F16 (fuse.half_nodes) ---------------------------------------------
+
+def _block(rng, n=2, l=256, c=320, heads=5, ctx=None):
+    """A transformer block as the UNet builds it (sdrt/models: layer norms, F16 linears, the
+    multi-head attention and its output cont, the geglu feed-forward, residual adds)."""
+    from sdrt.models.common import multihead_attention
+
+    def lin(k, m, bias=True):
+        w = leaf(randn(rng, m, k) / np.sqrt(k), "F16")
+        b = leaf(randn(rng, m) * 0.1, "F16") if bias else None
+        return lambda t: F.linear(t, w, b)
+
+    def ln(t):
+        return F.layer_norm_affine(t, leaf(1 + 0.1 * randn(rng, c)), leaf(0.1 * randn(rng, c)), 1e-5)
+    x = leaf(randn(rng, n, l, c))
+    context = x if ctx is None else leaf(randn(rng, n, ctx, c))
+    q, k, v, o = lin(c, c, False), lin(c, c, False), lin(c, c, False), lin(c, c)
+    h = ln(x)
+    x = F.add(o(multihead_attention(q(h), k(h), v(h), heads)), x)
+    h = ln(x)
+    q2, k2, v2, o2 = lin(c, c, False), lin(c, c, False), lin(c, c, False), lin(c, c)
+    x = F.add(o2(multihead_attention(q2(h), k2(context), v2(context), heads)), x)
+    ff1, ff2 = lin(c, 8 * c), lin(4 * c, c)
+    return F.add(ff2(F.geglu(ff1(ln(x)), "tanh")), x)
+
+
+@pytest.mark.parametrize("shape", [(2, 256, 320, 5, None), (2, 1024, 640, 10, 77), (1, 64, 80, 2, 9)])
+def test_half_storage_block_matches_cpu_and_f32_storage(cuda, rng, monkeypatch, shape):
+    out = _block(rng, *shape)
+    want = Graph(out).run("cpu")["out"].numpy()
+    g = Graph(out)
+    g.run(cuda)
+    stored = {n.op for n in g.nodes if id(n) in cuda._states[g].half}
+    assert stored == {"layer_norm_affine", "mul_mat", "cont", "add", "geglu"}
+    on = run3(cuda, out)
+    monkeypatch.setattr(cuda, "store_half", False)
+    off = run3(cuda, out)
+    for a, b in zip(on, off):
+        assert_within_scale(a, want, 3e-3, "F16 storage vs cpu")
+        assert_within_scale(b, want, 3e-3, "F32 storage vs cpu")
+        assert_within_scale(a, b, 2e-3, "F16 vs F32 storage")
+
+
+@pytest.mark.parametrize("producer", ["layer_norm", "cont", "geglu", "group_norm"])
+def test_half_storage_before_a_gemm_gives_the_packed_bits(cuda, rng, monkeypatch, producer):
+    # a norm/cont/geglu writing F16 for the GEMM (or the conv's im2col) gives the bits the GEMM's
+    # own F32 -> F16 pack gave: the two runs agree to the GEMM's own run-to-run level
+    x = leaf(randn(rng, 2, 300, 256))
+    if producer == "group_norm":
+        x = leaf(randn(rng, 2, 64, 24, 40))  # ne [W, H, C, N]
+        h = F.group_norm_affine(x, leaf(randn(rng, 64)), leaf(randn(rng, 64)), 32, 1e-5, silu=True)
+        out = F.conv2d(h, leaf(randn(rng, 96, 64, 3, 3) / 24, "F16"), leaf(randn(rng, 96)), padding=1)
+    elif producer == "layer_norm":
+        h = F.layer_norm_affine(x, leaf(randn(rng, 256)), leaf(randn(rng, 256)), 1e-5)
+    elif producer == "cont":
+        h = F.cont(F.gelu(x).permute(0, 2, 1, 3))
+    else:
+        h = F.geglu(F.silu(x), "erf")
+    if producer != "group_norm":
+        out = F.mul_mat(leaf(randn(rng, 96, h.ne[0]) / np.sqrt(h.ne[0]), "F16"), h)
+    on = run3(cuda, out)
+    monkeypatch.setattr(cuda, "store_half", False)
+    off = run3(cuda, out)
+    for a, b in zip(on, off):
+        assert_within_scale(a, b, 1e-6, f"{producer} stored F16 vs packed")

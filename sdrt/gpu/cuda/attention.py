@@ -32,7 +32,10 @@ from __future__ import annotations
 import math
 
 from ...errors import UnsupportedError
+from ...ops.dtypes import BY_NAME
 from ...ops.registry import FLOATS
+from .devtensor import DevTensor
+from .elementwise import cast_or_copy
 from .table import CUDA
 
 MODULE = "attention"
@@ -177,21 +180,42 @@ def _pack(rt, t, scale: float) -> tuple:
     return dst, dpad, L * dpad, Hs * L * dpad, dpad, True
 
 
-def mma_attention(node, xs, out, rt, dp: int) -> None:
+def mma_attention(node, xs, out, rt, dp: int, out_strides=None) -> None:
+    """out_strides: (row, head, batch) element steps of the output (default: out contiguous
+    [Dv, Lq, H, N]); out may be F32 or F16."""
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) == 4 else None
     _, Dv, Lq, Lk, H, N, rh, rn = _shapes(xs)
+    os1, os2, os3 = out_strides or (Dv, Lq * Dv, H * Lq * Dv)
     rf, nw = MMA_VARIANT[dp]
     sl2 = node.params["scale"] * math.log2(math.e)
     qp, qs1, qs2, qs3, dq, staged = _pack(rt, q, sl2)
     kp, ks1, ks2, ks3, _, _ = _pack(rt, k, 1.0)
     vp, vs1, vs2, vs3, dvv, _ = _pack(rt, v, 1.0)
     bq = nw * 16 * rf
-    fn = rt.fn(MODULE, f"attn_mma_d{dp}_r{rf}_w{nw}", "Pqqq" * 3 + "iif" + "Pi" + "qqqq" + "iii" + "P" + "i" * 7)
+    fn = rt.fn(MODULE, f"attn_mma_d{dp}_r{rf}_w{nw}",
+               "Pqqq" * 3 + "iif" + "Pi" + "qqqq" + "iii" + "Pqqqi" + "i" * 7)
     grid = (_cdiv(Lq, bq), min(H, _MAX_GRID_YZ), min(N, _MAX_GRID_YZ))
     fn(grid, (nw * 32, 1, 1), qp, qs1, qs2, qs3, kp, ks1, ks2, ks3, vp, vs1, vs2, vs3, dq, dvv,
-       1.0 if staged else float(sl2), *_mask_args(mask), out.ptr, Dv, Lq, Lk, H, N, rh, rn,
-       shmem=mma_smem_bytes(dp, rf, nw))
+       1.0 if staged else float(sl2), *_mask_args(mask), out.ptr, os1, os2, os3,
+       int(out.dtype.name == "F16"), Dv, Lq, Lk, H, N, rh, rn, shmem=mma_smem_bytes(dp, rf, nw))
+
+
+def attention_into_cont(att, xs, out, rt) -> None:
+    """attention node `att` on xs, written as `out`, the contiguous [Dv, H, Lq, N] cont of its
+    permute(0, 2, 1, 3) (the heads merged back into channels; F32 or F16-stored): the mma
+    kernel writes it directly through output strides (fuse.py runs this in the cont's slot);
+    the other paths write the attention's own layout into scratch and copy."""
+    _, Dv, Lq, _, H, N, _, _ = _shapes(xs)
+    p = plan(att)
+    if p[0] == "flash" and tuple(rt.device.capability) >= (8, 0):
+        mma_attention(att, xs, out, rt, p[1], out_strides=(Dv * H, Dv, Dv * H * Lq))
+        return
+    f32 = BY_NAME["F32"]
+    tmp = _scratch(rt, Dv * Lq * H * N * 4)
+    attention(att, xs, DevTensor(tmp, f32, (Dv, Lq, H, N), (4, 4 * Dv, 4 * Dv * Lq, 4 * Dv * Lq * H), att), rt)
+    view = DevTensor(tmp, f32, (Dv, H, Lq, N), (4, 4 * Dv * Lq, 4 * Dv, 4 * Dv * Lq * H), att)
+    cast_or_copy(None, (view,), out, rt)
 
 
 # ---- flash path, portable (wmma) ------------------------------------------------------------

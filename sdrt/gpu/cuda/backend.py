@@ -165,11 +165,15 @@ class _GraphState:
                                            f"{n.dtype.name}" + (f" (node {n.name})" if n.name else ""))
                 ks.append(k.fn)
             kernels.append(ks)
+        # and the F32 results stored as F16 (fuse.half_nodes; seen through DevTensor.half_of)
         if getattr(backend, "fuse", True):
             self.kernels = fuse.launch_lists(graph, plan, kernels, self.node_ptr)
+            self.half = fuse.half_nodes(graph, plan, self.kernels, self.node_ptr) \
+                if getattr(backend, "store_half", True) else set()
         else:
             self.kernels = [[(fn, tuple(n.src)) for fn, n in zip(ks, seg.nodes)]
                             for ks, seg in zip(kernels, plan.segments)]
+            self.half = set()
         self.launches: list | None = None    # [(fn, node, xs, out)] once weights have fixed addresses
         self.captured: cudagraph.CapturedGraph | None = None
         self.capture_ok = True
@@ -195,6 +199,12 @@ class _GraphState:
             if base is None:
                 base = self.weight_ptr[id(o)] = self.backend.weight_ptr(o)
         return base + (t.offset - o.offset)
+
+    def dev(self, t, residency=None) -> DevTensor:
+        """What a kernel function sees of tensor `t` (a node, a leaf or a view of either)."""
+        if id(t.owner) in self.half:
+            return DevTensor.half_of(t, self.node_ptr[id(t.owner)])
+        return DevTensor.of(t, self.ptr(t, residency))
 
     def release(self) -> None:
         dev = self.backend.device
@@ -231,6 +241,7 @@ class CudaBackend:
         self._lock = threading.RLock()
         self._pending_upload = None   # event of the last weight upload on the copy stream
         self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"   # fuse.py's fused runs (0: every node alone)
+        self.store_half = os.environ.get("SDRT_CUDA_HALF", "1") != "0"  # fuse.half_nodes (0: every result as typed)
 
     def __repr__(self):
         return f"CudaBackend({self.name}: {self.device.info.describe()})"
@@ -384,8 +395,8 @@ class CudaBackend:
             if residency is not None:
                 residency.begin_segment(k, seg.name, [s for n in seg.nodes for s in n.src if s.owner.op is None])
             for (fn, srcs), n in zip(state.kernels[k], seg.nodes):
-                xs = [DevTensor.of(s, state.ptr(s, residency)) for s in srcs]
-                out = DevTensor.of(n, state.node_ptr[id(n)])
+                xs = [state.dev(s, residency) for s in srcs]
+                out = state.dev(n)
                 self._wait_uploads()
                 if debug >= 2:
                     ev0 = self._timing_event()

@@ -1,9 +1,13 @@
-"""DevTensor: what a CUDA kernel function sees of a graph tensor (address, dtype, ggml shape)."""
+"""DevTensor: what a CUDA kernel function sees of a graph tensor (address, dtype, ggml shape).
+
+Its dtype is the tensor's, except for the F32 results that fuse.py stores as F16 ("half"
+nodes): those, and every view of them, are seen as F16 with halved byte strides and offsets.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...ops.dtypes import DType
+from ...ops.dtypes import BY_NAME, DType
 from ...ops.tensor import Tensor
 
 
@@ -23,6 +27,12 @@ class DevTensor:
             nb.append(nb[-1] * ne[len(nb) - 1])
         return cls(int(ptr), t.dtype, ne, tuple(nb), t)
 
+    @classmethod
+    def half_of(cls, t: Tensor, node_ptr: int) -> "DevTensor":
+        """View `t` of an F32 node stored as F16 at node_ptr: every byte offset and stride halved."""
+        d = cls.of(t, node_ptr)
+        return cls(int(node_ptr) + t.offset // 2, BY_NAME["F16"], d.ne, tuple(b // 2 for b in d.nb), t)
+
     @property
     def nelements(self) -> int:
         return self.ne[0] * self.ne[1] * self.ne[2] * self.ne[3]
@@ -39,3 +49,13 @@ class DevTensor:
     @property
     def is_contiguous(self) -> bool:
         return self.tensor.is_contiguous()
+
+
+_NAMES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+
+
+def kernel_dtypes(x: DevTensor, out: DevTensor) -> str:
+    """The dtype part of a kernel name: "f32" when x and out share the dtype, "f32_to_f16" when
+    they differ (an F32 result stored as F16, or read back from F16)."""
+    a, b = _NAMES[x.dtype.name], _NAMES[out.dtype.name]
+    return a if a == b else f"{a}_to_{b}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from functools import cache
 
 from ...ops.cpu.elementwise import BINARY_CODES, UNARY_CODES
+from .devtensor import kernel_dtypes
 from .table import CUDA
 
 MODULE = "elementwise"
@@ -125,7 +126,7 @@ def _geglu(node, xs, out, rt):
     ne, (sx,) = merge_dims(out.ne, list(x.nb))
     gelu = "tanh" if node.params["approximate"] == "tanh" else "erf"
     grid, block = grid_for(ne[0], out.nelements)
-    _fn(rt, f"geglu_{gelu}_{FLOAT[x.dtype.name]}", STRIDED + "q")(
+    _fn(rt, f"geglu_{gelu}_{kernel_dtypes(x, out)}", STRIDED + "q")(
         grid, block, x.ptr, out.ptr, out.nelements, *ne, *sx, h * x.nb[0])
 
 
@@ -155,19 +156,17 @@ def _copy(x, out, rt) -> None:
         x.ptr, out.ptr, row_bytes // unit, nrows, x.ne[1], x.ne[2], x.nb[1], x.nb[2], x.nb[3])
 
 
-@CUDA.register("cont", supports=_copyable)
-def _cont(node, xs, out, rt):
-    _copy(xs[0], out, rt)
-
-
 def _castable(node) -> bool:
     return _copyable(node) or (node.src[0].dtype.name in CAST_SOURCES and node.dtype.name in FLOAT)
 
 
 @CUDA.register("cast", supports=_castable)
-def _cast(node, xs, out, rt):
+@CUDA.register("cont", supports=_copyable)
+def cast_or_copy(node, xs, out, rt):
+    # by the device tensors' dtypes, which differ from the node's where fuse.py stores an F32
+    # result as F16 (a cont of one, or into one, is then a cast)
     x, = xs
-    if x.dtype == node.dtype:
+    if x.dtype == out.dtype:
         _copy(x, out, rt)
     else:
-        _launch_strided(rt, f"cast_{CAST_SOURCES[x.dtype.name]}_{FLOAT[node.dtype.name]}", x, out)
+        _launch_strided(rt, f"cast_{CAST_SOURCES[x.dtype.name]}_{FLOAT[out.dtype.name]}", x, out)

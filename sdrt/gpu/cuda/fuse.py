@@ -2,7 +2,7 @@
 
 `launch_lists(graph, plan, kernels, node_ptr)` gives, per segment and node, the kernel function
 to call and the tensors it reads (`kernels`: each segment's kernel functions in node order,
-`node_ptr`: each computed node's device address). Two patterns are fused:
+`node_ptr`: each computed node's device address). Three patterns are fused:
 
 - `add(mul_mat(w, x), b)` with b a vector of the product's M rows (a linear layer's bias),
   where the add directly follows the product, is the product's only consumer and writes over
@@ -15,12 +15,32 @@ to call and the tensors it reads (`kernels`: each segment's kernel functions in 
   output's size: the product's and the bias add's slots do nothing and the last runs
   `matmul.mul_mat_add_bias_residual`, the same GEMM reading r as cuBLASLt's C (beta 1).
 
+- `cont(attention(q, k, v).permute(0, 2, 1, 3))`, the heads merged back into channels right
+  after a flash-path attention that nothing else reads: the attention's slot does nothing and
+  the cont's runs `attention.attention_into_cont`, the mma kernel writing the cont's layout
+  through output strides (the planner places such a cont apart from the attention's inputs).
+
 Nothing runs between the fused slots, so w, x and r are as the unfused kernels would have read
 them, and the planner placed no other live tensor in the product's buffer.
+
+`half_nodes(graph, plan, lists, node_ptr)` then picks the F32 results to store as F16, as
+PyTorch's fp16 activations are, where that costs no accuracy the reader keeps: a node whose every
+reader would round it to F16 anyway (a GEMM or conv on F16 weights reading it as x, the
+attention's q/k/v, which the flash kernel and the F16 gemm path read as F16), or only moves it
+on to a node stored as F16 too (cont/cast), or is the geglu (the one extra rounding: the
+feed-forward's first product, F16 before its gelu, as in PyTorch); and whose own kernel can
+write F16 (layer and group norms, geglu, cont/cast, whose kernels go by the device tensors'
+dtypes, and a GEMM on dense F16 weights, its bias fused or not). Each store halves the node's
+traffic and drops the packing pass of the GEMM or attention reading it (convert_f32_f16 and
+attn_pack: 6.5 of SDXL's 60 ms of kernels); a norm or cont writing F16 gives the very bits the
+packing did. No reader may write over the node's buffer (different element sizes at one address).
 """
 from __future__ import annotations
 
-from .matmul import mul_mat_add_bias, mul_mat_add_bias_residual
+from .attention import attention_into_cont, wants_f32
+from .attention import plan as attention_plan
+from .conv import gemm_dtype as conv_gemm_dtype
+from .matmul import gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_residual
 
 
 def _skip(node, xs, out, rt) -> None:
@@ -88,5 +108,95 @@ def launch_lists(graph, plan, kernels, node_ptr) -> list[list[tuple]]:
                 out[j + 1] = (_skip, ())
                 out[j + 2] = (mul_mat_add_bias_residual, (*mm.src, add.src[1], res))
                 j += 3
+        for j in range(len(nodes) - 1):
+            att, c = nodes[j], nodes[j + 1]
+            if (att.op == "attention" and attention_plan(att)[0] == "flash" and _merges_heads(c, att)
+                    and uses.get(id(att)) == 1
+                    and id(att) not in outputs and not _overlaps_sources(c, att, node_ptr)):
+                out[j] = (_skip, ())
+                out[j + 1] = (_writing_into(att), tuple(att.src))
         lists.append(out)
     return lists
+
+
+def _merges_heads(c, att) -> bool:
+    """Whether node c is cont(att.permute(0, 2, 1, 3)) of att's whole contiguous output."""
+    if c.op != "cont" or c.dtype.name != "F32":
+        return False
+    v = c.src[0]
+    ne, nb = att.ne4, _nb4(att)
+    return (v.owner is att and v.offset == att.offset and att.is_contiguous()
+            and v.ne4 == (ne[0], ne[2], ne[1], ne[3]) and _nb4(v) == (nb[0], nb[2], nb[1], nb[3]))
+
+
+def _nb4(t) -> tuple:
+    nb, ne = list(t.nb), t.ne4
+    while len(nb) < 4:
+        nb.append(nb[-1] * ne[len(nb) - 1])
+    return tuple(nb)
+
+
+def _overlaps_sources(c, att, node_ptr) -> bool:
+    """Whether c's buffer overlaps a computed source of att (the planner may put c where a
+    source that att reads for the last time was): att cannot then write c while reading it."""
+    lo, hi = node_ptr[id(c)], node_ptr[id(c)] + c.nbytes
+    for s in att.src:
+        o = s.owner
+        if o.op is not None and id(o) in node_ptr and node_ptr[id(o)] < hi and lo < node_ptr[id(o)] + o.nbytes:
+            return True
+    return False
+
+
+def _writing_into(att):
+    """The kernel function of the cont slot: `att` written straight as the cont's output."""
+    def attention_into_cont_(node, xs, out, rt):
+        attention_into_cont(att, xs, out, rt)
+    attention_into_cont_.__name__ = "attention_into_cont"
+    return attention_into_cont_
+
+
+_HALF_WRITERS = ("layer_norm", "layer_norm_affine", "group_norm", "group_norm_affine", "geglu", "cont", "cast")
+_CONVS = ("conv1d", "conv2d", "conv3d")
+
+
+def _writes_half(node, fn, srcs) -> bool:
+    if fn is mul_mat or fn is mul_mat_add_bias:
+        return srcs[0].dtype.name == "F16"
+    return fn is not _skip and node.op in _HALF_WRITERS and node.src[0].dtype.name in ("F32", "F16", "BF16")
+
+
+def _reads_half(reader, i, half) -> bool:
+    """Whether `reader`, taking the node as its source i, loses nothing when that is F16."""
+    op = reader.op
+    if op == "mul_mat":
+        return i == 1 and gemm_input_dtype(*reader.src) == "F16"
+    if op in _CONVS:
+        return i == 0 and conv_gemm_dtype(reader.src[1]) == "F16"
+    if op == "attention":
+        return i < 3 and not wants_f32(reader)
+    if op == "geglu":
+        return True
+    if op in ("cont", "cast"):
+        return id(reader) in half or reader.dtype.name == "F16"
+    return False
+
+
+def half_nodes(graph, plan, lists, node_ptr) -> set[int]:
+    """ids of the nodes whose F32 results are stored as F16 (see the module doc); `lists` are
+    launch_lists' per-segment [(fn, srcs)] (a fused slot's node is judged by the fused kernel).
+    Readers come after their sources, so a walk from the end knows each reader's choice."""
+    readers: dict[int, list] = {}
+    for n in graph.nodes:
+        for i, s in enumerate(n.src):
+            readers.setdefault(id(s.owner), []).append((n, i))
+    launch = {id(n): entry for seg, lst in zip(plan.segments, lists) for n, entry in zip(seg.nodes, lst)}
+    outputs = {id(n) for n in plan.outputs}
+    half: set[int] = set()
+    for n in reversed(graph.nodes):
+        entry = launch.get(id(n))
+        if entry is None or id(n) in outputs or n.dtype.name != "F32" or not _writes_half(n, *entry):
+            continue
+        rs = readers.get(id(n), ())
+        if rs and all(_reads_half(r, i, half) and node_ptr.get(id(r)) != node_ptr[id(n)] for r, i in rs):
+            half.add(id(n))
+    return half

@@ -75,6 +75,16 @@ def _supports_mul_mat(node) -> bool:
     return quant.decodable(node.src[0].dtype)
 
 
+def gemm_input_dtype(w, x) -> str:
+    """The dtype mul_mat reads x as, for graph tensors w and x: F32 in the mat-vec of block
+    weights, else the GEMM dtype (mul_mat's choice below)."""
+    _, N, b2, b3 = x.ne4
+    w2, w3 = w.ne4[2], w.ne4[3]
+    if w.dtype.is_quantized and N * (b2 // w2) * (b3 // w3) <= MMV_MAX_COLS:
+        return "F32"
+    return w.dtype.name if w.dtype.name in FLOATS else "F16"
+
+
 @CUDA.register("mul_mat", supports=_supports_mul_mat)
 def mul_mat(node, xs, out, rt):
     w, x = xs
@@ -100,7 +110,7 @@ def mul_mat_add_bias(add, xs, out, rt):
     w, x, b = xs
     if not _gemm_with_bias(rt, w, x, out, b):
         mul_mat(None, (w, x), out, rt)
-        binary(add, (DevTensor.of(add.src[0], out.ptr), b), out, rt)
+        binary(add, (DevTensor(out.ptr, out.dtype, out.ne, out.nb, add.src[0]), b), out, rt)
 
 
 def mul_mat_add_bias_residual(res_add, xs, out, rt):
@@ -138,13 +148,15 @@ def _gemm_with_bias(rt, w, x, out, b, residual=None) -> bool:
     else:
         xp, ldb = rt.scratch(K * N * 2), K
         quant.to_dense(rt, x.ptr, x.dtype, x.ne, x.nb, gd, xp)
+    # cuBLASLt reads the bias in the output's dtype
+    od = out.dtype.name
     bias = b.ptr
-    if b.dtype.name != "F32":
-        bias = rt.scratch(M * 4)
-        rt.cast(bias, "F32", b.ptr, b.dtype.name, M)
+    if b.dtype.name != od:
+        bias = rt.scratch(M * out.dtype.type_size)
+        rt.cast(bias, od, b.ptr, b.dtype.name, M)
     try:
         rt.gemm_bias(True, False, M, N, K, w.ptr, gd, w.nb[1] // 2, xp, gd, ldb, out.ptr, M, bias,
-                     residual=None if residual is None else residual.ptr)
+                     c_dtype=od, residual=None if residual is None else residual.ptr)
     except UnsupportedError:
         return False
     return True
@@ -159,6 +171,8 @@ def _fold_packed(shape):
 
 def _mul_mat_vec(rt, w, x, x_ne, x_nb, out, shape):
     K, M, N, w2, w3, b2, b3 = shape
+    if out.dtype.name != "F32":
+        raise UnsupportedError(f"mmv_{w.dtype.name}: F32 output only, got {out.dtype.name}")
     if _gemm_ready(x.dtype.name, x_ne, x_nb, "F32", 4):
         xp, xs1, xs2, xs3 = x.ptr, x_nb[1] // 4, x_nb[2] // 4, x_nb[3] // 4
     else:
@@ -187,12 +201,12 @@ def _mul_mat_gemm(rt, w, x, x_ne, x_nb, out, shape):
         K, M, N, w2, w3, b2, b3 = shape
     if _gemm_ready(w.dtype.name, w.ne, w.nb, gd, es):
         wt = (w.ptr, w.nb[1] // es, w.nb[2] // es, w.nb[3] // es)
-        _gemms(rt, gd, es, wt, act, out.ptr, shape, 0, M)
+        _gemms(rt, gd, es, wt, act, out, shape, 0, M)
         return
     if M * K * w2 * w3 * es <= DEQUANT_CHUNK_BYTES:
         wp = rt.scratch(M * K * w2 * w3 * es)
         quant.to_dense(rt, w.ptr, w.dtype, w.ne, w.nb, gd, wp)
-        _gemms(rt, gd, es, (wp, K, M * K, M * K * w2), act, out.ptr, shape, 0, M)
+        _gemms(rt, gd, es, (wp, K, M * K, M * K * w2), act, out, shape, 0, M)
         return
     # a weight too big to decode at once: row chunks, each multiplied before the next is decoded
     # (stream order makes reusing one scratch buffer safe)
@@ -204,10 +218,10 @@ def _mul_mat_gemm(rt, w, x, x_ne, x_nb, out, shape):
                 mc = min(rows, M - m0)
                 src = w.ptr + j3 * w.nb[3] + j2 * w.nb[2] + m0 * w.nb[1]
                 quant.to_dense(rt, src, w.dtype, (K, mc, 1, 1), w.nb, gd, buf)
-                _gemms(rt, gd, es, (buf, K, 0, 0), act, out.ptr, shape, m0, mc, only=(j2, j3))
+                _gemms(rt, gd, es, (buf, K, 0, 0), act, out, shape, m0, mc, only=(j2, j3))
 
 
-def _gemms(rt, gd, es, wt, act, c, shape, m0, mc, only=None):
+def _gemms(rt, gd, es, wt, act, out, shape, m0, mc, only=None):
     """cuBLAS calls for output rows [m0, m0+mc) of every x batch (or, with only=(j2, j3), of the
     x batches that use weight batch (j2, j3), whose rows m0.. are at wt's address)."""
     K, M, N, w2, w3, b2, b3 = shape
@@ -225,8 +239,8 @@ def _gemms(rt, gd, es, wt, act, c, shape, m0, mc, only=None):
         for i2, nbatch, stride_a in runs:
             a_ptr = a + ((i2 // r2) * sa2 + j3 * sa3) * es if only is None else a
             b_ptr = b + (i3 * sb3 + i2 * sb2) * es
-            c_ptr = c + ((i3 * b2 + i2) * N * M + m0) * 4
-            rt.gemm(True, False, mc, N, K, a_ptr, gd, lda, b_ptr, gd, ldb, c_ptr, M, c_dtype="F32",
+            c_ptr = out.ptr + ((i3 * b2 + i2) * N * M + m0) * out.dtype.type_size
+            rt.gemm(True, False, mc, N, K, a_ptr, gd, lda, b_ptr, gd, ldb, c_ptr, M, c_dtype=out.dtype.name,
                     batch=nbatch, stride_a=stride_a, stride_b=sb2, stride_c=M * N)
 
 

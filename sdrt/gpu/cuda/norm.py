@@ -3,7 +3,9 @@
 Row ops run one block per row, reading the row through its byte strides (any view) and
 writing the node's contiguous buffer; group norm runs two launches (per-chunk statistics into
 rt.scratch, then merge-and-apply) so a large group is spread over several blocks. Inputs,
-weights, biases and masks may each be F32, F16 or BF16; the output has x's dtype, as on the CPU.
+weights, biases and masks may each be F32, F16 or BF16; the output has x's dtype, as on the CPU
+(layer and group norms also write F16 from F32, and layer norms F32 from F16, for the F32
+results fuse.py stores as F16).
 Each function only enqueues work on rt.stream.
 """
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from functools import cache
 
 from ...ops.norm import group_bounds
+from .devtensor import kernel_dtypes
 from .table import CUDA
 
 MODULE = "norm"
@@ -63,7 +66,7 @@ def _row_norm(node, xs, out, rt):
     w = rest.pop(0) if p.get("has_w") else None
     b = rest.pop(0) if p.get("has_b") else None
     mode = "layer_norm" if node.op == "layer_norm_affine" else node.op
-    _fn(rt, f"{mode}_{FLOAT[x.dtype.name]}", "PPPP" + "q" * 9 + "iif")(
+    _fn(rt, f"{mode}_{kernel_dtypes(x, out)}", "PPPP" + "q" * 9 + "iif")(
         (x.nrows, 1, 1), (row_threads(x.ne[0]), 1, 1),
         x.ptr, w.ptr if w else 0, b.ptr if b else 0, out.ptr, x.ne[0], x.ne[1], x.ne[2], *x.nb,
         w.nb[0] if w else 0, b.nb[0] if b else 0,
@@ -117,7 +120,7 @@ def _group_norm(node, xs, out, rt):
         codes = (TYPE_CODE[w.dtype.name], TYPE_CODE[b.dtype.name])
     else:
         wb, nbw, nbb, codes = (0, 0), 0, 0, (0, 0)
-    _fn(rt, f"group_norm_apply_{t}", "PPPPP" + "q" * 8 + "iqqiifi")(
+    _fn(rt, f"group_norm_apply_{kernel_dtypes(x, out)}", "PPPPP" + "q" * 8 + "iqqiifi")(
         grid, block, x.ptr, stats, *wb, out.ptr, W, W * H, C, per, *x.nb, planes_contiguous,
         nbw, nbb, *codes, float(p["eps"]), int(p.get("silu", False)))
 

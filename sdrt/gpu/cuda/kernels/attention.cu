@@ -524,16 +524,17 @@ __device__ __forceinline__ unsigned dynamic_smem_bytes() {
 
 // Q [.., Lq rows, Dq cols] at Q + n*qs3 + h*qs2 + i*qs1 (strides in halves, 16-byte aligned);
 // K, V likewise at kv head h/rh of batch n/rn with Dq / Dvv valid columns (multiples of 8), their
-// offsets from a head's start below 2^31 halves; out [N][H][Lq][Dv] float, contiguous. Scores
-// are in log2 units once Q is times qscale.
+// offsets from a head's start below 2^31 halves; output row i of head h, batch n at out +
+// n*os3 + h*os2 + i*os1 elements, float, or half when out_half (the backend writes a permuted,
+// F16-stored cont of the output this way: fuse.py). Scores are in log2 units once Q is times qscale.
 template <int DP, int RF, int NW, int STAGES>
 __device__ void mma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs2, int64_t qs3,
                          const __half* __restrict__ K, int64_t ks1, int64_t ks2, int64_t ks3,
                          const __half* __restrict__ V, int64_t vs1, int64_t vs2, int64_t vs3,
                          int Dq, int Dvv, float qscale, const char* __restrict__ mask, int mdt,
                          int64_t mnb0, int64_t mnb1, int64_t mnb2, int64_t mnb3, int Mq, int M2,
-                         int M3, float* __restrict__ out, int Dv, int Lq, int Lk, int H, int N,
-                         int rh, int rn) {
+                         int M3, void* __restrict__ out, int64_t os1, int64_t os2, int64_t os3, int out_half,
+                         int Dv, int Lq, int Lk, int H, int N, int rh, int rn) {
 #ifdef SDRT_HAVE_MMA
     constexpr int BK = MMA_BK;
     constexpr int NT = NW * 32;
@@ -791,16 +792,28 @@ __device__ void mma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs2,
                     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
                     const int i = qw + f * 16 + g + hr * 8;
                     if (i >= Lq) continue;
-                    float* orow = out + (((int64_t)n * H + h) * Lq + i) * Dv;
+                    const int64_t orow = (int64_t)n * os3 + (int64_t)h * os2 + (int64_t)i * os1;
+                    const bool pairs = ((orow | Dv) & 1) == 0;  // 8/4-byte aligned column pairs
 #pragma unroll
                     for (int d = 0; d < ND; ++d) {
                         const int c = d * 8 + 2 * tq;
                         const float v0 = o[f][d][2 * hr] * inv, v1 = o[f][d][2 * hr + 1] * inv;
-                        if (c + 1 < Dv && (Dv & 1) == 0) {
-                            *reinterpret_cast<float2*>(orow + c) = make_float2(v0, v1);
+                        if (out_half) {
+                            __half* oh = static_cast<__half*>(out) + orow;
+                            if (c + 1 < Dv && pairs) {
+                                *reinterpret_cast<__half2*>(oh + c) = __floats2half2_rn(v0, v1);
+                            } else {
+                                if (c < Dv) oh[c] = __float2half_rn(v0);
+                                if (c + 1 < Dv) oh[c + 1] = __float2half_rn(v1);
+                            }
                         } else {
-                            if (c < Dv) orow[c] = v0;
-                            if (c + 1 < Dv) orow[c + 1] = v1;
+                            float* of = static_cast<float*>(out) + orow;
+                            if (c + 1 < Dv && pairs) {
+                                *reinterpret_cast<float2*>(of + c) = make_float2(v0, v1);
+                            } else {
+                                if (c < Dv) of[c] = v0;
+                                if (c + 1 < Dv) of[c + 1] = v1;
+                            }
                         }
                     }
                 }
@@ -816,11 +829,12 @@ __device__ void mma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs2,
                                    const __half* V, int64_t vs1, int64_t vs2, int64_t vs3,        \
                                    int Dq, int Dvv, float qscale, const char* mask, int mdt,      \
                                    int64_t mnb0, int64_t mnb1, int64_t mnb2, int64_t mnb3, int Mq, \
-                                   int M2, int M3, float* out, int Dv, int Lq, int Lk, int H,     \
+                                   int M2, int M3, void* out, int64_t os1, int64_t os2,           \
+                                   int64_t os3, int out_half, int Dv, int Lq, int Lk, int H,      \
                                    int N, int rh, int rn) {                                       \
         mma_body<DP, RF, NW, STAGES>(Q, qs1, qs2, qs3, K, ks1, ks2, ks3, V, vs1, vs2, vs3, Dq, Dvv, \
                                      qscale, mask, mdt, mnb0, mnb1, mnb2, mnb3, Mq, M2, M3, out,  \
-                                     Dv, Lq, Lk, H, N, rh, rn);                                   \
+                                     os1, os2, os3, out_half, Dv, Lq, Lk, H, N, rh, rn);          \
     }
 
 // (DP, RF, NW, STAGES): the defaults of sdrt/gpu/cuda/attention.py MMA_VARIANT (RF 2 up to DP

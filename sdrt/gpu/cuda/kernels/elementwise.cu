@@ -8,6 +8,8 @@
 // the common cases index without any division.
 #include "common.cuh"
 
+#include <type_traits>
+
 namespace {
 
 // ---- the index walk ---------------------------------------------------------------------------
@@ -167,16 +169,19 @@ __device__ __forceinline__ void unary(const char* x, T* out, int64_t n, int64_t 
 // ---- geglu -------------------------------------------------------------------------------------
 // out (h, ne1, ne2, ne3) = x[i0] * gelu(x[h + i0]) per row of x (2h wide); the gate half starts
 // gate_off bytes after the value half. GELU is the tanh form or the erf one, as the op's param.
-template <int GELU, typename T>
-__device__ __forceinline__ void geglu(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
+// TX is x's dtype, TO the output's (the CUDA backend stores some F32 results as F16, fuse.py).
+template <int GELU, typename TX, typename TO>
+__device__ __forceinline__ void geglu(const char* x, TO* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
                                       int64_t s0, int64_t s1, int64_t s2, int64_t s3, int64_t gate_off) {
     map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
         const int64_t off = i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3;
-        return make_float2(load_f<T>(x, off), load_f<T>(x, off + gate_off));
+        return make_float2(load_f<TX>(x, off), load_f<TX>(x, off + gate_off));
     }, [](float2 v) {
-        // rounded to T between the gelu and the product, as the CPU's unfused mul(a, gelu(gate))
-        const float g = to_f32(from_f32<T>(unary_op<GELU>(v.y, 0.0f, 0.0f)));
-        return from_f32<T>(v.x * g);
+        // rounded between the gelu and the product as the CPU's unfused mul(a, gelu(gate)) in
+        // the op's dtype (F32 stored as F16: the F32 op's value, rounded once at the end)
+        using TR = typename std::conditional<sizeof(TX) == 4 || sizeof(TO) == 4, float, TO>::type;
+        const float g = to_f32(from_f32<TR>(unary_op<GELU>(v.y, 0.0f, 0.0f)));
+        return from_f32<TO>(v.x * g);
     });
 }
 
@@ -264,15 +269,18 @@ UNARY_TYPES(gelu_quick, GELU_QUICK)
 UNARY_TYPES(clamp, CLAMP)
 UNARY_TYPES(scale, SCALE)
 
-#define GEGLU_ENTRY(name, GELU, T)                                                                    \
-    extern "C" __global__ void name(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1,      \
+#define GEGLU_ENTRY(name, GELU, TX, TO)                                                               \
+    extern "C" __global__ void name(const char* x, TO* out, int64_t n, int64_t ne0, int64_t ne1,     \
                                     int64_t ne2, STRIDES4(s), int64_t gate_off) {                    \
-        geglu<GELU, T>(x, out, n, ne0, ne1, ne2, s0, s1, s2, s3, gate_off);                           \
+        geglu<GELU, TX, TO>(x, out, n, ne0, ne1, ne2, s0, s1, s2, s3, gate_off);                      \
     }
-#define GEGLU_TYPES(gelu, GELU)                         \
-    GEGLU_ENTRY(geglu_##gelu##_f32, GELU, float)        \
-    GEGLU_ENTRY(geglu_##gelu##_f16, GELU, __half)       \
-    GEGLU_ENTRY(geglu_##gelu##_bf16, GELU, bf16_t)
+// the _to_ pairs: F32 results stored as F16 and read back (fuse.py's half storage)
+#define GEGLU_TYPES(gelu, GELU)                                      \
+    GEGLU_ENTRY(geglu_##gelu##_f32, GELU, float, float)              \
+    GEGLU_ENTRY(geglu_##gelu##_f16, GELU, __half, __half)            \
+    GEGLU_ENTRY(geglu_##gelu##_bf16, GELU, bf16_t, bf16_t)           \
+    GEGLU_ENTRY(geglu_##gelu##_f32_to_f16, GELU, float, __half)      \
+    GEGLU_ENTRY(geglu_##gelu##_f16_to_f32, GELU, __half, float)
 GEGLU_TYPES(erf, GELU)
 GEGLU_TYPES(tanh, GELU_TANH)
 

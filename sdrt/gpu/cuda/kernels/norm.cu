@@ -117,35 +117,61 @@ __device__ __forceinline__ void softmax(const char* x, const char* mask, TX* out
 // ---- row norms: layer_norm(_affine), rms_norm, l2_norm -----------------------------------------
 enum { LAYER, RMS, L2 };
 
-template <int MODE, typename T>
-__device__ __forceinline__ void row_norm(const char* x, const char* w, const char* b, T* out, int64_t ne0,
+// Rows of up to ROW_CACHE * blockDim elements are read from memory once into registers (the
+// three passes read x three times); each thread sums its elements in the same order either way.
+// TX is x's dtype, TO the output's (F32 results stored as F16 by fuse.py's half storage).
+#define ROW_CACHE 8
+
+template <int MODE, typename TX, typename TO>
+__device__ __forceinline__ void row_norm(const char* x, const char* w, const char* b, TO* out, int64_t ne0,
                                          int64_t ne1, int64_t ne2, int64_t nb0, int64_t nb1, int64_t nb2,
                                          int64_t nb3, int64_t nbw, int64_t nbb, int w_type, int b_type,
                                          float eps) {
     __shared__ float sh[32];
-    const int64_t r = blockIdx.x;
+    const int64_t r = blockIdx.x, bd = blockDim.x;
     const int64_t i1 = r % ne1, i2 = (r / ne1) % ne2, i3 = r / (ne1 * ne2);
     const char* xr = x + i1 * nb1 + i2 * nb2 + i3 * nb3;
+    const bool cached = ne0 <= ROW_CACHE * bd;
+    float xv[ROW_CACHE];
+    if (cached) {
+#pragma unroll
+        for (int k = 0; k < ROW_CACHE; ++k) {
+            const int64_t i = threadIdx.x + k * bd;
+            xv[k] = i < ne0 ? load_f<TX>(xr, i * nb0) : 0.0f;
+        }
+    }
+    // sum over the thread's elements of f(x_i)
+    auto thread_sum = [&](auto f) {
+        float s = 0.0f;
+        if (cached) {
+#pragma unroll
+            for (int k = 0; k < ROW_CACHE; ++k)
+                if (threadIdx.x + k * bd < ne0) s += f(xv[k]);
+        } else {
+            for (int64_t i = threadIdx.x; i < ne0; i += bd) s += f(load_f<TX>(xr, i * nb0));
+        }
+        return s;
+    };
     float mean = 0.0f;
     if (MODE == LAYER) {
-        const float shift = load_f<T>(xr, 0);
-        float s = 0.0f;
-        for (int64_t i = threadIdx.x; i < ne0; i += blockDim.x) s += load_f<T>(xr, i * nb0) - shift;
-        mean = shift + block_sum(s, sh) / (float)ne0;
+        const float shift = load_f<TX>(xr, 0);
+        mean = shift + block_sum(thread_sum([&](float v) { return v - shift; }), sh) / (float)ne0;
     }
-    float s2 = 0.0f;
-    for (int64_t i = threadIdx.x; i < ne0; i += blockDim.x) {
-        const float v = load_f<T>(xr, i * nb0) - mean;
-        s2 += v * v;
-    }
-    s2 = block_sum(s2, sh);
+    const float s2 = block_sum(thread_sum([&](float v) { v -= mean; return v * v; }), sh);
     const float sc = MODE == L2 ? 1.0f / fmaxf(sqrtf(s2), eps) : 1.0f / sqrtf(s2 / (float)ne0 + eps);
-    T* o = out + r * ne0;
-    for (int64_t i = threadIdx.x; i < ne0; i += blockDim.x) {
-        float v = (load_f<T>(xr, i * nb0) - mean) * sc;
+    TO* o = out + r * ne0;
+    auto store = [&](int64_t i, float xi) {
+        float v = (xi - mean) * sc;
         if (w) v *= load_any(w, i * nbw, w_type);
         if (b) v += load_any(b, i * nbb, b_type);
-        o[i] = from_f32<T>(v);
+        o[i] = from_f32<TO>(v);
+    };
+    if (cached) {
+#pragma unroll
+        for (int k = 0; k < ROW_CACHE; ++k)
+            if (threadIdx.x + k * bd < ne0) store(threadIdx.x + k * bd, xv[k]);
+    } else {
+        for (int64_t i = threadIdx.x; i < ne0; i += bd) store(i, load_f<TX>(xr, i * nb0));
     }
 }
 
@@ -214,8 +240,8 @@ __device__ __forceinline__ void gn_stats(const char* x, float* stats, int64_t W,
 }
 
 // y = x*a + d with a = rstd*w[c], d = b[c] - mean*a (the CPU kernel's folding), then SiLU
-template <typename T>
-__device__ __forceinline__ void gn_apply(const char* x, const float* stats, const char* w, const char* b, T* out,
+template <typename T, typename TO>
+__device__ __forceinline__ void gn_apply(const char* x, const float* stats, const char* w, const char* b, TO* out,
                                          int64_t W, int64_t WH, int64_t C, int64_t per, int64_t nb0,
                                          int64_t nb1, int64_t nb2, int64_t nb3, int planes_contiguous,
                                          int64_t nbw, int64_t nbb, int w_type, int b_type, float eps, int silu) {
@@ -243,14 +269,14 @@ __device__ __forceinline__ void gn_apply(const char* x, const float* stats, cons
     }
     __syncthreads();
     const float mean = mean_rstd[0], rstd = mean_rstd[1];
-    T* on = out + (int64_t)blockIdx.z * C * WH;
+    TO* on = out + (int64_t)blockIdx.z * C * WH;
     const bool pc = planes_contiguous != 0;
     walk_chunk(q, [&](int64_t c, int64_t p) {
         const float a = w ? rstd * load_any(w, c * nbw, w_type) : rstd;
         const float d = (b ? load_any(b, c * nbb, b_type) : 0.0f) - mean * a;
         float v = load_f<T>(xn, c * nb2 + plane_offset(p, W, nb0, nb1, pc)) * a + d;
         if (silu) v = v / (1.0f + expf(-v));
-        on[c * WH + p] = from_f32<T>(v);
+        on[c * WH + p] = from_f32<TO>(v);
     });
 }
 
@@ -274,34 +300,41 @@ SOFTMAX_TYPES(f32, float)
 SOFTMAX_TYPES(f16, __half)
 SOFTMAX_TYPES(bf16, bf16_t)
 
-#define ROW_NORM_ENTRY(name, MODE, T)                                                                  \
-    extern "C" __global__ void name(const char* x, const char* w, const char* b, T* out, int64_t ne0,  \
+#define ROW_NORM_ENTRY(name, MODE, TX, TO)                                                             \
+    extern "C" __global__ void name(const char* x, const char* w, const char* b, TO* out, int64_t ne0, \
                                     int64_t ne1, int64_t ne2, int64_t nb0, int64_t nb1, int64_t nb2,    \
                                     int64_t nb3, int64_t nbw, int64_t nbb, int w_type, int b_type,      \
                                     float eps) {                                                        \
-        row_norm<MODE, T>(x, w, b, out, ne0, ne1, ne2, nb0, nb1, nb2, nb3, nbw, nbb, w_type, b_type, eps); \
+        row_norm<MODE, TX, TO>(x, w, b, out, ne0, ne1, ne2, nb0, nb1, nb2, nb3, nbw, nbb, w_type, b_type, eps); \
     }
-#define ROW_NORM_TYPES(mode, MODE)                      \
-    ROW_NORM_ENTRY(mode##_f32, MODE, float)             \
-    ROW_NORM_ENTRY(mode##_f16, MODE, __half)            \
-    ROW_NORM_ENTRY(mode##_bf16, MODE, bf16_t)
+#define ROW_NORM_TYPES(mode, MODE)                              \
+    ROW_NORM_ENTRY(mode##_f32, MODE, float, float)              \
+    ROW_NORM_ENTRY(mode##_f16, MODE, __half, __half)            \
+    ROW_NORM_ENTRY(mode##_bf16, MODE, bf16_t, bf16_t)
 ROW_NORM_TYPES(layer_norm, LAYER)
 ROW_NORM_TYPES(rms_norm, RMS)
 ROW_NORM_TYPES(l2_norm, L2)
+// F32 layer norms stored as F16 and read back (fuse.py's half storage)
+ROW_NORM_ENTRY(layer_norm_f32_to_f16, LAYER, float, __half)
+ROW_NORM_ENTRY(layer_norm_f16_to_f32, LAYER, __half, float)
 
+#define GROUP_NORM_APPLY_ENTRY(name, T, TO)                                                             \
+    extern "C" __global__ void name(                                                                    \
+        const char* x, const float* stats, const char* w, const char* b, TO* out, int64_t W, int64_t WH, \
+        int64_t C, int64_t per, int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                     \
+        int planes_contiguous, int64_t nbw, int64_t nbb, int w_type, int b_type, float eps, int silu) { \
+        gn_apply<T, TO>(x, stats, w, b, out, W, WH, C, per, nb0, nb1, nb2, nb3, planes_contiguous, nbw, \
+                        nbb, w_type, b_type, eps, silu);                                                \
+    }
 #define GROUP_NORM_ENTRIES(t, T)                                                                        \
     extern "C" __global__ void group_norm_stats_##t(const char* x, float* stats, int64_t W, int64_t WH, \
                                                     int64_t C, int64_t per, int64_t nb0, int64_t nb1,   \
                                                     int64_t nb2, int64_t nb3, int planes_contiguous) {  \
         gn_stats<T>(x, stats, W, WH, C, per, nb0, nb1, nb2, nb3, planes_contiguous);                    \
     }                                                                                                   \
-    extern "C" __global__ void group_norm_apply_##t(                                                    \
-        const char* x, const float* stats, const char* w, const char* b, T* out, int64_t W, int64_t WH, \
-        int64_t C, int64_t per, int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,                     \
-        int planes_contiguous, int64_t nbw, int64_t nbb, int w_type, int b_type, float eps, int silu) { \
-        gn_apply<T>(x, stats, w, b, out, W, WH, C, per, nb0, nb1, nb2, nb3, planes_contiguous, nbw, nbb, \
-                    w_type, b_type, eps, silu);                                                         \
-    }
+    GROUP_NORM_APPLY_ENTRY(group_norm_apply_##t, T, T)
 GROUP_NORM_ENTRIES(f32, float)
 GROUP_NORM_ENTRIES(f16, __half)
 GROUP_NORM_ENTRIES(bf16, bf16_t)
+// an F32 group norm stored as F16 (fuse.py's half storage)
+GROUP_NORM_APPLY_ENTRY(group_norm_apply_f32_to_f16, float, __half)

@@ -48,8 +48,7 @@ FLASH_DIMS = (16, 32, 48, 64, 80, 96, 128, 160)  # compiled padded head dims
 # (dp, 2) for FLASH_RF2_DIMS; 2 halves the K/V fragment loads per product but needs more registers.
 FLASH_RF2_DIMS = (32, 48, 64, 80)
 FLASH_RF = {16: 1, 32: 2, 48: 2, 64: 1, 80: 1, 96: 1, 128: 1, 160: 1}
-SCORE_BYTES = 64 << 20    # gemm path: scores + probabilities of one query chunk
-SCORE_BYTES_LEAN = 32 << 20  # the same under an explicit --max-vram budget (rt.lean; see conv.COL_BYTES)
+SCORE_BYTES = 32 << 20    # gemm path: scores + probabilities of one query chunk (one size: see conv.COL_BYTES)
 FORCE_PATH: str | None = None  # tests/bench: "flash", "wmma", "gemm16" or "gemm32" (default: plan())
 
 # sm_80+ flash kernels attn_mma_d<dp>_r<rf>_w<nw> (kernels/attention.cu MMA_KERNEL lines): the
@@ -258,7 +257,7 @@ def gemm_attention(node, xs, out, rt, compute: str) -> None:
     _stage(rt, k, compute, kc, Dc, Lk, H, N, rh, rn, 1.0)
     _stage(rt, v, compute, vc, Dvc, Lk, H, N, rh, rn, 1.0)
     per_row = B * Lk * (4 + (esz if compute == "F16" else 0))  # F32 softmax runs in place
-    cq = max(1, min(Lq, (SCORE_BYTES_LEAN if rt.lean else SCORE_BYTES) // per_row))
+    cq = max(1, min(Lq, SCORE_BYTES // per_row))
     s_buf = _scratch(rt, B * cq * Lk * 4)
     p_buf = _scratch(rt, B * cq * Lk * esz) if compute == "F16" else s_buf
     softmax = rt.fn(MODULE, f"attn_softmax_{_SUFFIX[compute]}", "PPiiiiiPiqqqqiii")

@@ -327,7 +327,6 @@ class CudaBackend:
                          plan.arena_bytes / 2**20, plan.cross_bytes / 2**20, plan.output_bytes / 2**20,
                          len(state.inputs), len(state.leaves) - len(state.inputs))
         state.runs += 1
-        self.rt.lean = getattr(residency, "budget", None) is not None
         for leaf, _, pin in state.inputs:     # host -> pinned (the copies to the device are enqueued)
             off, size = _span(leaf)
             pin.array[:] = leaf.storage[off:off + size]

@@ -34,16 +34,13 @@ from .quant import decodable
 from .table import CUDA
 
 MODULE = "conv"
-# cap of one chunk's column matrix (and of a packed transposed-conv input); COL_BYTES_LEAN under
-# an explicit --max-vram budget (rt.lean). The scratch it sizes is held for every graph: at
-# 256 MiB SDXL's 1024x1024 VAE decode (2.8 GB of activations) did not fit --max-vram 3 beside its
-# weights; at 64 MiB it does, but the smaller GEMMs cost the decode 137 -> 154 ms on the H200.
-COL_BYTES = 256 << 20
-COL_BYTES_LEAN = 64 << 20
+# cap of one chunk's column matrix (and of a packed transposed-conv input). One size for every
+# run, budgeted or not, so that --max-vram / --offload-to-cpu give the very same image (the chunk
+# shapes pick cuBLAS's kernels): at 256 MiB SDXL's 1024x1024 VAE decode (2.8 GB of activations)
+# did not fit --max-vram 3 beside its weights; at 64 MiB it does (the decode: 154 against 137 ms).
+COL_BYTES = 64 << 20
 
 
-def col_bytes(rt) -> int:
-    return COL_BYTES_LEAN if rt.lean else COL_BYTES
 _SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _ESIZE = {"F32": 4, "F16": 2}
 _IM2COL_ARGS = "PP" + "q" * 5 + "i" * 20 + "q" * 4
@@ -161,7 +158,7 @@ def conv_forward(rt, x, w, bias, out, *, N, strides, dims, OC, kernel, out_dims,
         gemms(x.ptr, C * P, 0, N, 0, P)  # the input is the column matrix
     else:
         nrows = OD * OH
-        nb, rows = _chunks(N, nrows, C * KD * KH * KW * OW * esz, col_bytes(rt))
+        nb, rows = _chunks(N, nrows, C * KD * KH * KW * OW * esz, COL_BYTES)
         col = rt.scratch(nb * rows * C * KD * KH * KW * OW * esz)
         for n0 in range(0, N, nb):
             nbc = min(nb, N - n0)
@@ -233,7 +230,7 @@ def conv_transpose2d(node, xs, out, rt):
     else:
         _launch(rt, "zero_f32", "Pq", total, out.ptr, total)
     packed = x.dtype.name == gdt and x.is_contiguous
-    cap = col_bytes(rt)
+    cap = COL_BYTES
     nb, rows = _chunks(N, H, M * W * 4, cap)
     if not packed:  # x as a contiguous [n][C][H*W] matrix in the GEMM dtype
         nb = max(1, min(nb, cap // (C * Pin * esz)))

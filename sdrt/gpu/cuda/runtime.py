@@ -106,9 +106,6 @@ class CudaRuntime:
         self._launchers: dict[tuple[str, str, str], Launcher] = {}
         self._scratch = _Scratch(device)
         self._cublas: Cublas | None = None
-        # set by the backend for a run under an explicit --max-vram budget: kernels that chunk
-        # their scratch (conv columns, gemm-attention scores) use their smaller caps
-        self.lean = False
 
     # -- kernels -------------------------------------------------------------------------------
     def fn(self, module: str, kernel: str, argtypes: str) -> Launcher:

@@ -7,7 +7,9 @@ index without division on the device. Each function only enqueues one launch on 
 
 Dtypes: binary ops take any F32/F16/BF16 pair (the result has the first operand's dtype),
 unary ops F32/F16/BF16; `cont` copies any dtype bit for bit (block types row by row); `cast`
-converts among F32/F16/BF16 and widens F8_E4M3/F8_E5M2 to them. Declined (CPU only): casts
+converts among F32/F16/BF16 and widens F8_E4M3/F8_E5M2 to them. geglu, cont and cast go by the
+device tensors' dtypes, which differ from the node's for the F32 results fuse.half_nodes stores
+as F16 (a cont into or out of one is a cast). Declined (CPU only): casts
 to or from block types other than a same-type copy (dequantizing is the matmul family's, and
 quantizing is not done on the GPU), casts to F8 or F64.
 """

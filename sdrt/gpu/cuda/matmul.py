@@ -2,7 +2,8 @@
 
 mul_mat(w, x), ggml semantics (sdrt/ops/matmul.py): w ne=[K, M, w2, w3] (any float or block
 type), x ne=[K, N, b2, b3] (F32/F16/BF16, any view) -> out F32 ne=[M, N, b2, b3]; x batch
-(i2, i3) uses w batch (i2 // (b2 // w2), i3 // (b3 // w3)).
+(i2, i3) uses w batch (i2 // (b2 // w2), i3 // (b3 // w3)). The GEMM paths write out in its
+device dtype, F16 where fuse.half_nodes stores the product as F16 (the mat-vec writes F32 only).
 
 - Block-type weights with few columns (N per weight batch <= MMV_MAX_COLS): mmv_<type> decodes the
   weight inside the kernel, a warp per output row, up to 8 columns per pass over the weight.

@@ -34,13 +34,13 @@ import math
 from ...errors import UnsupportedError
 from ...ops.dtypes import BY_NAME
 from ...ops.registry import FLOATS
+from .devtensor import SUFFIX as _SUFFIX
 from .devtensor import DevTensor
 from .elementwise import cast_or_copy
 from .table import CUDA
 
 MODULE = "attention"
 DTYPE_CODE = {"F32": 0, "F16": 1, "BF16": 2}  # kernels/attention.cu DT_*
-_SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
 WARPS = 4                 # warps per flash block (FLASH_WARPS in the .cu)
 FLASH_DIMS = (16, 32, 48, 64, 80, 96, 128, 160)  # compiled padded head dims

@@ -166,14 +166,14 @@ class _GraphState:
                 ks.append(k.fn)
             kernels.append(ks)
         # and the F32 results stored as F16 (fuse.half_nodes; seen through DevTensor.half_of)
-        if getattr(backend, "fuse", True):
+        fusing = getattr(backend, "fuse", True)
+        if fusing:
             self.kernels = fuse.launch_lists(graph, plan, kernels, self.node_ptr)
-            self.half = fuse.half_nodes(graph, plan, self.kernels, self.node_ptr) \
-                if getattr(backend, "store_half", True) else set()
         else:
             self.kernels = [[(fn, tuple(n.src)) for fn, n in zip(ks, seg.nodes)]
                             for ks, seg in zip(kernels, plan.segments)]
-            self.half = set()
+        self.half = fuse.half_nodes(graph, plan, self.kernels, self.node_ptr) \
+            if fusing and getattr(backend, "store_half", True) else set()
         self.launches: list | None = None    # [(fn, node, xs, out)] once weights have fixed addresses
         self.captured: cudagraph.CapturedGraph | None = None
         self.capture_ok = True

@@ -28,6 +28,7 @@ any view (read through byte strides) in F32/F16/BF16; outputs are F32.
 from __future__ import annotations
 
 from ...ops.conv import conv2d_weight_ne
+from .devtensor import SUFFIX as _SUFFIX
 from .layout import launch_1d
 from .matmul import MAX_GRID_Y, weight_as
 from .quant import decodable
@@ -41,7 +42,6 @@ MODULE = "conv"
 COL_BYTES = 64 << 20
 
 
-_SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _ESIZE = {"F32": 4, "F16": 2}
 _IM2COL_ARGS = "PP" + "q" * 5 + "i" * 20 + "q" * 4
 _IM2COL_VEC8_ARGS = "PP" + "q" * 5 + "i" * 17 + "q" * 4

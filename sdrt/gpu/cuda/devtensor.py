@@ -21,17 +21,12 @@ class DevTensor:
 
     @classmethod
     def of(cls, t: Tensor, ptr: int) -> "DevTensor":
-        ne = tuple(t.ne) + (1,) * (4 - len(t.ne))
-        nb = list(t.nb)
-        while len(nb) < 4:
-            nb.append(nb[-1] * ne[len(nb) - 1])
-        return cls(int(ptr), t.dtype, ne, tuple(nb), t)
+        return cls(int(ptr), t.dtype, t.ne4, padded_nb(t), t)
 
     @classmethod
     def half_of(cls, t: Tensor, node_ptr: int) -> "DevTensor":
         """View `t` of an F32 node stored as F16 at node_ptr: every byte offset and stride halved."""
-        d = cls.of(t, node_ptr)
-        return cls(int(node_ptr) + t.offset // 2, BY_NAME["F16"], d.ne, tuple(b // 2 for b in d.nb), t)
+        return cls(int(node_ptr) + t.offset // 2, BY_NAME["F16"], t.ne4, tuple(b // 2 for b in padded_nb(t)), t)
 
     @property
     def nelements(self) -> int:
@@ -51,11 +46,20 @@ class DevTensor:
         return self.tensor.is_contiguous()
 
 
-_NAMES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+# the dtype part of the float kernels' names
+SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+
+
+def padded_nb(t: Tensor) -> tuple[int, int, int, int]:
+    """t's byte strides over 4 dims, padded as ggml pads them."""
+    nb, ne = list(t.nb), t.ne4
+    while len(nb) < 4:
+        nb.append(nb[-1] * ne[len(nb) - 1])
+    return tuple(nb)
 
 
 def kernel_dtypes(x: DevTensor, out: DevTensor) -> str:
     """The dtype part of a kernel name: "f32" when x and out share the dtype, "f32_to_f16" when
     they differ (an F32 result stored as F16, or read back from F16)."""
-    a, b = _NAMES[x.dtype.name], _NAMES[out.dtype.name]
+    a, b = SUFFIX[x.dtype.name], SUFFIX[out.dtype.name]
     return a if a == b else f"{a}_to_{b}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from functools import cache
 
 from ...ops.cpu.elementwise import BINARY_CODES, UNARY_CODES
+from .devtensor import SUFFIX as FLOAT
 from .devtensor import kernel_dtypes
 from .table import CUDA
 
@@ -27,7 +28,6 @@ MAX_BLOCKS = 1 << 16  # grid-stride loops cover the rest
 MAX_GRID_Y = 65535
 ROW_MIN = 256  # elementwise.cu: merged rows at least this long take the row walk,
 ILP = 4        # which gives each thread ILP elements
-FLOAT = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 CAST_SOURCES = {**FLOAT, "F8_E4M3": "f8_e4m3", "F8_E5M2": "f8_e5m2"}
 RAW = {1: "b8", 2: "b16", 4: "b32", 8: "b64"}
 STRIDED = "PPqqqq" + "q" * 4  # x, out, n, ne0, ne1, ne2, 4 strides of x

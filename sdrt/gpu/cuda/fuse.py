@@ -40,6 +40,7 @@ from __future__ import annotations
 from .attention import attention_into_cont, wants_f32
 from .attention import plan as attention_plan
 from .conv import gemm_dtype as conv_gemm_dtype
+from .devtensor import padded_nb
 from .matmul import gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_residual
 
 
@@ -124,16 +125,9 @@ def _merges_heads(c, att) -> bool:
     if c.op != "cont" or c.dtype.name != "F32":
         return False
     v = c.src[0]
-    ne, nb = att.ne4, _nb4(att)
+    ne, nb = att.ne4, padded_nb(att)
     return (v.owner is att and v.offset == att.offset and att.is_contiguous()
-            and v.ne4 == (ne[0], ne[2], ne[1], ne[3]) and _nb4(v) == (nb[0], nb[2], nb[1], nb[3]))
-
-
-def _nb4(t) -> tuple:
-    nb, ne = list(t.nb), t.ne4
-    while len(nb) < 4:
-        nb.append(nb[-1] * ne[len(nb) - 1])
-    return tuple(nb)
+            and v.ne4 == (ne[0], ne[2], ne[1], ne[3]) and padded_nb(v) == (nb[0], nb[2], nb[1], nb[3]))
 
 
 def _overlaps_sources(c, att, node_ptr) -> bool:

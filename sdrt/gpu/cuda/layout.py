@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.convert import f32_to_raw
+from .devtensor import SUFFIX as _FLOAT
 from .table import CUDA
 
 MODULE = "layout"
 BLOCK = 256
 _RAW = {1: "u8", 2: "u16", 4: "u32", 8: "u64"}
-_FLOAT = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _PAD_MODES = {"constant": 0, "circular": 1, "reflect": 2, "replicate": 3}
 _INTERP_MODES = {"bilinear": 1, "bicubic": 2}
 

@@ -76,14 +76,21 @@ def _supports_mul_mat(node) -> bool:
     return quant.decodable(node.src[0].dtype)
 
 
+def _gemm_dtype(w_dtype) -> str:
+    """The GEMM's input dtype: a float weight's own, F16 for block/F8 weights (decoded first)."""
+    return w_dtype.name if w_dtype.name in FLOATS else "F16"
+
+
+def _mat_vec(w_dtype, w_ne, x_ne) -> bool:
+    """Whether mul_mat runs the mat-vec of block weights (few columns per weight batch)."""
+    _, N, b2, b3 = x_ne
+    return w_dtype.is_quantized and N * (b2 // w_ne[2]) * (b3 // w_ne[3]) <= MMV_MAX_COLS
+
+
 def gemm_input_dtype(w, x) -> str:
-    """The dtype mul_mat reads x as, for graph tensors w and x: F32 in the mat-vec of block
-    weights, else the GEMM dtype (mul_mat's choice below)."""
-    _, N, b2, b3 = x.ne4
-    w2, w3 = w.ne4[2], w.ne4[3]
-    if w.dtype.is_quantized and N * (b2 // w2) * (b3 // w3) <= MMV_MAX_COLS:
-        return "F32"
-    return w.dtype.name if w.dtype.name in FLOATS else "F16"
+    """The dtype mul_mat reads x as, for graph tensors w and x: F32 in the mat-vec, else the
+    GEMM dtype."""
+    return "F32" if _mat_vec(w.dtype, w.ne4, x.ne4) else _gemm_dtype(w.dtype)
 
 
 @CUDA.register("mul_mat", supports=_supports_mul_mat)
@@ -97,7 +104,7 @@ def mul_mat(node, xs, out, rt):
         x_ne, x_nb = _rows_as_one_matrix(x_ne, x_nb)
         N, b2, b3 = x_ne[1], 1, 1
     shape = (K, M, N, w2, w3, b2, b3)
-    if w.dtype.is_quantized and N * (b2 // w2) * (b3 // w3) <= MMV_MAX_COLS:
+    if _mat_vec(w.dtype, w.ne, (K, N, b2, b3)):
         _mul_mat_vec(rt, w, x, x_ne, x_nb, out, shape)
     else:
         _mul_mat_gemm(rt, w, x, x_ne, x_nb, out, shape)
@@ -189,7 +196,7 @@ def _mul_mat_vec(rt, w, x, x_ne, x_nb, out, shape):
 
 def _mul_mat_gemm(rt, w, x, x_ne, x_nb, out, shape):
     K, M, N, w2, w3, b2, b3 = shape
-    gd = w.dtype.name if w.dtype.name in FLOATS else "F16"
+    gd = _gemm_dtype(w.dtype)
     es = quant.dense_itemsize(gd)
     # activations: (address, ldb, batch strides) in elements of gd
     if _gemm_ready(x.dtype.name, x_ne, x_nb, gd, es):

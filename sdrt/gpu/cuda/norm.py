@@ -13,11 +13,11 @@ from __future__ import annotations
 from functools import cache
 
 from ...ops.norm import group_bounds
+from .devtensor import SUFFIX as FLOAT
 from .devtensor import kernel_dtypes
 from .table import CUDA
 
 MODULE = "norm"
-FLOAT = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 TYPE_CODE = {"F32": 0, "F16": 1, "BF16": 2}  # load_any() in norm.cu
 MAX_GRID_YZ = 65535
 GROUP_THREADS = 256

@@ -14,12 +14,12 @@ from functools import cache
 import numpy as np
 
 from ...ops.position import ROPE_MODES, _corr_dims
+from .devtensor import SUFFIX as FLOAT
 from .table import CUDA
 
 MODULE = "position"
 BLOCK = 128
 MAX_BLOCKS = 1 << 16
-FLOAT = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
 
 @cache

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from ...errors import OpError, UnsupportedError
 from .cublas import Cublas
+from .devtensor import SUFFIX as _SUFFIX
 from .driver import CudaDevice, CudaDriverError, StagingRing, pycuda_driver
 
 DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
-_SUFFIX = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _ARGCHARS = set("Piqf")
 BLOCK = 256
 DEFAULT_SHARED = 48 * 1024

@@ -11,7 +11,7 @@ import os
 import struct
 
 from ..errors import ModelFileError, SdrtError
-from .base import ConvertedTensor, ModelFile
+from .base import ConvertedTensor, ModelFile, open_regular
 from .gguf_file import read_gguf
 from .safetensors import read_safetensors, read_safetensors_index
 from .writer import (CONVERT_TYPES, ConvertSummary, GGUFValue, TensorPlan, convert, parse_tensor_type_rules,
@@ -35,10 +35,8 @@ def sniff_format(path) -> str:
             return "diffusers"
         return "folder"
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO or device is refused here, never opened for reading
             head = f.read(264)
-    except FileNotFoundError:
-        raise ModelFileError(f"{path}: no such file") from None
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read: {e.strerror or e}") from None
     low = path.lower()
@@ -103,6 +101,8 @@ def _folder_file(path: str) -> str:
     if len(idx) == 1:
         return os.path.join(path, idx[0])
     files = [n for n in names if n.lower().endswith(_MODEL_EXTS) and os.path.isfile(os.path.join(path, n))]
+    if len(names) > 100_000:
+        raise ModelFileError(f"{path}: folder holds {len(names)} entries; name the file to open")
     if len(idx) == 0 and len(files) == 1:
         return os.path.join(path, files[0])
     raise ModelFileError(f"{path}: folder holds {len(idx)} index files and {len(files)} model files; "

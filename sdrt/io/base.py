@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -9,6 +10,63 @@ import numpy as np
 
 from ..errors import ModelFileError
 from ..ops.tensor import Tensor
+
+
+# ---- the resource policy every reader follows (docs/model-files.md, "Limits") ---------------
+# A file may only make sdrt allocate what its own bytes justify: every count, length and size
+# it declares is checked against the bytes that are really there (and these caps) before any
+# list, dict, string or array is built from it.
+MAX_HEADER_BYTES = 100_000_000      # safetensors JSON header (the reference reader's cap), GGUF tables
+MAX_TENSORS = 1 << 16               # tensors (and empty entries) in one file: 65,536
+MAX_NAME_BYTES = 65535              # one tensor name / metadata key, every format
+MAX_METADATA_ENTRIES = 1 << 16      # GGUF key/values, safetensors __metadata__ entries
+MAX_ARRAY_STRINGS = 1 << 20         # strings in all GGUF string arrays together (vocabularies)
+MAX_PICKLE_BYTES = 256 << 20        # data.pkl / legacy pickle bytes
+PICKLE_BUDGET_BASE = 64 << 20       # the pickle VM's memory budget: this + PICKLE_BUDGET_PER_BYTE
+PICKLE_BUDGET_PER_BYTE = 8          # ... per pickle byte, capped at PICKLE_BUDGET_MAX
+PICKLE_BUDGET_MAX = 1 << 30
+MAX_INFLATE_RATIO = 64              # a deflated zip entry: real inflated bytes <= 64 x real compressed + 1 MiB
+MAX_ZIP_ENTRIES = 1 << 17           # entries in a torch zip's central directory
+
+
+def inflate_budget(file_size: int) -> int:
+    """Total bytes all deflated storages of one file may inflate to: the file's own size plus 64 MiB
+    (a re-zipped checkpoint of floats deflates by a few percent; more is a bomb)."""
+    return file_size + (64 << 20)
+
+
+def check_regular_file(path: str, what: str = "model file") -> os.stat_result:
+    """stat() a path and refuse anything but a regular file (FIFOs, devices, sockets block or never
+    end when read) before it is opened. Raises ModelFileError naming the path."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ModelFileError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise ModelFileError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelFileError(f"{path}: is a directory, not a {what}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or
+                stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise ModelFileError(f"{path}: is {kind}, not a {what}; refusing to read it")
+    return st
+
+
+def open_regular(path: str, what: str = "model file"):
+    """open(path, 'rb') of a regular file only: checked by stat() first, opened non-blocking (a FIFO
+    swapped in between cannot block), then checked again on the open descriptor."""
+    check_regular_file(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ModelFileError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ModelFileError(f"{path}: is not a regular file, not a {what}; refusing to read it")
+    return os.fdopen(fd, "rb")
 
 
 @dataclass
@@ -98,7 +156,7 @@ def map_file(path: str, what: str = "model file") -> tuple[np.ndarray, tuple[str
     """Read-only memory map of a whole file as 1-D uint8, plus its (path, size, mtime) stamp.
     Every failure is a ModelFileError naming the file."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, what) as f:
             stamp = file_stamp(path, f.fileno())
             if stamp[1] == 0:
                 raise ModelFileError(f"{path}: empty file, not a {what}")

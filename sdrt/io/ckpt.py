@@ -411,7 +411,7 @@ def read_ckpt(path) -> ModelFile:
     path = os.fspath(path)
     mf = ModelFile(path=path, format="ckpt")
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "PyTorch checkpoint") as f:
             head = f.read(512)
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read ({e.strerror or e})") from None

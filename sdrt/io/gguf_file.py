@@ -12,13 +12,15 @@ arithmetic, against the bytes that are actually left in the file:
 - magic; version 2 or 3 (1 is obsolete; a byte-swapped version means a big-endian file);
 - n_kv, n_tensors: each entry needs a minimum number of bytes, so a count can never exceed
   what the remaining bytes can hold;
+- n_kv <= 65,536 and n_tensors <= 65,536 (base.MAX_METADATA_ENTRIES / MAX_TENSORS);
 - strings: length <= remaining bytes and <= 1 GiB; keys and tensor names non-empty UTF-8,
   <= 65535 bytes, unique; string values are decoded with surrogateescape (lossless);
-- values: a known type; arrays: count * minimal element size <= remaining bytes, string arrays
-  at most 16 Mi entries, nesting at most 4 levels (ggml refuses nesting, gguf-py allows it);
-  numeric arrays come back as read-only numpy views (no copy);
+- values: a known type; arrays: count * minimal element size <= remaining bytes, at most
+  1 Mi strings in all string arrays together (base.MAX_ARRAY_STRINGS); arrays of arrays are
+  refused, as ggml's gguf.cpp refuses them; numeric arrays come back as read-only numpy views
+  (no copy);
 - general.alignment: u32, a non-zero power of two;
-- tensors: 1 <= n_dims <= 8 (more than 4 dims are folded into ne[3], as sd.cpp's GGUF fallback
+- tensors: 1 <= n_dims <= 8 (n_dims = 0 is refused: ggml writes at least one dim) (more than 4 dims are folded into ne[3], as sd.cpp's GGUF fallback
   reader does for Wan files; ggml itself refuses n_dims > 4), every ne >= 1 (a 0 dim makes an
   empty entry in `ModelFile.raw`), a known type with a non-zero block size (removed types 4/5
   are refused), ne[0] a multiple of the block size, offset a multiple of the alignment,
@@ -26,6 +28,7 @@ arithmetic, against the bytes that are actually left in the file:
 """
 from __future__ import annotations
 
+import codecs
 import os
 import struct
 
@@ -34,14 +37,14 @@ import numpy as np
 from ..errors import ModelFileError, OpError
 from ..ops import dtypes
 from ..ops.tensor import MAX_DIMS, Tensor
-from .base import ModelFile, map_file
+from .base import MAX_ARRAY_STRINGS, MAX_METADATA_ENTRIES, MAX_NAME_BYTES, MAX_TENSORS, ModelFile, map_file
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_STRING = 1 << 30
-MAX_NAME = 65535
-MAX_STRING_ARRAY = 1 << 24
-MAX_ARRAY_DEPTH = 4
+MAX_NAME = MAX_NAME_BYTES
+MAX_STRING_ARRAY = MAX_ARRAY_STRINGS
+MAX_ARRAY_DEPTH = 1               # an array may not hold arrays (ggml: "nested arrays are not supported")
 MAX_TENSOR_DIMS = 8
 
 # GGUF value types
@@ -58,12 +61,16 @@ SCALAR_SIZE = {t: struct.calcsize(f) for t, f in SCALAR_FMT.items()}
 MIN_SIZE = {**SCALAR_SIZE, STRING: 8, ARRAY: 12}
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
-    __slots__ = ("arr", "buf", "pos", "end", "path")
+    __slots__ = ("arr", "buf", "pos", "end", "path", "strings_left")
 
     def __init__(self, arr, path):
         # struct and bytes() on a memoryview are much faster than on the numpy memmap
         self.arr, self.buf, self.pos, self.end, self.path = arr, memoryview(arr), 0, arr.nbytes, path
+        self.strings_left = MAX_STRING_ARRAY
 
     def fail(self, msg):
         raise ModelFileError(f"{self.path}: {msg} (at byte {self.pos})")
@@ -101,6 +108,26 @@ class _Cursor:
         except UnicodeDecodeError:
             self.fail(f"{what} is not valid UTF-8: {b[:80]!r}")
 
+    def strings(self, n: int, what: str) -> list[str]:
+        """n GGUF strings, decoded straight from the map (one tight loop: vocabularies are long)."""
+        buf, pos, end = self.buf, self.pos, self.end
+        unpack, decode = _U64.unpack_from, codecs.utf_8_decode
+        out = [""] * n
+        for i in range(n):
+            if pos + 8 > end:
+                self.pos = pos
+                self.fail(f"file ends inside {what}[{i}]; truncated file?")
+            (ln,) = unpack(buf, pos)
+            pos += 8
+            if ln:
+                if ln > end - pos or ln > MAX_STRING:
+                    self.pos = pos
+                    self.fail(f"{what}[{i}] claims {ln} bytes, {min(end - pos, MAX_STRING)} allowed here")
+                out[i] = decode(buf[pos:pos + ln], "surrogateescape", True)[0]
+                pos += ln
+        self.pos = pos
+        return out
+
     def value(self, vtype: int, what: str, depth: int = 0):
         if vtype in SCALAR_FMT:
             return self.take(SCALAR_FMT[vtype], SCALAR_SIZE[vtype], what)
@@ -108,7 +135,7 @@ class _Cursor:
             return self.raw_string(what).decode("utf-8", "surrogateescape")
         if vtype == ARRAY:
             if depth >= MAX_ARRAY_DEPTH:
-                self.fail(f"{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep")
+                self.fail(f"{what}: an array of arrays; nested arrays are not supported (ggml refuses them too)")
             etype = self.u32(f"the element type of {what}")
             if etype > FLOAT64:
                 self.fail(f"{what}: unknown array element type {etype}")
@@ -120,8 +147,14 @@ class _Cursor:
                 arr = np.ndarray((n,), np.dtype(SCALAR_NP[etype]), self.arr, self.pos)
                 self.pos += n * SCALAR_SIZE[etype]
                 return arr.view(np.bool_) if etype == BOOL else arr
-            if etype == STRING and n > MAX_STRING_ARRAY:
-                self.fail(f"{what}: array of {n} strings, at most {MAX_STRING_ARRAY} allowed")
+            if etype == STRING:
+                if n > self.strings_left:
+                    self.fail(f"{what}: array of {n} strings; at most {MAX_STRING_ARRAY} strings in all arrays "
+                              f"of a file are supported")
+                self.strings_left -= n
+                return self.strings(n, what)
+            if depth + 1 >= MAX_ARRAY_DEPTH:
+                self.fail(f"{what}: an array of arrays; nested arrays are not supported (ggml refuses them too)")
             return [self.value(etype, f"{what}[{i}]", depth + 1) for i in range(n)]
         self.fail(f"{what}: unknown value type {vtype}")
 
@@ -148,8 +181,12 @@ def read_gguf(path) -> ModelFile:
     n_kv = c.u64("the key/value count")
     if n_kv * (8 + 1 + 4 + 1) > c.remain():
         c.fail(f"key/value count {n_kv} cannot fit in the {c.remain()} bytes left")
-    if n_tensors * (8 + 1 + 4 + 4 + 8) > c.remain():  # name, n_dims, type, offset (n_dims may be 0)
+    if n_tensors * (8 + 1 + 4 + 8 + 4 + 8) > c.remain():  # name, n_dims, ne[0], type, offset
         c.fail(f"tensor count {n_tensors} cannot fit in the {c.remain()} bytes left")
+    if n_kv > MAX_METADATA_ENTRIES:
+        c.fail(f"key/value count {n_kv}, at most {MAX_METADATA_ENTRIES} are supported")
+    if n_tensors > MAX_TENSORS:
+        c.fail(f"tensor count {n_tensors}, at most {MAX_TENSORS} are supported")
 
     meta: dict = {}
     for i in range(n_kv):
@@ -177,8 +214,8 @@ def read_gguf(path) -> ModelFile:
         seen.add(name)
         where = f"tensor {name[:200]!r}"
         n_dims = c.u32(f"n_dims of {where}")
-        if n_dims > MAX_TENSOR_DIMS:
-            c.fail(f"{where}: n_dims {n_dims}, at most {MAX_TENSOR_DIMS} allowed")
+        if not 1 <= n_dims <= MAX_TENSOR_DIMS:
+            c.fail(f"{where}: n_dims {n_dims}, must be 1 to {MAX_TENSOR_DIMS}")
         ne = [c.u64(f"ne[{j}] of {where}") for j in range(n_dims)]
         type_id = c.u32(f"the type of {where}")
         offset = c.u64(f"the offset of {where}")

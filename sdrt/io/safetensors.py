@@ -36,16 +36,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 
 import numpy as np
 
 from ..errors import ModelFileError, OpError
 from ..ops.tensor import MAX_DIMS, Tensor
-from .base import ConvertedTensor, ModelFile, map_file
+from .base import (MAX_HEADER_BYTES, MAX_METADATA_ENTRIES, MAX_NAME_BYTES, MAX_TENSORS, ConvertedTensor, ModelFile,
+                   check_regular_file, map_file, open_regular)
 
-MAX_HEADER_SIZE = 100_000_000
+MAX_HEADER_SIZE = MAX_HEADER_BYTES
 MAX_INDEX_SIZE = 100_000_000
+# Cheap upper bounds, counted on the raw header bytes before json.loads builds anything: every tensor
+# entry needs one '{' and two '[' and four ':'. A header beyond them (e.g. millions of `"k":[]`) is
+# refused in milliseconds instead of costing gigabytes of Python objects.
+MAX_HEADER_CONTAINERS = 3 * MAX_TENSORS + MAX_METADATA_ENTRIES
+MAX_HEADER_COLONS = 4 * MAX_TENSORS + 4 * MAX_METADATA_ENTRIES
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 MAX_SHAPE_DIMS = 8
 
 # safetensors dtype -> (bits per element, sdrt dtype name or None, numpy dtype for `raw`)
@@ -69,12 +77,22 @@ class _DuplicateKey(Exception):
 
 
 def _no_dups(pairs):
-    d = {}
-    for k, v in pairs:
-        if k in d:
-            raise _DuplicateKey(k)
-        d[k] = v
+    d = dict(pairs)              # C speed; only on a size mismatch do we look for the culprit
+    if len(d) != len(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
     return d
+
+
+def _has_lone_surrogate(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
 
 
 def _bad_constant(name):
@@ -95,6 +113,42 @@ def parse_json_strict(data: bytes, path: str, what: str):
         raise ModelFileError(f"{path}: {what} is nested too deeply") from None
     except (ValueError, TypeError, OverflowError, MemoryError) as e:  # JSONDecodeError is a ValueError
         raise ModelFileError(f"{path}: {what} is not valid JSON: {str(e)[:200]}") from None
+
+
+class _Obj(list):
+    """A JSON object of the safetensors header as its (key, value) pairs. json's C scanner builds it
+    without running Python code (a Python object_pairs_hook costs more than the parse itself on
+    headers of many tensors); `_as_dict` turns the ones we use into dicts, refusing duplicate keys."""
+    __slots__ = ()
+
+
+def _json_kind(v) -> str:
+    return ("object" if type(v) is _Obj else "array" if type(v) is list else "string" if type(v) is str
+            else "null" if v is None else type(v).__name__)
+
+
+def _as_dict(path, what, obj) -> dict:
+    d = dict(obj)
+    if len(d) != len(obj):
+        seen = set()
+        for k, _ in obj:
+            if k in seen:
+                raise ModelFileError(f"{path}: {what} has the key {k[:200]!r} twice")
+            seen.add(k)
+    return d
+
+
+def _parse_header(data: bytes, path: str):
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ModelFileError(f"{path}: safetensors header is not valid UTF-8 (byte {e.start})") from None
+    try:
+        return json.loads(text, object_pairs_hook=_Obj, parse_constant=_bad_constant)
+    except RecursionError:
+        raise ModelFileError(f"{path}: safetensors header is nested too deeply") from None
+    except (ValueError, TypeError, OverflowError, MemoryError) as e:  # JSONDecodeError is a ValueError
+        raise ModelFileError(f"{path}: safetensors header is not valid JSON: {str(e)[:200]}") from None
 
 
 def _is_int(v) -> bool:
@@ -123,21 +177,44 @@ def read_safetensors(path) -> ModelFile:
     if 8 + n > file_size:
         raise ModelFileError(f"{path}: header length {n} runs past the end of the file ({file_size} bytes); "
                              f"truncated download?")
-    header = parse_json_strict(mm[8:8 + n].tobytes(), path, "safetensors header")
-    if not isinstance(header, dict):
-        raise ModelFileError(f"{path}: safetensors header is a JSON {type(header).__name__}, not an object")
+    hb = mm[8:8 + n].tobytes()
+    containers, colons = hb.count(b"{") + hb.count(b"["), hb.count(b":")
+    if containers > MAX_HEADER_CONTAINERS or colons > MAX_HEADER_COLONS:
+        raise ModelFileError(f"{path}: safetensors header has {containers} '{{'/'[' and {colons} ':' characters, "
+                             f"more than {MAX_TENSORS} tensors and {MAX_METADATA_ENTRIES} metadata entries can need")
+    header = _parse_header(hb, path)
+    if type(header) is not _Obj:
+        raise ModelFileError(f"{path}: safetensors header is a JSON {_json_kind(header)}, not an object")
+    if len(header) > MAX_TENSORS + 1:
+        raise ModelFileError(f"{path}: {len(header) - 1} tensors, at most {MAX_TENSORS} are supported")
+    # JSON \ud800-style escapes decode to lone surrogates, which are not text (the reference reader and
+    # every writer refuse them); only look for them when the raw bytes hold such an escape
+    check_text = _SURROGATE_ESCAPE.search(hb) is not None
+    del hb
+    header = _as_dict(path, "safetensors header", header)
     data_start = 8 + n
     data_len = file_size - data_start
     mf = ModelFile(path=path, format="safetensors", sources=[stamp])
 
     meta = header.pop("__metadata__", None)
     if meta is not None:
-        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        if type(meta) is not _Obj:
+            raise ModelFileError(f"{path}: __metadata__ must map strings to strings, not a JSON {_json_kind(meta)}")
+        meta = _as_dict(path, "__metadata__", meta)
+        if not all(type(v) is str for v in meta.values()):
             raise ModelFileError(f"{path}: __metadata__ must map strings to strings")
+        if len(meta) > MAX_METADATA_ENTRIES:
+            raise ModelFileError(f"{path}: __metadata__ has {len(meta)} entries, at most {MAX_METADATA_ENTRIES}")
+        if check_text and any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in meta.items()):
+            raise ModelFileError(f"{path}: __metadata__ holds a lone UTF-16 surrogate escape (not text)")
         mf.metadata.update(meta)
 
     ranges = []
     for name, info in header.items():
+        if len(name) > MAX_NAME_BYTES // 4 and len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+            raise ModelFileError(f"{path}: tensor name {name[:100]!r}... is longer than {MAX_NAME_BYTES} bytes")
+        if check_text and _has_lone_surrogate(name):
+            raise ModelFileError(f"{path}: tensor name {name[:200]!r} holds a lone UTF-16 surrogate escape (not text)")
         begin, end, st_dtype, shape = _check_entry(path, name, info, data_len)
         ranges.append((begin, end, name))
         bits, sd_name, np_dt = ST_DTYPES[st_dtype]
@@ -178,15 +255,36 @@ def read_safetensors(path) -> ModelFile:
 
 
 def _check_entry(path, name, info, data_len):
-    where = f"{path}: tensor {name[:200]!r}"
-    if not isinstance(info, dict):
-        raise ModelFileError(f"{where}: entry is a JSON {type(info).__name__}, not an object")
+    if type(info) is not _Obj:
+        raise ModelFileError(f"{path}: tensor {name[:200]!r}: entry is a JSON {_json_kind(info)}, not an object")
+    info = _as_dict(path, f"tensor {name[:200]!r}", info)
     st_dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if type(st_dtype) is str and st_dtype in ST_DTYPES and type(shape) is list and len(shape) <= MAX_SHAPE_DIMS \
+            and all(type(d) is int and 0 <= d < 1 << 63 for d in shape) and type(offs) is list and len(offs) == 2 \
+            and type(offs[0]) is int and type(offs[1]) is int and 0 <= offs[0] <= offs[1] <= data_len:
+        begin, end = offs          # the common case: one cheap test; the size check below still runs
+    else:
+        begin, end = _entry_error(path, name, st_dtype, shape, offs, data_len)
+    n = 1
+    for d in shape:
+        n *= d  # exact: Python ints never wrap
+    bits = ST_DTYPES[st_dtype][0]
+    if n * bits % 8:
+        raise ModelFileError(f"{path}: tensor {name[:200]!r}: {n} {st_dtype} elements do not fill whole bytes")
+    if n * bits // 8 != end - begin:
+        raise ModelFileError(f"{path}: tensor {name[:200]!r}: shape {shape} of {st_dtype} needs {n * bits // 8} "
+                             f"bytes, data_offsets [{begin}, {end}] hold {end - begin}")
+    return begin, end, st_dtype, shape
+
+
+def _entry_error(path, name, st_dtype, shape, offs, data_len):
+    """Say what is wrong with an entry that failed the fast test (raises), or return its offsets."""
+    where = f"{path}: tensor {name[:200]!r}"
     if not isinstance(st_dtype, str):
         raise ModelFileError(f"{where}: missing or non-string dtype")
     if st_dtype not in ST_DTYPES:
         raise ModelFileError(f"{where}: unknown dtype {st_dtype[:40]!r}")
-    if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
+    if type(shape) is not list or not all(_is_int(d) for d in shape):
         raise ModelFileError(f"{where}: shape must be a list of integers, got {str(shape)[:100]}")
     if len(shape) > MAX_SHAPE_DIMS:
         raise ModelFileError(f"{where}: {len(shape)} dims, at most {MAX_SHAPE_DIMS} are supported")
@@ -194,7 +292,7 @@ def _check_entry(path, name, info, data_len):
         raise ModelFileError(f"{where}: negative dimension in shape {str(shape)[:200]}")
     if any(d >= 1 << 63 for d in shape):
         raise ModelFileError(f"{where}: dimension out of range in shape {str(shape)[:200]}")
-    if not isinstance(offs, list) or len(offs) != 2 or not all(_is_int(o) for o in offs):
+    if type(offs) is not list or len(offs) != 2 or not all(_is_int(o) for o in offs):
         raise ModelFileError(f"{where}: data_offsets must be [begin, end] integers, got {str(offs)[:100]}")
     begin, end = offs
     if begin < 0:
@@ -204,16 +302,7 @@ def _check_entry(path, name, info, data_len):
     if end > data_len:
         raise ModelFileError(f"{where}: data_offsets [{begin}, {end}] past the end of the data "
                              f"({data_len} bytes); truncated file?")
-    n = 1
-    for d in shape:
-        n *= d  # exact: Python ints never wrap
-    bits = ST_DTYPES[st_dtype][0]
-    if n * bits % 8:
-        raise ModelFileError(f"{where}: {n} {st_dtype} elements do not fill whole bytes")
-    if n * bits // 8 != end - begin:
-        raise ModelFileError(f"{where}: shape {shape} of {st_dtype} needs {n * bits // 8} bytes, "
-                             f"data_offsets [{begin}, {end}] hold {end - begin}")
-    return begin, end, st_dtype, shape
+    return begin, end
 
 
 def _converter(path, name, mm, off, shape, st_dtype):
@@ -242,10 +331,10 @@ def _converter(path, name, mm, off, shape, st_dtype):
 def read_json_file(path: str, what: str, limit: int = MAX_INDEX_SIZE):
     """A small JSON file (index, model_index.json, config), size-capped and strictly parsed."""
     try:
-        size = os.path.getsize(path)
+        size = check_regular_file(path, what).st_size
         if size > limit:
             raise ModelFileError(f"{path}: {what} of {size} bytes is implausibly large")
-        with open(path, "rb") as f:
+        with open_regular(path, what) as f:
             data = f.read(limit + 1)
     except ModelFileError:
         raise

@@ -179,7 +179,7 @@ def _encode(key: str, v, vtype: int | None = None, elem_type: int | None = None,
         return G.ARRAY, struct.pack("<IQ", et, arr.size) + arr.tobytes()
     if isinstance(v, (list, tuple)) and vtype in (None, G.ARRAY):
         if depth >= G.MAX_ARRAY_DEPTH:
-            raise UsageError(f"metadata {key!r}: arrays nested too deep")
+            raise UsageError(f"metadata {key!r}: an array of arrays (GGUF readers, ggml's included, refuse them)")
         if elem_type is None:
             kinds = set()
             for x in v:

@@ -270,6 +270,8 @@ def _img_gen(args) -> int:
         if path and not os.path.isfile(path):
             raise UsageError(f"{flag}: no such image file: '{path}'")
     paths = output_paths(args.output or "output.png", gp.batch_count, args.output_begin_idx)
+    from ..engine.limits import check_output_paths  # a real, writable file name before any loading
+    check_output_paths(paths)
     from ..engine.pipeline import Pipeline
     pipe = Pipeline.load(mp)
     results = pipe.generate(gp)

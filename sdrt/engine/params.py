@@ -163,6 +163,8 @@ class GenParams:
             raise UsageError(f"--vae-relative-tile-size: must be non-negative, got {rx}x{ry}")
         if self.mask_image is not None and self.init_image is None:
             raise UsageError("--mask: needs an init image (-i/--init-img) to repaint")
+        from .limits import check_request  # sizes, steps, prompts, non-finite numbers (docs: "Limits")
+        check_request(self)
         return self
 
     def replace(self, **kw) -> GenParams:

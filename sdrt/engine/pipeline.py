@@ -34,6 +34,7 @@ import numpy as np
 
 from ..errors import SdrtError, UnsupportedError, UsageError
 from .params import GenParams, ModelParams
+from .limits import check_image, check_latent, quiet_numerics
 
 __all__ = [
     "Cond",
@@ -380,6 +381,7 @@ class Pipeline:
         return "v" if v else "eps"
 
     # ---- one request ----------------------------------------------------------------------------
+    @quiet_numerics
     def generate(self, gp: GenParams, *, progress=None, decode_progress=None, show_progress: bool = True,
                  rng: str | None = None, sampler_rng: str | None = None) -> list[GeneratedImage]:
         """Run one request; returns `batch_count` images. `progress(step, steps, s_per_step)`
@@ -524,6 +526,7 @@ class Pipeline:
                          "?" if age is None else f"{age:.2f}s since process start", time.process_time())
             x0 = sample(method, denoise, x, sigmas, smp_rng, eta=eta, is_flow=den.is_flow)
             x0 = den.inverse_noise_scaling(sigmas[-1], x0)
+            check_latent(x0, cur)  # NaN/Inf: stop with a clear error, never a black image
             log.info("sampling completed, taking %.2fs", time.time() - t_b)
             results.append((cur, np.asarray(x0, F32)))
         log.info("generating %d latent images completed, taking %.2fs", len(results), time.time() - t_denoise)
@@ -695,6 +698,7 @@ class Pipeline:
         img = np.asarray(img, F32)
         if not tae:
             img = np.clip((img + F32(1.0)) * F32(0.5), F32(0.0), F32(1.0))
+        check_image(img)
         return decode_to_uint8(img)
 
     def parameters_text(self, gp: GenParams, seed: int, width: int, height: int, method: str,

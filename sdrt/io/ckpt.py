@@ -31,12 +31,14 @@ from __future__ import annotations
 import os
 import struct
 import zipfile
+import zlib
 
 import numpy as np
 
 from ..errors import ModelFileError
 from ..ops.tensor import MAX_DIMS, Tensor
-from .base import ConvertedTensor, ModelFile, map_file
+from .base import (MAX_INFLATE_RATIO, MAX_NAME_BYTES, MAX_PICKLE_BYTES, MAX_TENSORS, MAX_ZIP_ENTRIES, ConvertedTensor,
+                   ModelFile, inflate_budget, map_file, open_regular)
 
 from .pickle_vm import (_GLOBALS, _STORAGES, _TORCH_DTYPES, _WIDE, _Fail, _Global, _int, _need, _Opaque,  # noqa: F401
                         _PickleVM, _Storage, _TensorRef)
@@ -46,10 +48,8 @@ __all__ = ["read_ckpt", "is_torch_zip", "is_torch_legacy"]
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
 
-MAX_PICKLE_BYTES = 256 << 20        # data.pkl larger than this is not a checkpoint we accept
-MAX_INFLATE_RATIO = 8               # a deflated storage may not expand more than this
-MAX_INFLATE_TOTAL = 8 << 30         # ... nor past this in total (RAM)
 MAX_NEST = 8                        # nested dicts flattened into tensor names
+MAX_CENTRAL_DIRECTORY = 16 << 20    # zip central directory bytes (zipfile builds a ZipInfo per entry)
 
 
 # ---- turning the unpickled object into a tensor table ---------------------------------------
@@ -59,7 +59,7 @@ def _is_simple(v):
 
 
 def _select_state_dict(root, meta):
-    _need(isinstance(root, dict), f"the pickle holds a {type(root).__name__}, not a dict of tensors "
+    _need(isinstance(root, dict), lambda: f"the pickle holds a {type(root).__name__}, not a dict of tensors "
           "(a whole pickled model object cannot be read safely; save its state_dict)")
     scalars = {}
     obj = root
@@ -105,17 +105,21 @@ def _flatten(sd) -> tuple[dict, list]:
     todo = [("", sd, 0)]
     while todo:
         prefix, d, depth = todo.pop()
-        _need(id(d) not in seen, f"dict '{prefix[:-1]}' appears twice in the checkpoint (shared or recursive)")
+        _need(id(d) not in seen, lambda: f"dict '{prefix[:-1]}' appears twice in the checkpoint (shared or recursive)")
         seen.add(id(d))
         for k, v in d.items():
             if type(k) is not str:
                 continue
+            # checked before joining: one 10 MB key under 300 tensors must not become 3 GB of names
+            _need(len(prefix) + len(k) <= MAX_NAME_BYTES, lambda: f"tensor name '{(prefix + k[:80])[:200]}...' is "
+                  f"longer than {MAX_NAME_BYTES} characters")
             name = prefix + k
             if isinstance(v, _TensorRef):
-                _need(name not in out, f"duplicate tensor name '{name}'")
+                _need(name not in out, lambda: f"duplicate tensor name '{name}'")
+                _need(len(out) < MAX_TENSORS, lambda: f"more than {MAX_TENSORS} tensors")
                 out[name] = v
             elif isinstance(v, dict):
-                _need(depth < MAX_NEST, f"dicts nested deeper than {MAX_NEST} at '{name}'")
+                _need(depth < MAX_NEST, lambda: f"dicts nested deeper than {MAX_NEST} at '{name}'")
                 todo.append((name + ".", v, depth + 1))
             elif isinstance(v, _Opaque):
                 skipped.append((name, v.kind))
@@ -132,7 +136,7 @@ def _fold_dims(ne, nb):
         elif ne[a] == 1:
             stride = nb[b]
         else:
-            _need(nb[b] == nb[a] * ne[a], f"{len(ne)}-D tensor whose strides cannot fold to {MAX_DIMS}-D")
+            _need(nb[b] == nb[a] * ne[a], lambda: f"{len(ne)}-D tensor whose strides cannot fold to {MAX_DIMS}-D")
             stride = nb[a]
         ne[a], nb[a] = ne[a] * ne[b], stride
         del ne[b], nb[b]
@@ -147,15 +151,21 @@ def _make_tensors(refs: dict, buffers: dict, skipped: list, mf: ModelFile) -> No
         numel = 1
         for s in r.size:
             numel *= s
-        _need(numel < (1 << 62), f"tensor '{name}': size {list(r.size)} overflows")
+        _need(numel < (1 << 62), lambda: f"tensor '{name}': size {list(r.size)} overflows")
         if numel == 0:
             mf.raw[name] = np.zeros(r.size, np.dtype(npdt))
             continue
         st = r.storage
+        # every element needs its own bytes in the file: a stride-0 (expanded) or overlapping view
+        # claiming more elements than its storage holds is refused (it would let a 600-byte file
+        # make convert write gigabytes)
+        _need(numel * itemsize <= st.nbytes,
+              lambda: f"tensor '{name}': {list(r.size)} has {numel} elements (strides {list(r.stride)}) and "
+                      f"needs {numel * itemsize} bytes, its storage '{st.key}' holds {st.nbytes}")
         span = (sum((n - 1) * s for n, s in zip(r.size, r.stride)) + 1) * itemsize
         start = r.offset * itemsize
         _need(start + span <= st.nbytes,
-              f"tensor '{name}': {list(r.size)} at element offset {r.offset} with strides {list(r.stride)} "
+              lambda: f"tensor '{name}': {list(r.size)} at element offset {r.offset} with strides {list(r.stride)} "
               f"needs {start + span} bytes, its storage '{st.key}' holds {st.nbytes}")
         buf = buffers[st.root.key]
         off = st.byte_offset + start
@@ -198,11 +208,11 @@ def _make_persistent_load(storages: dict, legacy: bool):
               "persistent id is not ('storage', type, key, location, numel)")
         stype, key, _loc, numel = pid[1], pid[2], pid[3], pid[4]
         _need(isinstance(stype, _Global) and _GLOBALS.get((stype.module, stype.name)) == "storage",
-              f"persistent id names storage type {stype!r}")
+              lambda: f"persistent id names storage type {stype!r}")
         _need(type(key) is str and 0 < len(key) <= 64 and "/" not in key and "\\" not in key and ".." not in key,
               "storage key is not a short plain string")
         numel = _int(numel, "storage numel")
-        _need(0 <= numel < (1 << 56), f"storage '{key}' declares {numel} elements")
+        _need(0 <= numel < (1 << 56), lambda: f"storage '{key}' declares {numel} elements")
         dtype = _STORAGES[stype.name]
         itemsize = _TORCH_DTYPES[dtype][1]
         root = storages.get(key)
@@ -210,13 +220,13 @@ def _make_persistent_load(storages: dict, legacy: bool):
             root = storages[key] = _Storage(key, dtype, itemsize, numel)
         else:
             _need(root.itemsize == itemsize and root.numel == numel,
-                  f"storage '{key}' is declared twice with different types or sizes")
+                  lambda: f"storage '{key}' is declared twice with different types or sizes")
         if legacy and len(pid) >= 6 and pid[5] is not None:
             view = pid[5]
             _need(type(view) is tuple and len(view) == 3, "legacy storage view metadata")
             vkey, voff, vsize = view
             voff, vsize = _int(voff, "view offset"), _int(vsize, "view size")
-            _need(0 <= voff and 0 <= vsize and voff + vsize <= numel, f"storage view '{vkey}' outside '{key}'")
+            _need(0 <= voff and 0 <= vsize and voff + vsize <= numel, lambda: f"storage view '{vkey}' outside '{key}'")
             return _Storage(str(vkey), dtype, itemsize, vsize, voff * itemsize, root)
         return root if dtype == root.dtype else _Storage(key, dtype, itemsize, numel, 0, root)
     return persistent_load
@@ -242,111 +252,176 @@ def is_torch_legacy(head: bytes) -> bool:
 
 def _local_data_offset(mm, info: zipfile.ZipInfo, file_size: int) -> int:
     h = info.header_offset
-    _need(0 <= h and h + 30 <= file_size, f"zip entry '{info.filename}' header outside the file")
+    _need(0 <= h and h + 30 <= file_size, lambda: f"zip entry '{info.filename}' header outside the file")
     hdr = bytes(mm[h:h + 30])
-    _need(hdr[:4] == b"PK\x03\x04", f"zip entry '{info.filename}': bad local header")
+    _need(hdr[:4] == b"PK\x03\x04", lambda: f"zip entry '{info.filename}': bad local header")
     nlen, elen = struct.unpack("<HH", hdr[26:30])
-    _need(h + 30 + nlen <= file_size, f"zip entry '{info.filename}': name outside the file")
+    _need(h + 30 + nlen <= file_size, lambda: f"zip entry '{info.filename}': name outside the file")
     raw = bytes(mm[h + 30:h + 30 + nlen])
     enc = "utf-8" if info.flag_bits & 0x800 else "cp437"
     _need(raw.decode(enc, "replace") == info.orig_filename,
-          f"zip entry '{info.filename}': local and central names differ")
+          lambda: f"zip entry '{info.filename}': local and central names differ")
     start = h + 30 + nlen + elen
-    _need(start + info.compress_size <= file_size, f"zip entry '{info.filename}' runs past the end of the file")
+    _need(start + info.compress_size <= file_size, lambda: f"zip entry '{info.filename}' runs past the end of the file")
     return start
 
 
+def _central_directory_size(mm, file_size: int) -> int | None:
+    """The central directory size the end record declares (zip64 too), or None when not found
+    (zipfile then explains). Checked before zipfile builds a ZipInfo per entry."""
+    tail_start = max(0, file_size - (22 + 65535))
+    tail = bytes(mm[tail_start:file_size])
+    e = tail.rfind(b"PK\x05\x06")
+    if e < 0 or e + 22 > len(tail):
+        return None
+    count, size_cd = struct.unpack_from("<HI", tail, e + 10)
+    if (count == 0xFFFF or size_cd == 0xFFFFFFFF) and e >= 20 and tail[e - 20:e - 16] == b"PK\x06\x07":
+        off = struct.unpack_from("<Q", tail, e - 20 + 8)[0]
+        if off + 56 <= file_size and bytes(mm[off:off + 4]) == b"PK\x06\x06":
+            size_cd = struct.unpack_from("<Q", bytes(mm[off + 40:off + 48]))[0]
+    return size_cd
+
+
+class _Inflater:
+    """Reads zip entries from their real bytes: stored ones from the map, deflated ones inflated here
+    with the compressed bytes actually consumed and the bytes actually produced counted as they come
+    (the central directory's compress_size / file_size are claims, never trusted for a budget)."""
+
+    def __init__(self, path, mm, file_size):
+        self.mm, self.file_size = mm, file_size
+        self.f = open_regular(path, "PyTorch checkpoint")
+        self.left = inflate_budget(file_size)     # all deflated storages together
+
+    def close(self):
+        self.f.close()
+
+    def read(self, info: zipfile.ZipInfo, want: int, what: str, budgeted: bool = True):
+        """Exactly `want` bytes (<= the entry's declared size) of an entry; a uint8 array for stored
+        entries (a map view), bytes for deflated ones."""
+        start = _local_data_offset(self.mm, info, self.file_size)
+        if info.compress_type == zipfile.ZIP_STORED:
+            _need(info.compress_size == info.file_size, lambda: f"stored entry '{info.filename}' has two sizes")
+            _need(want <= info.file_size, lambda: f"{what}: wants {want} bytes, its entry holds {info.file_size}")
+            return self.mm[start:start + want]
+        if budgeted:
+            _need(want <= self.left, lambda: f"{what}: deflated storages would inflate to more than "
+                  f"{inflate_budget(self.file_size)} bytes, more than a {self.file_size}-byte file justifies "
+                  "(a zip bomb?)")
+            self.left -= want
+        d = zlib.decompressobj(-15)
+        out = bytearray()
+        pos, used, chunk = start, 0, b""
+        fd = self.f.fileno()
+        try:
+            while len(out) < want and not d.eof:
+                if not chunk:
+                    n = min(1 << 20, self.file_size - pos)
+                    if n <= 0:
+                        break
+                    chunk = os.pread(fd, n, pos)
+                    pos += len(chunk)
+                    if not chunk:
+                        break
+                before = len(chunk)
+                out += d.decompress(chunk, want - len(out))
+                chunk = d.unconsumed_tail
+                used += before - len(chunk)
+                if len(out) > MAX_INFLATE_RATIO * used + (1 << 20):
+                    raise _Fail(f"zip entry '{info.filename}' inflates more than {MAX_INFLATE_RATIO}x its real "
+                                "compressed bytes; refusing a possible zip bomb")
+        except zlib.error as e:
+            raise _Fail(f"zip entry '{info.filename}' is damaged (zlib: {e})") from None
+        except OSError as e:
+            raise _Fail(f"zip entry '{info.filename}' cannot be read ({e.strerror or e})") from None
+        _need(len(out) == want, lambda: f"{what}: entry '{info.filename}' inflates to {len(out)} bytes, "
+              f"{want} are needed")
+        if want == info.file_size:
+            _need(zlib.crc32(out) == info.CRC, lambda: f"zip entry '{info.filename}' fails its CRC check")
+        return bytes(out) if not budgeted else out
+
+
 def _read_zip(path: str, mm, file_size: int, meta: dict):
+    size_cd = _central_directory_size(mm, file_size)
+    _need(size_cd is None or size_cd <= MAX_CENTRAL_DIRECTORY,
+          lambda: f"zip central directory of {size_cd} bytes; at most {MAX_CENTRAL_DIRECTORY} are supported")
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError,
             struct.error, NotImplementedError, UnicodeDecodeError) as e:
         raise _Fail(f"not a readable zip archive ({e})") from None
+    inf = _Inflater(path, mm, file_size)
     with zf:
-        infos = zf.infolist()
-        _need(infos, "empty zip archive")
-        names = [i.filename for i in infos]
-        _need(len(set(names)) == len(names), "zip archive has duplicate entry names")
-        for n in names:
-            parts = n.replace("\\", "/").split("/")
-            _need(not n.startswith(("/", "\\")) and ".." not in parts and ":" not in parts[0],
-                  f"zip entry name '{n[:200]}' is absolute or climbs out with '..'")
-        prefix = names[0].split("/", 1)[0] + "/" if "/" in names[0] else ""
-        pkls = [n for n in names if n == "data.pkl" or n.endswith("/data.pkl")]
-        _need(pkls, "zip archive has no data.pkl: not a PyTorch checkpoint")
-        _need(len(pkls) == 1, f"zip archive has {len(pkls)} data.pkl entries")
-        _need(pkls[0] == prefix + "data.pkl",
-              f"data.pkl is '{pkls[0]}', not under the archive's first directory '{prefix}'")
-        _need(prefix + "constants.pkl" not in names,
-              "this is a TorchScript archive (it has constants.pkl), not a state dict; refusing it")
-        by_name = {i.filename: i for i in infos}
-        for i in infos:
-            _need(not i.flag_bits & 0x1, f"zip entry '{i.filename}' is encrypted")
-            _need(i.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED),
-                  f"zip entry '{i.filename}' uses compression method {i.compress_type}")
+        try:
+            return _read_zip_entries(zf, inf, meta)
+        finally:
+            inf.close()
 
-        def read_entry(i, n):
-            try:
-                with zf.open(i) as f:
-                    return f.read(n)
-            except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError,
-                    struct.error, UnicodeDecodeError) as e:  # zlib.error is an Exception subclass too
-                raise _Fail(f"zip entry '{i.filename}' is damaged ({type(e).__name__}: {e})") from None
-            except Exception as e:
-                raise _Fail(f"zip entry '{i.filename}' is damaged ({type(e).__name__}: {e})") from None
 
-        def small(name, cap=64):
-            i = by_name.get(prefix + name)
-            if i is None:
-                return None
-            _need(i.file_size <= cap, f"'{prefix + name}' is {i.file_size} bytes, expected a short record")
-            return read_entry(i, cap + 1)[:cap]
+def _read_zip_entries(zf, inf: _Inflater, meta: dict):
+    infos = zf.infolist()
+    _need(infos, "empty zip archive")
+    _need(len(infos) <= MAX_ZIP_ENTRIES, lambda: f"zip archive has {len(infos)} entries, at most {MAX_ZIP_ENTRIES}")
+    names = [i.filename for i in infos]
+    _need(len(set(names)) == len(names), "zip archive has duplicate entry names")
+    for n in names:
+        parts = n.replace("\\", "/").split("/")
+        _need(not n.startswith(("/", "\\")) and ".." not in parts and ":" not in parts[0],
+              lambda: f"zip entry name '{n[:200]}' is absolute or climbs out with '..'")
+    prefix = names[0].split("/", 1)[0] + "/" if "/" in names[0] else ""
+    pkls = [n for n in names if n == "data.pkl" or n.endswith("/data.pkl")]
+    _need(pkls, "zip archive has no data.pkl: not a PyTorch checkpoint")
+    _need(len(pkls) == 1, lambda: f"zip archive has {len(pkls)} data.pkl entries")
+    _need(pkls[0] == prefix + "data.pkl",
+          lambda: f"data.pkl is '{pkls[0]}', not under the archive's first directory '{prefix}'")
+    _need(prefix + "constants.pkl" not in names,
+          "this is a TorchScript archive (it has constants.pkl), not a state dict; refusing it")
+    by_name = {i.filename: i for i in infos}
+    for i in infos:
+        _need(not i.flag_bits & 0x1, lambda: f"zip entry '{i.filename}' is encrypted")
+        _need(i.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED),
+              lambda: f"zip entry '{i.filename}' uses compression method {i.compress_type}")
 
-        bo = small("byteorder")
-        _need(bo in (None, b"little", b"big"), f"byteorder record is {bo!r}, not 'little' or 'big'")
-        big = bo == b"big"
-        meta["byteorder"] = "big" if big else "little"
-        for rec in ("version", ".format_version", ".storage_alignment"):
-            v = small(rec)
-            if v is not None:
-                meta["torch_" + rec.lstrip(".")] = v.decode("ascii", "replace").strip()
+    def small(name, cap=64):
+        i = by_name.get(prefix + name)
+        if i is None:
+            return None
+        _need(i.file_size <= cap, lambda: f"'{prefix + name}' is {i.file_size} bytes, expected a short record")
+        return bytes(inf.read(i, i.file_size, f"'{prefix + name}'", budgeted=False))
 
-        pinfo = by_name[pkls[0]]
-        _need(pinfo.file_size <= MAX_PICKLE_BYTES, f"data.pkl is {pinfo.file_size} bytes")
-        pkl = read_entry(pinfo, MAX_PICKLE_BYTES + 1)
-        _need(len(pkl) == pinfo.file_size, "data.pkl is shorter than the zip directory says")
+    bo = small("byteorder")
+    _need(bo in (None, b"little", b"big"), lambda: f"byteorder record is {bo!r}, not 'little' or 'big'")
+    big = bo == b"big"
+    meta["byteorder"] = "big" if big else "little"
+    for rec in ("version", ".format_version", ".storage_alignment"):
+        v = small(rec)
+        if v is not None:
+            meta["torch_" + rec.lstrip(".")] = v.decode("ascii", "replace").strip()
 
-        storages: dict[str, _Storage] = {}
-        root, end = _PickleVM(pkl, 0, _make_persistent_load(storages, legacy=False)).run()
-        sd = _select_state_dict(root, meta)
-        refs, skipped = _flatten(sd)
+    pinfo = by_name[pkls[0]]
+    _need(pinfo.file_size <= MAX_PICKLE_BYTES, lambda: f"data.pkl is {pinfo.file_size} bytes")
+    pkl = bytes(inf.read(pinfo, pinfo.file_size, "data.pkl", budgeted=False))
 
-        used = {r.storage.root.key for r in refs.values()}
-        buffers = {}
-        inflated = 0
-        for key in sorted(used):
-            st = storages[key]
-            i = by_name.get(prefix + "data/" + key)
-            _need(i is not None, f"storage '{key}' has no entry '{prefix}data/{key}' in the archive")
-            _need(i.file_size >= st.nbytes,
-                  f"storage '{key}' declares {st.nbytes} bytes, its entry holds {i.file_size}")
-            if i.compress_type == zipfile.ZIP_STORED:
-                _need(i.compress_size == i.file_size, f"stored entry '{i.filename}' has two sizes")
-                start = _local_data_offset(mm, i, file_size)
-                buf = mm[start:start + st.nbytes]
-            else:
-                _need(i.file_size <= MAX_INFLATE_RATIO * i.compress_size + (1 << 20),
-                      f"entry '{i.filename}' would inflate {i.compress_size} -> {i.file_size} bytes; "
-                      "refusing a possible zip bomb")
-                inflated += st.nbytes
-                _need(inflated <= MAX_INFLATE_TOTAL, "compressed storages inflate past the RAM cap")
-                data = read_entry(i, st.nbytes)
-                _need(len(data) == st.nbytes, f"entry '{i.filename}' inflated short")
-                buf = np.frombuffer(data, np.uint8)
-            if big:
-                buf = _swap_bytes(buf, max(r.itemsize for r in refs.values() if r.storage.root is st))
-            buffers[key] = buf
-        return refs, buffers, skipped
+    storages: dict[str, _Storage] = {}
+    root, end = _PickleVM(pkl, 0, _make_persistent_load(storages, legacy=False)).run()
+    del pkl
+    sd = _select_state_dict(root, meta)
+    refs, skipped = _flatten(sd)
+
+    used = {r.storage.root.key for r in refs.values()}
+    buffers = {}
+    for key in sorted(used):
+        st = storages[key]
+        i = by_name.get(prefix + "data/" + key)
+        _need(i is not None, lambda: f"storage '{key}' has no entry '{prefix}data/{key}' in the archive")
+        _need(i.file_size >= st.nbytes,
+              lambda: f"storage '{key}' declares {st.nbytes} bytes, its entry holds {i.file_size}")
+        buf = inf.read(i, st.nbytes, f"storage '{key}'")
+        if not isinstance(buf, np.ndarray):
+            buf = np.frombuffer(buf, np.uint8)
+        if big:
+            buf = _swap_bytes(buf, max(r.itemsize for r in refs.values() if r.storage.root is st))
+        buffers[key] = buf
+    return refs, buffers, skipped
 
 
 # ---- legacy format ------------------------------------------------------------------------------
@@ -364,7 +439,7 @@ def _read_legacy(path: str, mm, file_size: int, meta: dict):
     magic, pos = header_pickle(0, "magic number")
     _need(magic == LEGACY_MAGIC, "not a PyTorch checkpoint (legacy magic number missing)")
     proto, pos = header_pickle(pos, "protocol")
-    _need(proto == LEGACY_PROTOCOL, f"legacy protocol {proto!r}, expected {LEGACY_PROTOCOL}")
+    _need(proto == LEGACY_PROTOCOL, lambda: f"legacy protocol {proto!r}, expected {LEGACY_PROTOCOL}")
     sys_info, pos = header_pickle(pos, "sys_info")
     _need(isinstance(sys_info, dict), "legacy sys_info is not a dict")
     little = sys_info.get("little_endian", True)
@@ -384,20 +459,20 @@ def _read_legacy(path: str, mm, file_size: int, meta: dict):
     order = "<q" if little else ">q"
     for key in keys:
         st = storages.get(key)
-        _need(st is not None, f"legacy storage '{key}' is listed but never used, its element size is unknown")
-        _need(pos + 8 <= file_size, f"legacy storage '{key}' header past the end of the file")
+        _need(st is not None, lambda: f"legacy storage '{key}' is listed but never used, its element size is unknown")
+        _need(pos + 8 <= file_size, lambda: f"legacy storage '{key}' header past the end of the file")
         n = struct.unpack(order, bytes(data[pos:pos + 8]))[0]
-        _need(n == st.numel, f"legacy storage '{key}' holds {n} elements, its pickle declares {st.numel}")
+        _need(n == st.numel, lambda: f"legacy storage '{key}' holds {n} elements, its pickle declares {st.numel}")
         start = pos + 8
         _need(start + st.nbytes <= file_size,
-              f"legacy storage '{key}' ({st.nbytes} bytes at {start}) runs past the end of the file")
+              lambda: f"legacy storage '{key}' ({st.nbytes} bytes at {start}) runs past the end of the file")
         buf = mm[start:start + st.nbytes]
         if not little:
             buf = _swap_bytes(buf, st.itemsize)
         buffers[key] = buf
         pos = start + st.nbytes
     for r in refs.values():
-        _need(r.storage.root.key in buffers, f"storage '{r.storage.root.key}' has no data in the file")
+        _need(r.storage.root.key in buffers, lambda: f"storage '{r.storage.root.key}' has no data in the file")
     return refs, buffers, skipped
 
 

@@ -32,6 +32,8 @@ def load_image(path, size: tuple[int, int] | None = None, resample: str = "lancz
     `size=(width, height)` resizes the 8-bit image with Pillow's filter `resample` first."""
     Image = _pil()
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO or device would block in open()
+        raise UsageError(f"{path}: not a regular file, not an image")
     try:
         with Image.open(path) as im:
             im = im.convert(mode)

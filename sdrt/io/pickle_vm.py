@@ -13,9 +13,10 @@ import struct
 
 import numpy as np
 
+from .base import PICKLE_BUDGET_BASE, PICKLE_BUDGET_MAX, PICKLE_BUDGET_PER_BYTE
 
 MAX_DIMS_ACCEPTED = 8
-MAX_OPS = 16_000_000                # opcodes per pickle: bounds the objects (RAM) a pickle can make
+MAX_OPS = 4_000_000                 # opcodes per pickle: bounds the time (65,536 tensors need ~2M)
 MAX_LINE = 4096                     # protocol-0 text lines (GLOBAL names, ints)
 MAX_LONG_BYTES = 1024               # LONG4 payload
 
@@ -110,20 +111,22 @@ _NP_SCALAR_CODES = {"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", 
 
 
 def _need(cond, msg):
+    """Raise _Fail(msg) unless cond. A message that formats values is passed as a lambda, so it is
+    built only on failure: an eager f-string on a hot path once cost a repr of a 10 MB key per call."""
     if not cond:
-        raise _Fail(msg)
+        raise _Fail(msg() if callable(msg) else msg)
 
 
 def _int(x, what):
-    _need(type(x) is int, f"{what} must be an int, got {type(x).__name__}")
+    _need(type(x) is int, lambda: f"{what} must be an int, got {type(x).__name__}")
     return x
 
 
 def _ints(x, what):
     _need(type(x) is tuple and len(x) <= MAX_DIMS_ACCEPTED,
-          f"{what} must be a tuple of at most {MAX_DIMS_ACCEPTED} ints, got {type(x).__name__}")
+          lambda: f"{what} must be a tuple of at most {MAX_DIMS_ACCEPTED} ints, got {type(x).__name__}")
     for v in x:
-        _need(type(v) is int and 0 <= v < (1 << 62), f"{what} holds {v!r}; dims/strides must be ints >= 0")
+        _need(type(v) is int and 0 <= v < (1 << 62), lambda: f"{what} holds {str(v)[:40]}; dims/strides must be ints >= 0")
     return x
 
 
@@ -132,11 +135,11 @@ def _ints(x, what):
 def _rebuild_tensor(args, dtype_from=None):
     _need(len(args) >= 4, "_rebuild_tensor needs (storage, offset, size, stride, ...)")
     storage, offset, size, stride = args[:4]
-    _need(isinstance(storage, _Storage), f"_rebuild_tensor: storage is {type(storage).__name__}, not a storage")
+    _need(isinstance(storage, _Storage), lambda: f"_rebuild_tensor: storage is {type(storage).__name__}, not a storage")
     offset = _int(offset, "storage_offset")
-    _need(offset >= 0, f"negative storage_offset {offset}")
+    _need(offset >= 0, lambda: f"negative storage_offset {offset}")
     size, stride = _ints(size, "size"), _ints(stride, "stride")
-    _need(len(size) == len(stride), f"size {size} and stride {stride} differ in length")
+    _need(len(size) == len(stride), lambda: f"size {size} and stride {stride} differ in length")
     dtype, itemsize = (storage.dtype, storage.itemsize) if dtype_from is None else dtype_from
     return _TensorRef(storage, offset, size, stride, dtype, itemsize)
 
@@ -145,7 +148,7 @@ def _rebuild_tensor_v3(args):
     _need(len(args) >= 7, "_rebuild_tensor_v3 needs 7 arguments")
     dt = args[6]
     _need(isinstance(dt, _Global) and dt.module == "torch" and dt.name in _TORCH_DTYPES,
-          f"_rebuild_tensor_v3: unknown dtype {dt!r}")
+          lambda: f"_rebuild_tensor_v3: unknown dtype {dt!r}")
     return _rebuild_tensor(args, (dt.name, _TORCH_DTYPES[dt.name][1]))
 
 
@@ -158,10 +161,10 @@ def _rebuild_from_type_v2(args):
     _need(len(args) == 4, "_rebuild_from_type_v2 needs (func, type, args, state)")
     func, new_type, fargs, _state = args
     _need(isinstance(new_type, _Global) and _GLOBALS.get((new_type.module, new_type.name)) == "tensor_type",
-          f"_rebuild_from_type_v2: type {new_type!r} is not allowed")
+          lambda: f"_rebuild_from_type_v2: type {new_type!r} is not allowed")
     _need(isinstance(func, _Global) and isinstance(fargs, tuple), "_rebuild_from_type_v2: bad function")
     handler = _REDUCE.get((func.module, func.name))
-    _need(handler is not None, f"_rebuild_from_type_v2: refusing to call {func!r}")
+    _need(handler is not None, lambda: f"_rebuild_from_type_v2: refusing to call {func!r}")
     return handler(fargs)
 
 
@@ -183,7 +186,7 @@ def _torch_size(args):
 def _codecs_encode(args):
     _need(len(args) == 2 and type(args[0]) is str and type(args[1]) is str, "_codecs.encode(str, encoding)")
     _need(args[1].lower() in ("latin1", "latin-1", "iso-8859-1", "ascii", "utf-8", "utf8"),
-          f"_codecs.encode: encoding {args[1]!r} not allowed")
+          lambda: f"_codecs.encode: encoding {args[1]!r} not allowed")
     return args[0].encode(args[1])
 
 
@@ -212,7 +215,7 @@ def _bytearray(args):
 def _np_dtype(args):
     _need(1 <= len(args) <= 3 and type(args[0]) is str, "numpy.dtype(code, ...)")
     code = args[0].lstrip("<>=|")
-    _need(code in _NP_SCALAR_CODES, f"numpy dtype {args[0]!r} not allowed")
+    _need(code in _NP_SCALAR_CODES, lambda: f"numpy dtype {args[0]!r} not allowed")
     return _NpDType(code)
 
 
@@ -295,13 +298,13 @@ def _check_key(k, depth=0):
         for v in k:
             _check_key(v, depth + 1)
         return
-    _need(type(k) in _KEY_TYPES, f"dict key of type {type(k).__name__} is not allowed")
+    _need(type(k) in _KEY_TYPES, lambda: f"dict key of type {type(k).__name__} is not allowed")
 
 
 def _setitem(d, k, v):
-    _need(isinstance(d, dict), f"SETITEM on a {type(d).__name__}; only dicts take items")
+    _need(isinstance(d, dict), lambda: f"SETITEM on a {type(d).__name__}; only dicts take items")
     _check_key(k)
-    _need(k not in d, f"duplicate key {k!r}" if type(k) is str else "duplicate dict key")
+    _need(k not in d, lambda: f"duplicate key {k[:200]!r}" if type(k) is str else "duplicate dict key")
     d[k] = v
 
 
@@ -311,11 +314,14 @@ class _PickleVM:
     """Interprets one pickle from `data` (bytes / memoryview) at `pos`. `persistent_load(pid)`
     turns a storage id into a _Storage. Returns (object, end position)."""
 
-    def __init__(self, data, pos, persistent_load, end=None):
+    def __init__(self, data, pos, persistent_load, end=None, budget=None):
         self.data = data
         self.is_bytes = isinstance(data, bytes)
         self.pos = pos
         self.end = len(data) if end is None else end
+        # memory budget (bytes, estimated from what each opcode builds): a small pickle cannot grow
+        # into gigabytes of Python objects (16M EMPTY_SETs, a 10 MB string appended everywhere)
+        self.budget = budget if budget is not None else pickle_budget(self.end - pos)
         self.persistent_load = persistent_load
         self.stack: list = []
         self.marks: list[int] = []
@@ -323,6 +329,12 @@ class _PickleVM:
         self.proto = 0
 
     # -- reading
+    def _payload(self, n: int) -> bytes:
+        """_take() of a string/bytes payload that becomes an object: charged to the budget."""
+        if n > 0:
+            self.charge(n)
+        return self._take(n)
+
     def _take(self, n: int) -> bytes:
         p = self.pos
         q = p + n
@@ -345,7 +357,7 @@ class _PickleVM:
     def _line(self) -> bytes:
         chunk = bytes(self.data[self.pos:min(self.end, self.pos + MAX_LINE)])
         i = chunk.find(b"\n")
-        _need(i >= 0, f"pickle text line at byte {self.pos} is unterminated or too long")
+        _need(i >= 0, lambda: f"pickle text line at byte {self.pos} is unterminated or too long")
         self.pos += i + 1
         return chunk[:i]
 
@@ -365,9 +377,16 @@ class _PickleVM:
         del self.stack[k:]
         return items
 
+    def charge(self, nbytes: int) -> None:
+        """Spend nbytes of the memory budget on something the pickle makes us build."""
+        self.budget -= nbytes
+        if self.budget < 0:
+            raise _Fail("pickle builds more objects than its size justifies (memory budget spent); "
+                        "not a plain tensor checkpoint")
+
     # -- main loop
     def run(self):
-        d, disp, end = self.data, _DISPATCH, self.end
+        d, disp, end, cost = self.data, _DISPATCH, self.end, _COST
         count = 0
         while True:
             pos = self.pos
@@ -376,10 +395,14 @@ class _PickleVM:
             count += 1
             if count > MAX_OPS:
                 raise _Fail(f"pickle has more than {MAX_OPS} opcodes")
-            h = disp.get(d[pos])
+            op = d[pos]
+            h = disp.get(op)
             self.pos = pos + 1
             if h is None:
-                raise _Fail(f"pickle opcode {bytes([d[pos]])!r} at byte {pos} is not allowed")
+                raise _Fail(f"pickle opcode {bytes([op])!r} at byte {pos} is not allowed")
+            self.budget -= cost[op]
+            if self.budget < 0:
+                self.charge(0)
             try:
                 stop = h(self)
             except (ValueError, UnicodeDecodeError, struct.error, OverflowError, TypeError) as e:
@@ -393,7 +416,7 @@ class _PickleVM:
     # framing and stack
     def op_proto(self):
         self.proto = self._take(1)[0]
-        _need(self.proto <= 5, f"pickle protocol {self.proto} unknown")
+        _need(self.proto <= 5, lambda: f"pickle protocol {self.proto} unknown")
 
     def op_frame(self): _need(self._u("<Q", 8) <= self.end - self.pos, "pickle FRAME past the end")
     def op_stop(self): return True
@@ -419,12 +442,12 @@ class _PickleVM:
 
     def op_long4(self):
         n = self._u("<i", 4)
-        _need(0 <= n <= MAX_LONG_BYTES, f"pickle LONG4 of {n} bytes refused")
+        _need(0 <= n <= MAX_LONG_BYTES, lambda: f"pickle LONG4 of {n} bytes refused")
         self.stack.append(int.from_bytes(self._take(n), "little", signed=True))
 
     def _short_line(self, what):
         s = self._line()
-        _need(len(s) <= 64, f"pickle {what} too long")
+        _need(len(s) <= 64, lambda: f"pickle {what} too long")
         return s
 
     def op_int(self):
@@ -453,31 +476,37 @@ class _PickleVM:
     def op_binstring(self):
         n = self._u("<i", 4)
         _need(n >= 0, "negative BINSTRING length")
-        self.stack.append(self._str8(self._take(n)))
+        self.stack.append(self._str8(self._payload(n)))
 
-    def op_short_binstring(self): self.stack.append(self._str8(self._take(self._take(1)[0])))
+    def op_short_binstring(self): self.stack.append(self._str8(self._payload(self._take(1)[0])))
     def op_unicode(self): self.stack.append(self._line().decode("raw-unicode-escape"))
     def op_binunicode(self): self.stack.append(self._utf8(self._u("<I", 4)))
     def op_short_binunicode(self): self.stack.append(self._utf8(self._take(1)[0]))
     def op_binunicode8(self): self.stack.append(self._utf8(self._u("<Q", 8)))
-    def op_binbytes(self): self.stack.append(self._take(self._u("<I", 4)))
-    def op_short_binbytes(self): self.stack.append(self._take(self._take(1)[0]))
-    def op_binbytes8(self): self.stack.append(self._take(self._u("<Q", 8)))
-    def op_bytearray8(self): self.stack.append(self._take(self._u("<Q", 8)))
+    def op_binbytes(self): self.stack.append(self._payload(self._u("<I", 4)))
+    def op_short_binbytes(self): self.stack.append(self._payload(self._take(1)[0]))
+    def op_binbytes8(self): self.stack.append(self._payload(self._u("<Q", 8)))
+    def op_bytearray8(self): self.stack.append(self._payload(self._u("<Q", 8)))
 
     def _utf8(self, n):
         at = self.pos
         try:
-            return self._take(n).decode("utf-8", "surrogatepass")
+            return self._payload(n).decode("utf-8", "surrogatepass")
         except UnicodeDecodeError:
             raise _Fail(f"pickle string at byte {at} is not valid UTF-8") from None
 
     # containers
     def op_empty_tuple(self): self.stack.append(())
-    def op_tuple(self): self.stack.append(tuple(self._pop_mark()))
+    def op_tuple(self):
+        items = self._pop_mark()
+        self.charge(8 * len(items))
+        self.stack.append(tuple(items))
     def op_tuple1(self): self.stack.append((self._pop(),))
     def op_empty_list(self): self.stack.append([])
-    def op_list(self): self.stack.append(self._pop_mark())
+    def op_list(self):
+        items = self._pop_mark()
+        self.charge(8 * len(items))
+        self.stack.append(items)
     def op_empty_dict(self): self.stack.append({})
     def op_empty_set(self): self.stack.append(set())
 
@@ -492,18 +521,20 @@ class _PickleVM:
     def op_append(self):
         v = self._pop()
         lst = self._top()
-        _need(type(lst) is list, f"APPEND to a {type(lst).__name__}; only lists take items")
+        _need(type(lst) is list, lambda: f"APPEND to a {type(lst).__name__}; only lists take items")
         lst.append(v)
 
     def op_appends(self):
         items = self._pop_mark()
         lst = self._top()
-        _need(type(lst) is list, f"APPENDS to a {type(lst).__name__}; only lists take items")
+        _need(type(lst) is list, lambda: f"APPENDS to a {type(lst).__name__}; only lists take items")
+        self.charge(8 * len(items))
         lst.extend(items)
 
     def op_dict(self):
         items = self._pop_mark()
         _need(len(items) % 2 == 0, "DICT with an odd number of items")
+        self.charge(_DICT_ITEM * (len(items) // 2))
         d = {}
         for i in range(0, len(items), 2):
             _setitem(d, items[i], items[i + 1])
@@ -516,6 +547,7 @@ class _PickleVM:
     def op_setitems(self):
         items = self._pop_mark()
         _need(len(items) % 2 == 0, "SETITEMS with an odd number of items")
+        self.charge(_DICT_ITEM * (len(items) // 2))
         d = self._top()
         for i in range(0, len(items), 2):
             _setitem(d, items[i], items[i + 1])
@@ -523,13 +555,15 @@ class _PickleVM:
     def op_additems(self):
         items = self._pop_mark()
         s = self._top()
-        _need(type(s) is set, f"ADDITEMS to a {type(s).__name__}")
+        _need(type(s) is set, lambda: f"ADDITEMS to a {type(s).__name__}")
+        self.charge(_DICT_ITEM * len(items))
         for v in items:
             _check_key(v)
             s.add(v)
 
     def op_frozenset(self):
         items = self._pop_mark()
+        self.charge(_DICT_ITEM * len(items))
         for v in items:
             _check_key(v)
         self.stack.append(frozenset(items))
@@ -552,11 +586,14 @@ class _PickleVM:
 
     def op_reduce(self):
         args, fn = self._pop(), self._pop()
-        _need(isinstance(fn, _Global), f"REDUCE of a {type(fn).__name__}; only allowed globals may be called")
+        _need(isinstance(fn, _Global), lambda: f"REDUCE of a {type(fn).__name__}; only allowed globals may be called")
         _need(type(args) is tuple, "REDUCE arguments are not a tuple")
         h = _REDUCE.get((fn.module, fn.name))
         if h is None:
             raise _Fail(f"refusing to call '{fn.module}.{fn.name}'")
+        # handlers copy their arguments into new records (OrderedDict(pairs), set(items), encode(str))
+        self.charge(sum(_DICT_ITEM * len(a) if type(a) in (list, tuple, set, frozenset, str, bytes) else 0
+                        for a in args))
         self.stack.append(h(args))
 
     def op_newobj(self):
@@ -568,7 +605,7 @@ class _PickleVM:
         self._newobj(cls, args, kwargs)
 
     def _newobj(self, cls, args, kwargs):
-        _need(isinstance(cls, _Global), f"NEWOBJ of a {type(cls).__name__}")
+        _need(isinstance(cls, _Global), lambda: f"NEWOBJ of a {type(cls).__name__}")
         _need(type(args) is tuple and not kwargs, "NEWOBJ arguments")
         h = _NEWOBJ.get((cls.module, cls.name))
         if h is None:
@@ -599,7 +636,7 @@ class _PickleVM:
     def op_memoize(self): self._put(len(self.memo))
 
     def _get(self, i):
-        _need(i in self.memo, f"pickle memo {i} read before it was written")
+        _need(i in self.memo, lambda: f"pickle memo {i} read before it was written")
         self.stack.append(self.memo[i])
 
     def _put(self, i):
@@ -625,4 +662,28 @@ _OPS = {
 # Not interpreted, so refused: INST (i), OBJ (o), PERSID (P, text ids), EXT1/2/4 (copyreg
 # registry), NEXT_BUFFER / READONLY_BUFFER (out-of-band buffers).
 _DISPATCH = {k[0]: getattr(_PickleVM, "op_" + v) for k, v in _OPS.items()}
+
+# What each opcode costs the memory budget, in bytes: about what CPython allocates for the object it
+# pushes (a stack or memo slot is 8-16 bytes, an int ~32, a list 56, a set or dict ~220); payloads
+# (string bytes, items of a container) are charged where they are copied.
+_DICT_ITEM = 104
+_COST = [16] * 256
+for _name, _c in {"mark": 8, "pop": 0, "pop_mark": 0, "stop": 0, "proto": 0, "frame": 0, "int": 32, "binint": 32,
+                  "binint1": 32, "binint2": 32, "long": 40, "long1": 40, "long4": 1100, "float": 24, "binfloat": 24,
+                  "string": 64, "binstring": 64, "short_binstring": 64, "unicode": 64, "binunicode": 64,
+                  "short_binunicode": 64, "binunicode8": 64, "binbytes": 48, "short_binbytes": 48, "binbytes8": 48,
+                  "bytearray8": 48, "empty_tuple": 8, "tuple": 56, "tuple1": 64, "tuple2": 72, "tuple3": 80,
+                  "empty_list": 72, "list": 72, "append": 8, "appends": 8, "empty_dict": 232, "dict": 232,
+                  "setitem": _DICT_ITEM, "setitems": 0, "empty_set": 216, "additems": 0, "frozenset": 216,
+                  "global": 64, "stack_global": 64, "reduce": 256, "newobj": 256, "newobj_ex": 256, "build": 0,
+                  "binpersid": 200, "put": _DICT_ITEM, "binput": _DICT_ITEM, "long_binput": _DICT_ITEM,
+                  "memoize": _DICT_ITEM}.items():
+    for _k, _v in _OPS.items():
+        if _v == _name:
+            _COST[_k[0]] = _c
+
+
+def pickle_budget(nbytes: int) -> int:
+    """The memory budget of a pickle of nbytes (docs/model-files.md, "Limits")."""
+    return min(PICKLE_BUDGET_MAX, PICKLE_BUDGET_BASE + PICKLE_BUDGET_PER_BYTE * nbytes)
 

@@ -166,6 +166,17 @@ def _pixels(img) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+def text_bytes(text: str) -> bytes:
+    """UTF-8 bytes of metadata text for a tEXt chunk / COM segment: a NUL would end the text early
+    (readers stop at it), so it is written as the two characters \\0; bytes that were not UTF-8 on
+    the command line (surrogate escapes) are written back as they came, lone surrogates as U+FFFD."""
+    text = text.replace("\x00", "\\0")
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace")
+
+
 def encode_png(img, parameters: str | None = None, level: int = 6) -> bytes:
     """PNG bytes of an HxWxC uint8 array, with the `parameters` tEXt chunk after IHDR (stb order)."""
     a = _pixels(img)
@@ -182,7 +193,7 @@ def encode_png(img, parameters: str | None = None, level: int = 6) -> bytes:
     raw[1:, 1:] = up[1:]
     out = [b"\x89PNG\r\n\x1a\n", _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, ctype, 0, 0, 0))]
     if parameters:
-        out.append(_chunk(b"tEXt", b"parameters\x00" + parameters.encode("utf-8", "surrogateescape")))
+        out.append(_chunk(b"tEXt", b"parameters\x00" + text_bytes(parameters)))
     out.append(_chunk(b"IDAT", zlib.compress(raw.tobytes(), level)))
     out.append(_chunk(b"IEND", b""))
     return b"".join(out)
@@ -250,7 +261,7 @@ def encode_image(img, fmt: str, parameters: str | None = None, quality: int = 90
     if fmt == "jpeg":
         kw = {}
         if parameters:
-            kw["comment"] = b"parameters\x00" + parameters.encode("utf-8", "surrogateescape")[:65520] + b"\x00"
+            kw["comment"] = b"parameters\x00" + text_bytes(parameters)[:65520] + b"\x00"
         im.convert("RGB" if a.shape[2] != 1 else "L").save(buf, "JPEG", quality=int(quality), **kw)
     else:
         kw = {"xmp": _xmp(parameters)} if parameters else {}

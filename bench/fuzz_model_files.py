@@ -1,4 +1,5 @@
-"""Fuzz the safetensors and GGUF readers: only sdrt.ModelFileError may ever escape.
+"""Fuzz the model-file readers (safetensors, GGUF, torch zip, legacy torch pickle): only
+sdrt.ModelFileError may ever escape, and every case stays within the resource policy.
 
 Seeded random mutator (reproducible: case i of format f uses random.Random(f"{seed}:{f}:{i}")).
 Each case takes a small valid seed file (written by sdrt's writers, the `gguf` package and the
@@ -19,7 +20,20 @@ Mutations:
   string, null, nested, bool values, wrong lengths), duplicated keys, deep nesting, with the
   header length fixed up or not.
 
-usage: python bench/fuzz_model_files.py [--cases 10000] [--seed 0] [--formats safetensors gguf]
+Checkpoints (formats ckpt_zip, ckpt_legacy): seeds and mutators of bench/fuzz_torch_corpus.py (pickle
+snippets that cost memory, lying zip central directories, crafted tensor layouts).
+
+Isolated mode (`--isolated`, what the long run and the CI sample use): every case runs in a fresh
+forked child under RLIMIT_AS (the parent's address space + 2 x file size + 256 MB), with a 10 s
+alarm; the parent records the child's CPU time (user + system, from wait4: wall time on a shared
+machine measures the neighbours; the wall maximum is reported too) and peak RSS (wait4's ru_maxrss, which includes
+the ~100 MB of the interpreter the child shares with the parent). A case fails when anything but
+ModelFileError escapes, when the child dies (signal, hang), when it takes more than --max-seconds,
+or when its peak RSS exceeds 2 x file size + 256 MB.
+
+usage: python bench/fuzz_model_files.py [--cases 10000] [--seed 0] [--formats safetensors gguf ckpt_zip ckpt_legacy]
+                                        [--isolated] [--max-seconds 1]
+Long mode on demand: SDRT_FUZZ_LONG=1 python -m pytest tests/test_fuzz_files.py (10,000 per format).
 """
 from __future__ import annotations
 
@@ -36,15 +50,19 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from sdrt.errors import ModelFileError  # noqa: E402
+from sdrt.io.ckpt import read_ckpt  # noqa: E402
 from sdrt.io.gguf_file import read_gguf  # noqa: E402
 from sdrt.io.safetensors import read_safetensors  # noqa: E402
 from sdrt.io.writer import GGUFValue, TensorPlan, write_gguf, write_safetensors  # noqa: E402
 from sdrt.io import gguf_file as G  # noqa: E402
 from sdrt.ops import dtypes  # noqa: E402
 
-READERS = {"safetensors": read_safetensors, "gguf": read_gguf}
+import fuzz_torch_corpus as TC  # noqa: E402
+
+READERS = {"safetensors": read_safetensors, "gguf": read_gguf, "ckpt_zip": read_ckpt, "ckpt_legacy": read_ckpt}
 
 
 # ---- seeds --------------------------------------------------------------------------------
@@ -61,7 +79,8 @@ def _raw_plan(name, dt, ne, rng):
 
 def make_seeds(folder: str) -> dict[str, list[bytes]]:
     rng = np.random.default_rng(1234)
-    seeds: dict[str, list[bytes]] = {"safetensors": [], "gguf": []}
+    seeds: dict[str, list[bytes]] = {"safetensors": [], "gguf": [], "ckpt_zip": TC.make_seeds("ckpt_zip"),
+                                      "ckpt_legacy": TC.make_seeds("ckpt_legacy")}
     p = os.path.join(folder, "seed.safetensors")
     plans = [
         TensorPlan("w.f32", dtypes.F32, (8, 4), lambda: rng.standard_normal(32).astype(np.float32)),
@@ -266,7 +285,13 @@ def mutate(data: bytes, fmt: str, rng: random.Random, gfields) -> bytes:
         if not buf:
             break
         size = len(buf)
-        if fmt == "gguf":
+        if fmt.startswith("ckpt"):
+            m = TC.mutate_ckpt(bytes(buf), fmt, rng)
+            if m is not None:
+                buf = bytearray(m)
+                continue
+            head_end = size
+        elif fmt == "gguf":
             fields, head_end = gfields
         else:
             head_end = min(size, 8 + struct.unpack_from("<Q", buf)[0]) if size >= 8 else size
@@ -359,21 +384,138 @@ def run(fmt: str, cases: int, seed: int = 0, folder: str | None = None, crash_di
     return res
 
 
+def _vm_size() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _child(reader, path: str, limit: int, wfd: int) -> None:
+    """Run one case in a forked child; report (outcome, seconds, message) through wfd; never return."""
+    import resource
+    import signal
+    try:
+        signal.alarm(10)                  # a hang is killed (and counted) rather than stalling the run
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        t = time.perf_counter()
+        try:
+            touch(reader(path))
+            outcome, msg = "ok", ""
+        except ModelFileError as e:
+            outcome, msg = "ModelFileError", str(e)[:300]
+        except BaseException as e:  # noqa: BLE001 - what we hunt
+            outcome, msg = "failure", f"{type(e).__name__}: {e}"[:300]
+        os.write(wfd, json.dumps([outcome, time.perf_counter() - t, msg]).encode())
+    finally:
+        os._exit(0)
+
+
+def run_isolated(fmt: str, cases: int, seed: int = 0, folder: str | None = None, crash_dir: str | None = None,
+                 max_seconds: float = 1.0, verbose: bool = False, start: int = 0) -> dict:
+    """Cases start..start+cases-1, each in a forked child under a memory limit, timed, RSS measured."""
+    own = folder is None
+    folder = folder or tempfile.mkdtemp(prefix="sdrt-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    seeds = make_seeds(folder)[fmt]
+    gfields = [gguf_fields(sd) for sd in seeds] if fmt == "gguf" else [None] * len(seeds)
+    reader = READERS[fmt]
+    for sd in seeds:                      # warm up (imports, compiled kernels) in the parent, once
+        p = os.path.join(folder, f"warm.{fmt}")
+        with open(p, "wb") as f:
+            f.write(sd)
+        try:
+            touch(reader(p))
+        except ModelFileError:
+            pass
+    path = os.path.join(folder, f"case.{fmt}")
+    res = {"format": fmt, "cases": cases, "ModelFileError": 0, "ok": 0, "failures": 0, "slow": 0, "over_rss": 0,
+           "died": 0, "seconds": 0.0, "max_case_s": 0.0, "max_rss_mb": 0.0, "max_file_kb": 0.0,
+           "max_rss_over_bound_mb": -1e9}
+    base_vm = _vm_size()
+    t0 = time.perf_counter()
+    for i in range(start, start + cases):
+        rng = random.Random(f"{seed}:{fmt}:{i}")
+        k = rng.randrange(len(seeds))
+        data = mutate(seeds[k], fmt, rng, gfields[k])
+        with open(path, "wb") as f:
+            f.write(data)
+        bound = 2 * len(data) + (256 << 20)
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(rfd)
+            _child(reader, path, base_vm + bound, wfd)
+        os.close(wfd)
+        chunks = []
+        while True:
+            b = os.read(rfd, 65536)
+            if not b:
+                break
+            chunks.append(b)
+        os.close(rfd)
+        _, status, ru = os.wait4(pid, 0)
+        rss = ru.ru_maxrss * 1024
+        cpu = ru.ru_utime + ru.ru_stime    # the criterion: wall time on a shared 2-core box measures the neighbours
+        try:
+            outcome, wall, msg = json.loads(b"".join(chunks))
+        except ValueError:
+            outcome, wall, msg = "died", 0.0, f"child status {status} (signal {os.WTERMSIG(status) if os.WIFSIGNALED(status) else '-'})"
+        secs = cpu
+        res["max_wall_s"] = max(res.get("max_wall_s", 0.0), wall)
+        bad = outcome in ("failure", "died") or secs > max_seconds or rss > bound
+        if outcome == "ModelFileError" and ("memory" in msg and "budget" not in msg):
+            bad = True                    # a MemoryError turned into ModelFileError: the limit, not the policy, held
+        res[outcome if outcome in ("ok", "ModelFileError") else "died" if outcome == "died" else "failures"] += 1
+        res["slow"] += secs > max_seconds
+        res["over_rss"] += rss > bound
+        res["max_case_s"] = max(res["max_case_s"], secs)
+        res["max_rss_mb"] = max(res["max_rss_mb"], rss / 2**20)
+        res["max_file_kb"] = max(res["max_file_kb"], len(data) / 1024)
+        res["max_rss_over_bound_mb"] = max(res["max_rss_over_bound_mb"], (rss - bound) / 2**20)
+        if bad:
+            if outcome == "ModelFileError":
+                res["failures"] += 1
+            if verbose or res["failures"] + res["died"] + res["slow"] <= 5:
+                print(f"BAD {fmt} case {i}: {outcome} {secs:.2f}s CPU ({wall:.2f}s wall) rss {rss / 2**20:.0f} MB "
+                      f"(bound {bound / 2**20:.0f} MB): {msg}", file=sys.stderr)
+            if crash_dir:
+                os.makedirs(crash_dir, exist_ok=True)
+                with open(os.path.join(crash_dir, f"{fmt}-{seed}-{i}.bin"), "wb") as f:
+                    f.write(data)
+    res["seconds"] = time.perf_counter() - t0
+    if own:
+        for n in os.listdir(folder):
+            os.unlink(os.path.join(folder, n))
+        os.rmdir(folder)
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--formats", nargs="+", default=["safetensors", "gguf"], choices=list(READERS))
+    ap.add_argument("--formats", nargs="+", default=list(READERS), choices=list(READERS))
     ap.add_argument("--crash-dir", default=None)
+    ap.add_argument("--isolated", action="store_true", help="one forked child per case, memory-limited, RSS measured")
+    ap.add_argument("--max-seconds", type=float, default=1.0)
     args = ap.parse_args(argv)
     bad = 0
     print(f"{'format':<12} {'cases':>7} {'ModelFileError':>15} {'ok':>7} {'failures':>9} {'seconds':>8} "
-          f"{'max ms':>7}")
+          f"{'max CPU s':>10} {'max wall s':>10} {'max RSS MB':>10} {'slow':>5} {'over RSS':>8} {'died':>5}", flush=True)
     for fmt in args.formats:
-        r = run(fmt, args.cases, args.seed, crash_dir=args.crash_dir)
-        bad += r["failures"]
+        if args.isolated:
+            r = run_isolated(fmt, args.cases, args.seed, crash_dir=args.crash_dir, max_seconds=args.max_seconds)
+        else:
+            r = run(fmt, args.cases, args.seed, crash_dir=args.crash_dir)
+            r.update(max_case_s=r["max_case_ms"] / 1000, max_rss_mb=float("nan"), slow=0, over_rss=0, died=0)
+        bad += r["failures"] + r["died"] + r["slow"] + r["over_rss"]
         print(f"{fmt:<12} {r['cases']:>7} {r['ModelFileError']:>15} {r['ok']:>7} {r['failures']:>9} "
-              f"{r['seconds']:>8.1f} {r['max_case_ms']:>7.1f}")
+              f"{r['seconds']:>8.1f} {r['max_case_s']:>10.3f} {r.get('max_wall_s', float('nan')):>10.3f} {r['max_rss_mb']:>10.0f} {r['slow']:>5} "
+              f"{r['over_rss']:>8} {r['died']:>5}", flush=True)
     return 1 if bad else 0
 
 

@@ -22,17 +22,25 @@ MAX_NAME_BYTES = 65535              # one tensor name / metadata key, every form
 MAX_METADATA_ENTRIES = 1 << 16      # GGUF key/values, safetensors __metadata__ entries
 MAX_ARRAY_STRINGS = 1 << 20         # strings in all GGUF string arrays together (vocabularies)
 MAX_PICKLE_BYTES = 256 << 20        # data.pkl / legacy pickle bytes
-PICKLE_BUDGET_BASE = 64 << 20       # the pickle VM's memory budget: this + PICKLE_BUDGET_PER_BYTE
-PICKLE_BUDGET_PER_BYTE = 8          # ... per pickle byte, capped at PICKLE_BUDGET_MAX
+MAX_PICKLE_OPS = 500_000            # opcodes per pickle (a tensor costs ~30; SDXL with EMA needs ~150,000)
+PICKLE_BUDGET_BASE = 64 << 20       # the pickle VM's memory budget: this + min(8 x pickle bytes, file size / 2)
+PICKLE_BUDGET_PER_BYTE = 8
 PICKLE_BUDGET_MAX = 1 << 30
 MAX_INFLATE_RATIO = 64              # a deflated zip entry: real inflated bytes <= 64 x real compressed + 1 MiB
 MAX_ZIP_ENTRIES = 1 << 17           # entries in a torch zip's central directory
 
 
 def inflate_budget(file_size: int) -> int:
-    """Total bytes all deflated storages of one file may inflate to: the file's own size plus 64 MiB
-    (a re-zipped checkpoint of floats deflates by a few percent; more is a bomb)."""
-    return file_size + (64 << 20)
+    """Total bytes the deflated entries of one torch zip (data.pkl and storages) may inflate to:
+    1.5 x the file's size + 32 MiB. torch writes its zips stored; a re-zipped checkpoint of floats
+    deflates by a few percent, so more than this is a bomb."""
+    return file_size + file_size // 2 + (32 << 20)
+
+
+def pickle_budget(pickle_bytes: int, file_size: int) -> int:
+    """The memory (bytes of Python objects, estimated) a pickle may make the VM build: enough for
+    any real state dict (~8 bytes of objects per pickle byte), never more than the file justifies."""
+    return min(PICKLE_BUDGET_MAX, PICKLE_BUDGET_BASE + min(PICKLE_BUDGET_PER_BYTE * pickle_bytes, file_size // 2))
 
 
 def check_regular_file(path: str, what: str = "model file") -> os.stat_result:

@@ -198,7 +198,8 @@ def _widen(arr, sdt, path, name):
     def fill():
         if sdt == "I64" and arr.size and (arr.min() < -(1 << 31) or arr.max() >= 1 << 31):
             raise ModelFileError(f"{path}: tensor '{name}': I64 values outside the int32 range")
-        return np.ascontiguousarray(arr, dtype=to).reshape(-1).view(np.uint8)
+        with np.errstate(over="ignore"):   # F64 beyond F32's range becomes inf, as a cast does
+            return np.ascontiguousarray(arr, dtype=to).reshape(-1).view(np.uint8)
     return fill
 
 
@@ -295,7 +296,7 @@ class _Inflater:
     def close(self):
         self.f.close()
 
-    def read(self, info: zipfile.ZipInfo, want: int, what: str, budgeted: bool = True):
+    def read(self, info: zipfile.ZipInfo, want: int, what: str):
         """Exactly `want` bytes (<= the entry's declared size) of an entry; a uint8 array for stored
         entries (a map view), bytes for deflated ones."""
         start = _local_data_offset(self.mm, info, self.file_size)
@@ -303,11 +304,10 @@ class _Inflater:
             _need(info.compress_size == info.file_size, lambda: f"stored entry '{info.filename}' has two sizes")
             _need(want <= info.file_size, lambda: f"{what}: wants {want} bytes, its entry holds {info.file_size}")
             return self.mm[start:start + want]
-        if budgeted:
-            _need(want <= self.left, lambda: f"{what}: deflated storages would inflate to more than "
-                  f"{inflate_budget(self.file_size)} bytes, more than a {self.file_size}-byte file justifies "
-                  "(a zip bomb?)")
-            self.left -= want
+        if want > self.left:
+            raise _Fail(f"{what}: deflated entries would inflate past {inflate_budget(self.file_size)} bytes, "
+                        f"more than a {self.file_size}-byte file justifies (a zip bomb?)")
+        self.left -= want
         d = zlib.decompressobj(-15)
         out = bytearray()
         pos, used, chunk = start, 0, b""
@@ -337,7 +337,7 @@ class _Inflater:
               f"{want} are needed")
         if want == info.file_size:
             _need(zlib.crc32(out) == info.CRC, lambda: f"zip entry '{info.filename}' fails its CRC check")
-        return bytes(out) if not budgeted else out
+        return out
 
 
 def _read_zip(path: str, mm, file_size: int, meta: dict):
@@ -386,7 +386,7 @@ def _read_zip_entries(zf, inf: _Inflater, meta: dict):
         if i is None:
             return None
         _need(i.file_size <= cap, lambda: f"'{prefix + name}' is {i.file_size} bytes, expected a short record")
-        return bytes(inf.read(i, i.file_size, f"'{prefix + name}'", budgeted=False))
+        return bytes(inf.read(i, i.file_size, f"'{prefix + name}'"))
 
     bo = small("byteorder")
     _need(bo in (None, b"little", b"big"), lambda: f"byteorder record is {bo!r}, not 'little' or 'big'")
@@ -399,10 +399,10 @@ def _read_zip_entries(zf, inf: _Inflater, meta: dict):
 
     pinfo = by_name[pkls[0]]
     _need(pinfo.file_size <= MAX_PICKLE_BYTES, lambda: f"data.pkl is {pinfo.file_size} bytes")
-    pkl = bytes(inf.read(pinfo, pinfo.file_size, "data.pkl", budgeted=False))
+    pkl = bytes(inf.read(pinfo, pinfo.file_size, "data.pkl"))
 
     storages: dict[str, _Storage] = {}
-    root, end = _PickleVM(pkl, 0, _make_persistent_load(storages, legacy=False)).run()
+    root, end = _PickleVM(pkl, 0, _make_persistent_load(storages, legacy=False), file_size=inf.file_size).run()
     del pkl
     sd = _select_state_dict(root, meta)
     refs, skipped = _flatten(sd)

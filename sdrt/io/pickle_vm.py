@@ -13,10 +13,10 @@ import struct
 
 import numpy as np
 
-from .base import PICKLE_BUDGET_BASE, PICKLE_BUDGET_MAX, PICKLE_BUDGET_PER_BYTE
+from .base import MAX_PICKLE_OPS, pickle_budget
 
 MAX_DIMS_ACCEPTED = 8
-MAX_OPS = 4_000_000                 # opcodes per pickle: bounds the time (65,536 tensors need ~2M)
+MAX_OPS = MAX_PICKLE_OPS            # opcodes per pickle: bounds the time
 MAX_LINE = 4096                     # protocol-0 text lines (GLOBAL names, ints)
 MAX_LONG_BYTES = 1024               # LONG4 payload
 
@@ -314,14 +314,16 @@ class _PickleVM:
     """Interprets one pickle from `data` (bytes / memoryview) at `pos`. `persistent_load(pid)`
     turns a storage id into a _Storage. Returns (object, end position)."""
 
-    def __init__(self, data, pos, persistent_load, end=None, budget=None):
+    def __init__(self, data, pos, persistent_load, end=None, budget=None, file_size=None):
         self.data = data
         self.is_bytes = isinstance(data, bytes)
         self.pos = pos
         self.end = len(data) if end is None else end
         # memory budget (bytes, estimated from what each opcode builds): a small pickle cannot grow
         # into gigabytes of Python objects (16M EMPTY_SETs, a 10 MB string appended everywhere)
-        self.budget = budget if budget is not None else pickle_budget(self.end - pos)
+        if budget is None:
+            budget = pickle_budget(self.end - pos, len(data) if file_size is None else file_size)
+        self.budget = budget
         self.persistent_load = persistent_load
         self.stack: list = []
         self.marks: list[int] = []
@@ -681,9 +683,3 @@ for _name, _c in {"mark": 8, "pop": 0, "pop_mark": 0, "stop": 0, "proto": 0, "fr
     for _k, _v in _OPS.items():
         if _v == _name:
             _COST[_k[0]] = _c
-
-
-def pickle_budget(nbytes: int) -> int:
-    """The memory budget of a pickle of nbytes (docs/model-files.md, "Limits")."""
-    return min(PICKLE_BUDGET_MAX, PICKLE_BUDGET_BASE + PICKLE_BUDGET_PER_BYTE * nbytes)
-

@@ -24,8 +24,8 @@ Checkpoints (formats ckpt_zip, ckpt_legacy): seeds and mutators of bench/fuzz_to
 snippets that cost memory, lying zip central directories, crafted tensor layouts).
 
 Isolated mode (`--isolated`, what the long run and the CI sample use): every case runs in a fresh
-forked child under RLIMIT_AS (the parent's address space + 2 x file size + 256 MB), with a 10 s
-alarm; the parent records the child's CPU time (user + system, from wait4: wall time on a shared
+forked child under RLIMIT_AS (the parent's address space + 2 x file size + 256 MB), RLIMIT_CPU
+10 s and a 300 s wall-clock alarm; the parent records the child's CPU time (user + system, from wait4: wall time on a shared
 machine measures the neighbours; the wall maximum is reported too) and peak RSS (wait4's ru_maxrss, which includes
 the ~100 MB of the interpreter the child shares with the parent). A case fails when anything but
 ModelFileError escapes, when the child dies (signal, hang), when it takes more than --max-seconds,
@@ -400,7 +400,8 @@ def _child(reader, path: str, limit: int, wfd: int) -> None:
     import resource
     import signal
     try:
-        signal.alarm(10)                  # a hang is killed (and counted) rather than stalling the run
+        signal.alarm(300)                 # a blocked child (wall clock) is killed and counted, not waited for
+        resource.setrlimit(resource.RLIMIT_CPU, (10, 11))   # a spinning one gets SIGXCPU after 10 s of CPU
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         t = time.perf_counter()
         try:

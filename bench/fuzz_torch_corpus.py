@@ -52,15 +52,17 @@ def _tup(xs) -> bytes:
     return b"(" + b"".join(_int(x) for x in xs) + b"t"
 
 
-def state_pickle(entries, legacy: bool) -> bytes:
-    """A protocol-2 pickle of an OrderedDict {name: _rebuild_tensor_v2(storage, offset, size, stride)}.
+def state_pickle(entries, legacy: bool, outer_key: str | None = None) -> bytes:
+    """A protocol-2 pickle of an OrderedDict {name: _rebuild_tensor_v2(storage, offset, size, stride)},
+    or of {outer_key: that dict} (nested dicts are flattened into 'outer_key.name').
     entries: (name, storage_type, key, numel, offset, size, stride)."""
-    out = [b"\x80\x02", _g("collections", "OrderedDict"), b")R"]
+    out = [b"\x80\x02"] + ([b"}", _u(outer_key)] if outer_key is not None else [])
+    out += [_g("collections", "OrderedDict"), b")R"]
     for name, stype, key, numel, offset, size, stride in entries:
         pid = b"(" + _u("storage") + _g("torch", stype) + _u(key) + _u("cpu") + _int(numel) + (b"N" if legacy else b"")
         out += [_u(name), _g("torch._utils", "_rebuild_tensor_v2"), b"(", pid, b"tQ", _int(offset), _tup(size),
                 _tup(stride), b"\x89", _g("collections", "OrderedDict"), b")RtRs"]
-    out.append(b".")
+    out.append(b"s." if outer_key is not None else b".")
     return b"".join(out)
 
 
@@ -185,7 +187,7 @@ def crafted(rng: random.Random, legacy: bool) -> bytes:
     data = {"0": bytes(numel * es)}
     _ELEM["0"] = es
     size, stride, offset, name = (2, 2), (2, 1), 0, "w"
-    entries = None
+    entries, outer = None, None
     if kind == 0:                                 # stride 0 / overlap
         size, stride = rng.choice([((32768, 16384), (0, 0)), ((4, 4), (0, 1)), ((2, 2), (1, 1)), ((1,), (0,))])
     elif kind == 1:                               # huge sizes
@@ -197,17 +199,17 @@ def crafted(rng: random.Random, legacy: bool) -> bytes:
     elif kind == 3:                               # many dims
         n = rng.choice([5, 8, 9, 64])
         size, stride = (1,) * n, (1,) * n
-    elif kind == 4:                               # a long key shared by many tensors
-        key = "k" * rng.choice([100, 70_000, 1 << 20])
-        entries = [(key + f".{i}", stype, "0", numel, 0, (min(numel, 1),), (1,)) for i in range(rng.choice([1, 300]))]
+    elif kind == 4:                               # a long dict key joined into many tensor names
+        outer = "k" * rng.choice([100, 70_000, 1 << 20, 10 << 20])
+        entries = [(f"t{i}", stype, "0", numel, 0, (min(numel, 1),), (1,)) for i in range(rng.choice([1, 300]))]
     elif kind == 5:                               # many empty entries
-        entries = [(f"e{i}", stype, "0", numel, 0, (0,), (1,)) for i in range(rng.choice([10, 10_000, 70_000]))]
+        entries = [(f"e{i}", stype, "0", numel, 0, (0,), (1,)) for i in range(rng.choice([10, 10_000, 20_000]))]
     else:                                         # odd names
         name = rng.choice(["", "\ud800", "a\x00b", "a" * 65536, "é" * 100])
     if entries is None:
         entries = [(name, stype, "0", numel, offset, size, stride)]
     try:
-        pkl = state_pickle(entries, legacy)
+        pkl = state_pickle(entries, legacy, outer)
     except (OverflowError, ValueError):
         pkl = state_pickle([("w", stype, "0", numel, 0, (1,), (1,))], legacy)
     if legacy:

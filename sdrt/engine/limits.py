@@ -30,6 +30,7 @@ import functools
 import logging
 import math
 import os
+import re
 import stat
 import warnings
 
@@ -46,6 +47,7 @@ MAX_STEPS = 10_000
 MAX_BATCH = 10_000
 MAX_PROMPT_BYTES = 32_768        # UTF-8 bytes per prompt; >= the token count
 _GiB = 1 << 30
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class NonFiniteResultError(SdrtError):
@@ -94,11 +96,10 @@ def clean_text(s, flag: str) -> str:
     try:
         b = s.encode("utf-8")
     except UnicodeEncodeError:
-        try:
-            b = s.encode("utf-8", "surrogateescape")
+        try:   # argv bytes that were not UTF-8: back to bytes, each bad sequence one U+FFFD
+            s = s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
         except UnicodeEncodeError:
-            b = s.encode("utf-8", "surrogatepass")
-        s = b.decode("utf-8", "replace")
+            s = _SURROGATE.sub("\ufffd", s)
         b = s.encode("utf-8")
     if len(b) > MAX_PROMPT_BYTES:
         raise UsageError(f"{flag}: {len(b)} bytes, at most {MAX_PROMPT_BYTES} are supported")

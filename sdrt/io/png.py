@@ -166,15 +166,14 @@ def _pixels(img) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def text_bytes(text: str) -> bytes:
     """UTF-8 bytes of metadata text for a tEXt chunk / COM segment: a NUL would end the text early
-    (readers stop at it), so it is written as the two characters \\0; bytes that were not UTF-8 on
-    the command line (surrogate escapes) are written back as they came, lone surrogates as U+FFFD."""
-    text = text.replace("\x00", "\\0")
-    try:
-        return text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace")
+    (readers stop at it), so it is written as the two characters \\0; surrogates (lone ones from the
+    API, escapes of bytes that were not UTF-8) are written as U+FFFD: the chunk is always UTF-8."""
+    return _SURROGATE.sub("\ufffd", text.replace("\x00", "\\0")).encode("utf-8")
 
 
 def encode_png(img, parameters: str | None = None, level: int = 6) -> bytes:

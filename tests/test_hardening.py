@@ -307,7 +307,7 @@ def test_cli_invalid_utf8_prompt_runs_and_writes_clean_metadata(tmp_path):
 
 
 @pytest.mark.parametrize("out,match", [("{d}/", "no file name"), ("{d}/sub.png", "is a directory"),
-                                       ("{d}/nofolder/x.png", "does not exist")])
+                                       ("{d}/model.safetensors/x.png", "not a folder")])
 def test_output_path_checked_at_start(tmp_path, capsys, out, match, monkeypatch):
     from sdrt.cli import main as cli
     from sdrt.engine.pipeline import Pipeline

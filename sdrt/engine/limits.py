@@ -16,6 +16,8 @@ backend it will run on as `capacity`).
   token per byte, so this also bounds the tokens, and the 77-token chunks the text encoder runs);
 - cfg_scale, strength, guidance, vae_tile_overlap finite; img_cfg_scale and eta finite or +inf
   (their "unset" sentinel); NaN never;
+- output paths (`check_output_paths`, from the CLI before loading): a real file name, its first
+  existing folder writable, not a directory or a non-regular file;
 - text: invalid UTF-8 from the command line (Python keeps it as surrogate escapes) and lone
   surrogates from the API become U+FFFD, as sd-cli's byte strings show them.
 
@@ -149,8 +151,14 @@ def check_output_paths(paths) -> None:
         if not base or base.lower() in (".png", ".jpg", ".jpeg", ".webp", ".avi", ".webm"):
             raise UsageError(f"-o/--output: '{p}' has no file name (give one, e.g. '{os.path.join(folder, 'out.png')}')")
         folder = folder or "."
-        if not os.path.isdir(folder):
-            raise UsageError(f"-o/--output: folder '{folder}' does not exist")
+        existing = folder                  # the image writer creates missing folders: check the first that exists
+        while not os.path.lexists(existing):
+            parent = os.path.dirname(existing.rstrip(os.sep)) or "."
+            if parent == existing:
+                break
+            existing = parent
+        if not os.path.isdir(existing):
+            raise UsageError(f"-o/--output: '{existing}' is not a folder, cannot hold '{p}'")
         if os.path.lexists(p):
             try:
                 st = os.stat(p)
@@ -162,8 +170,8 @@ def check_output_paths(paths) -> None:
                 raise UsageError(f"-o/--output: '{p}' is not a regular file")
             if not os.access(p, os.W_OK):
                 raise UsageError(f"-o/--output: '{p}' is not writable")
-        elif not os.access(folder, os.W_OK | os.X_OK):
-            raise UsageError(f"-o/--output: folder '{folder}' is not writable")
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"-o/--output: folder '{existing}' is not writable")
 
 
 def check_latent(x, seed: int) -> None:

@@ -25,8 +25,8 @@ snippets that cost memory, lying zip central directories, crafted tensor layouts
 
 Isolated mode (`--isolated`, what the long run and the CI sample use): every case runs in a fresh
 forked child under RLIMIT_AS (the parent's address space + 2 x file size + 256 MB), RLIMIT_CPU
-10 s and a 300 s wall-clock alarm; the parent records the child's CPU time (user + system, from wait4: wall time on a shared
-machine measures the neighbours; the wall maximum is reported too) and peak RSS (wait4's ru_maxrss, which includes
+10 s and a 300 s wall-clock alarm; the parent records the child's CPU time (user + system, from
+wait4: wall time on a shared machine measures the neighbours; the wall maximum is reported too) and peak RSS (wait4's ru_maxrss, which includes
 the ~100 MB of the interpreter the child shares with the parent). A case fails when anything but
 ModelFileError escapes, when the child dies (signal, hang), when it takes more than --max-seconds,
 or when its peak RSS exceeds 2 x file size + 256 MB.
@@ -464,7 +464,8 @@ def run_isolated(fmt: str, cases: int, seed: int = 0, folder: str | None = None,
         try:
             outcome, wall, msg = json.loads(b"".join(chunks))
         except ValueError:
-            outcome, wall, msg = "died", 0.0, f"child status {status} (signal {os.WTERMSIG(status) if os.WIFSIGNALED(status) else '-'})"
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else "-"
+            outcome, wall, msg = "died", 0.0, f"child status {status} (signal {sig})"
         secs = cpu
         res["max_wall_s"] = max(res.get("max_wall_s", 0.0), wall)
         bad = outcome in ("failure", "died") or secs > max_seconds or rss > bound
@@ -506,7 +507,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     bad = 0
     print(f"{'format':<12} {'cases':>7} {'ModelFileError':>15} {'ok':>7} {'failures':>9} {'seconds':>8} "
-          f"{'max CPU s':>10} {'max wall s':>10} {'max RSS MB':>10} {'slow':>5} {'over RSS':>8} {'died':>5}", flush=True)
+          f"{'max CPU s':>10} {'max wall s':>10} {'max RSS MB':>10} {'slow':>5} {'over RSS':>8} {'died':>5}",
+          flush=True)
     for fmt in args.formats:
         if args.isolated:
             r = run_isolated(fmt, args.cases, args.seed, crash_dir=args.crash_dir, max_seconds=args.max_seconds)
@@ -515,7 +517,8 @@ def main(argv=None) -> int:
             r.update(max_case_s=r["max_case_ms"] / 1000, max_rss_mb=float("nan"), slow=0, over_rss=0, died=0)
         bad += r["failures"] + r["died"] + r["slow"] + r["over_rss"]
         print(f"{fmt:<12} {r['cases']:>7} {r['ModelFileError']:>15} {r['ok']:>7} {r['failures']:>9} "
-              f"{r['seconds']:>8.1f} {r['max_case_s']:>10.3f} {r.get('max_wall_s', float('nan')):>10.3f} {r['max_rss_mb']:>10.0f} {r['slow']:>5} "
+              f"{r['seconds']:>8.1f} {r['max_case_s']:>10.3f} {r.get('max_wall_s', float('nan')):>10.3f} "
+              f"{r['max_rss_mb']:>10.0f} {r['slow']:>5} "
               f"{r['over_rss']:>8} {r['died']:>5}", flush=True)
     return 1 if bad else 0
 

@@ -188,7 +188,8 @@ _NUM = st.one_of(st.integers(-2**40, 2**40), st.floats(allow_nan=True, allow_inf
        height=st.one_of(st.integers(-3, 20000), st.sampled_from([2**31, 100000])),
        steps=st.one_of(st.integers(-2, 20000), st.just(1099511627776)),
        batch=st.integers(-1, 20000), cfg=_NUM, eta=_NUM, strength=_NUM,
-       prompt=st.one_of(st.text(max_size=50), st.binary(max_size=50).map(lambda b: b.decode("utf-8", "surrogateescape")),
+       prompt=st.one_of(st.text(max_size=50),
+                        st.binary(max_size=50).map(lambda b: b.decode("utf-8", "surrogateescape")),
                         st.sampled_from(["a" * 40000, "(" * 2000 + "x" + ")" * 2000, "x\ud800y", "a\x00b"])))
 def test_hypothesis_generation_arguments(width, height, steps, batch, cfg, eta, strength, prompt):
     from sdrt.engine.params import GenParams

@@ -149,7 +149,8 @@ def check_output_paths(paths) -> None:
         p = os.fspath(p)
         folder, base = os.path.split(p)
         if not base or base.lower() in (".png", ".jpg", ".jpeg", ".webp", ".avi", ".webm"):
-            raise UsageError(f"-o/--output: '{p}' has no file name (give one, e.g. '{os.path.join(folder, 'out.png')}')")
+            example = os.path.join(folder, "out.png")
+            raise UsageError(f"-o/--output: '{p}' has no file name (give one, e.g. '{example}')")
         folder = folder or "."
         existing = folder                  # the image writer creates missing folders: check the first that exists
         while not os.path.lexists(existing):

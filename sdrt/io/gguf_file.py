@@ -20,7 +20,8 @@ arithmetic, against the bytes that are actually left in the file:
   refused, as ggml's gguf.cpp refuses them; numeric arrays come back as read-only numpy views
   (no copy);
 - general.alignment: u32, a non-zero power of two;
-- tensors: 1 <= n_dims <= 8 (n_dims = 0 is refused: ggml writes at least one dim) (more than 4 dims are folded into ne[3], as sd.cpp's GGUF fallback
+- tensors: 1 <= n_dims <= 8 (0 is refused: ggml writes at least one dim; more than 4 dims are
+  folded into ne[3], as sd.cpp's GGUF fallback
   reader does for Wan files; ggml itself refuses n_dims > 4), every ne >= 1 (a 0 dim makes an
   empty entry in `ModelFile.raw`), a known type with a non-zero block size (removed types 4/5
   are refused), ne[0] a multiple of the block size, offset a multiple of the alignment,

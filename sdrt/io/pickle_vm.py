@@ -5,6 +5,11 @@ STACK_GLOBAL push an inert `_Global(module, name)` marker (only names in `_GLOBA
 accepted), REDUCE/NEWOBJ look the marker up in our own handlers, which build plain records
 (tensor references, dicts, tuples). Nothing is imported or called; anything else raises
 `_Fail`, which the reader (ckpt.py) turns into ModelFileError naming the file.
+
+Costs are bounded, not only counted: at most MAX_OPS opcodes (time), and a memory budget in bytes
+(base.pickle_budget: what the pickle and its file can justify) from which every opcode pays about
+what CPython allocates for the object it builds, payloads and container items included. Failure
+messages that format values are lambdas, built only on failure (never an eager repr per opcode).
 """
 from __future__ import annotations
 
@@ -126,7 +131,8 @@ def _ints(x, what):
     _need(type(x) is tuple and len(x) <= MAX_DIMS_ACCEPTED,
           lambda: f"{what} must be a tuple of at most {MAX_DIMS_ACCEPTED} ints, got {type(x).__name__}")
     for v in x:
-        _need(type(v) is int and 0 <= v < (1 << 62), lambda: f"{what} holds {str(v)[:40]}; dims/strides must be ints >= 0")
+        _need(type(v) is int and 0 <= v < (1 << 62),
+              lambda: f"{what} holds {str(v)[:40]}; dims/strides must be ints >= 0")
     return x
 
 

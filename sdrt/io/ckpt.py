@@ -198,7 +198,7 @@ def _widen(arr, sdt, path, name):
     def fill():
         if sdt == "I64" and arr.size and (arr.min() < -(1 << 31) or arr.max() >= 1 << 31):
             raise ModelFileError(f"{path}: tensor '{name}': I64 values outside the int32 range")
-        with np.errstate(over="ignore"):   # F64 beyond F32's range becomes inf, as a cast does
+        with np.errstate(all="ignore"):    # F64 beyond F32's range becomes inf, NaN stays NaN, as a cast does
             return np.ascontiguousarray(arr, dtype=to).reshape(-1).view(np.uint8)
     return fill
 

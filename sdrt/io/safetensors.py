@@ -314,7 +314,7 @@ def _converter(path, name, mm, off, shape, st_dtype):
         try:
             src = np.ndarray((count,), np.dtype("<f8" if st_dtype == "F64" else "<i8"), mm, off)
             if st_dtype == "F64":
-                with np.errstate(over="ignore"):
+                with np.errstate(all="ignore"):
                     return src.astype(np.float32).view(np.uint8)
             lo, hi = (int(src.min()), int(src.max())) if count else (0, 0)
             if lo < -2**31 or hi >= 2**31:

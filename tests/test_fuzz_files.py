@@ -204,3 +204,46 @@ def test_hypothesis_generation_arguments(width, height, steps, batch, cfg, eta, 
         assert 0 < gp.resolved_size()[0] <= 16384 and 0 < gp.steps <= 10_000 and math.isfinite(gp.cfg_scale)
         assert math.isfinite(gp.strength) and not math.isnan(gp.eta)
     assert time.process_time() - t < 1
+
+
+_FLAGS = ["-W", "-H", "--steps", "--cfg-scale", "--eta", "--strength", "-b", "-p", "-n", "--img-cfg-scale",
+          "--guidance", "--sigmas", "--vae-tile-overlap", "--vae-tile-size", "-s", "--clip-skip", "-o"]
+_VALUES = ["0", "-1", "1", "64", "16384", "100000", "2147483648", "1099511627776", "nan", "inf", "-inf", "1e309",
+           "abc", "", "1,2,nan", "0.5", "x" * 40000, "(" * 2000, "\udcff\udcfe", "a\ud800", "{tmp}/", "{tmp}/o.png",
+           "%d.png", "{tmp}/no/such/dir/x.png"]
+
+
+@settings(max_examples=120 if not LONG else 2000, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pairs=st.lists(st.tuples(st.sampled_from(_FLAGS), st.sampled_from(_VALUES)), max_size=5))
+def test_hypothesis_command_lines(tmp_path, capsys, pairs):
+    """Hostile command lines end in exit 2 (usage) or reach model loading (stubbed here), with one
+    line on stderr and no traceback; nothing is loaded before the arguments pass."""
+    from sdrt.cli import main as cli
+    from sdrt.engine.pipeline import Pipeline
+    from sdrt.errors import SdrtError
+
+    class Reached(SdrtError):
+        pass
+
+    def load(mp):
+        raise Reached("reached model loading")
+
+    model = tmp_path / "model.safetensors"
+    model.write_bytes(b"x")
+    argv = ["-m", str(model)]
+    for flag, value in pairs:
+        argv += [flag, value.replace("{tmp}", str(tmp_path))]
+    orig = Pipeline.load
+    Pipeline.load = staticmethod(load)
+    try:
+        t = time.process_time()
+        rc = cli.main(argv)
+        assert time.process_time() - t < 2
+    finally:
+        Pipeline.load = orig
+    err = capsys.readouterr().err
+    assert rc in (1, 2), (argv, rc, err)
+    assert "Traceback" not in err and err.count("\n") <= 1, err
+    if rc == 1:
+        assert "reached model loading" in err

@@ -291,7 +291,8 @@ def main(argv=None) -> int:
     try:
         return run(argv)
     except SdrtError as e:
-        print(f"sdrt: error: {e}", file=sys.stderr)
+        from ..engine.limits import printable  # argv bytes that were not UTF-8 may be in the message
+        print(f"sdrt: error: {printable(e)}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
     except KeyboardInterrupt:
         print("sdrt: interrupted", file=sys.stderr)

@@ -40,7 +40,7 @@ from ..errors import SdrtError, UsageError
 
 __all__ = ["MAX_SIDE", "MAX_STEPS", "MAX_BATCH", "MAX_PROMPT_BYTES", "NonFiniteResultError", "activation_bytes",
            "capacity_bytes", "check_request", "check_output_paths", "check_latent", "check_image", "clean_text",
-           "quiet_numerics"]
+           "printable", "quiet_numerics"]
 
 log = logging.getLogger("sdrt")
 
@@ -106,6 +106,13 @@ def clean_text(s, flag: str) -> str:
     if len(b) > MAX_PROMPT_BYTES:
         raise UsageError(f"{flag}: {len(b)} bytes, at most {MAX_PROMPT_BYTES} are supported")
     return s
+
+
+def printable(text) -> str:
+    """Text safe for any stream: surrogates (bytes of argv that were not UTF-8, lone surrogates from
+    the API) become backslash escapes instead of a UnicodeEncodeError while reporting an error."""
+    text = str(text)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def check_request(gp, capacity: int | None = None) -> None:

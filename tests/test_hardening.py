@@ -395,3 +395,23 @@ def test_zip_inflate_counts_real_bytes_for_honest_deflated_files(tmp_path):
         struct.pack_into("<I", bad, i + 16, struct.unpack_from("<I", bad, i + 16)[0] ^ 1)
         i = bad.find(b"PK\x01\x02", i + 4)
     refused(write(tmp_path, bytes(bad), "crc.ckpt"), "CRC|damaged|zip")
+
+
+def test_2000_nested_parentheses_reach_the_nan_check_without_warnings():
+    # the prompt parser's weight becomes 1.1**2000 = inf; sd.cpp's apply_token_weights then makes the
+    # context non-finite, the UNet's output follows, and check_latent stops the run (the stub UNet
+    # test above covers the pipeline end); no RuntimeWarning reaches stderr under quiet_numerics
+    from sdrt.engine.prompt import apply_token_weights, parse_prompt_attention
+
+    @limits.quiet_numerics
+    def context():
+        (text, w), = parse_prompt_attention("(" * 2000 + "x" + ")" * 2000)
+        weights = np.ones(77, np.float32)
+        weights[1] = w
+        return apply_token_weights(np.random.default_rng(0).standard_normal((77, 8)).astype(np.float32), weights)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ctx = context()
+    assert not np.isfinite(ctx).all()
+    with pytest.raises(limits.NonFiniteResultError):
+        limits.check_latent(ctx * np.float32(0.5), seed=1)

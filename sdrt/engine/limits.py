@@ -185,6 +185,7 @@ def check_output_paths(paths) -> None:
 def check_latent(x, seed: int) -> None:
     """Stop a run whose sampled latent holds NaN/Inf (sd.cpp would decode it to a black image)."""
     import numpy as np
+    x = np.asarray(x)
     bad = x.size - int(np.count_nonzero(np.isfinite(x)))
     if bad:
         raise NonFiniteResultError(
@@ -195,6 +196,7 @@ def check_latent(x, seed: int) -> None:
 def check_image(img, what: str = "decoded image") -> None:
     """An all-NaN decoded image is an error; a partly NaN one is a loud warning (sd.cpp warns)."""
     import numpy as np
+    img = np.asarray(img)
     finite = int(np.count_nonzero(np.isfinite(img)))
     if finite == 0:
         raise NonFiniteResultError(f"the {what} is entirely NaN/Inf (the VAE overflowed?); nothing was saved")
@@ -204,7 +206,8 @@ def check_image(img, what: str = "decoded image") -> None:
 
 def quiet_numerics(fn):
     """Decorator: run fn with numpy floating-point warnings off (check_latent/check_image report
-    the result once, clearly, instead of RuntimeWarning lines on stderr)."""
+    the result once, clearly, instead of RuntimeWarning lines on stderr). np.errstate is per thread;
+    warnings.catch_warnings is process-wide (a threaded server should install the filter once)."""
     @functools.wraps(fn)
     def run(*a, **kw):
         import numpy as np

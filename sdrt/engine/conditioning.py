@@ -41,14 +41,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ModelFileError, SdrtError, UnsupportedError, UsageError
-from ..io.detect import family
+from ..models.families import families, family_of
 from ..models.te.clip import PREFIX_CLIP_G, PREFIX_CLIP_L, CLIPConfig, CLIPTextModel
+from ..models.te.spec import TextEncoderSpec
 from ..models.te.tokenizer import EOS_ID, VOCAB_SIZE, CLIPTokenizer
 from ..ops import api as F
 from ..ops.tensor import Tensor
 from .prompt import CHUNK_LEN, apply_token_weights, tokenize_weighted
 
-__all__ = ["EMBEDDING_EXTS", "Cond", "Conditioner", "TextEncoderSpec", "build_conditioner", "size_embedding"]
+__all__ = ["EMBEDDING_EXTS", "Cond", "Conditioner", "TextEncoderSpec", "build_clip_conditioner", "build_conditioner",
+           "size_embedding"]
 
 log = logging.getLogger("sdrt.conditioning")
 EMBEDDING_EXTS = (".gguf", ".safetensors", ".pt")
@@ -63,16 +65,6 @@ class Cond:
     y: np.ndarray | None = None
     ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     weights: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-
-
-@dataclass(frozen=True)
-class TextEncoderSpec:
-    """One text model of a conditioner: where its weights are and how sd.cpp runs it."""
-    prefix: str
-    act: str
-    final_ln: bool
-    pooled: bool = False         # SDXL bigG: pooled output for y
-    zero_after_eos: bool = False  # SDXL bigG: ids after the first EOS of a chunk become 0
 
 
 def size_embedding(values, dim: int = SIZE_EMB_DIM, max_period: int = 10000) -> np.ndarray:
@@ -159,9 +151,13 @@ class Conditioner:
     """CLIP conditioning of one SD1/SD2/SDXL model (see the module docstring)."""
 
     def __init__(self, version: str, models: list[tuple[TextEncoderSpec, CLIPTextModel]], tokenizer: CLIPTokenizer,
-                 embd_dir: str | None = None, backend: str = "cpu"):
-        self.version, self.family = version, family(version)
+                 embd_dir: str | None = None, backend: str = "cpu", *, default_clip_skip: int | None = None,
+                 zero_empty_negative: bool | None = None):
+        fam = family_of(version)
+        self.version = version
         self.models, self.tokenizer, self.backend = models, tokenizer, backend
+        self.default_clip_skip = 1 if default_clip_skip is None else default_clip_skip
+        self.zero_empty_negative = fam.zero_empty_negative if zero_empty_negative is None else zero_empty_negative
         self.embeddings = _Embeddings(embd_dir, tuple(m.config.hidden for _, m in models))
         for name in self.embeddings.names():
             tokenizer.add_special_token(name)
@@ -169,10 +165,6 @@ class Conditioner:
     @property
     def context_dim(self) -> int:
         return sum(m.config.hidden for _, m in self.models)
-
-    @property
-    def default_clip_skip(self) -> int:
-        return 2 if self.family in ("sd2", "sdxl") else 1
 
     def tokenize(self, prompt: str) -> tuple[np.ndarray, np.ndarray]:
         """(ids int32 [77*k], weights float32 [77*k]) of a prompt."""
@@ -226,7 +218,7 @@ class Conditioner:
                     height: int | None = None, clip_skip: int = -1, **kw) -> tuple[Cond, Cond]:
         """(cond, uncond) as sd-cli makes them: SDXL's empty negative prompt gives a zero context."""
         cond = self.encode(prompt, width, height, clip_skip, **kw)
-        zero = self.family == "sdxl" and not negative_prompt
+        zero = self.zero_empty_negative and not negative_prompt
         return cond, self.encode(negative_prompt, width, height, clip_skip, zero_out_masked=zero, **kw)
 
     def _vector(self, pooled, width, height, orig_size, crop, target_size) -> np.ndarray:
@@ -237,14 +229,6 @@ class Conditioner:
         th, tw = target_size if target_size is not None else (height, width)
         emb = size_embedding([oh, ow, crop[0], crop[1], th, tw])
         return np.concatenate([pooled.astype(np.float32), emb]).reshape(1, -1)
-
-
-_SPECS = {
-    "sd1": [TextEncoderSpec(PREFIX_CLIP_L, "quick_gelu", True)],
-    "sd2": [TextEncoderSpec(PREFIX_CLIP_L, "gelu_tanh", True)],
-    "sdxl": [TextEncoderSpec(PREFIX_CLIP_L, "quick_gelu", False),
-             TextEncoderSpec(PREFIX_CLIP_G, "gelu_tanh", False, pooled=True, zero_after_eos=True)],
-}
 
 
 _TE_RAW = ("cond_stage_model.", "conditioner.", "te.", "te1.", "te2.", "text_encoder", "clip_l.", "clip_g.")
@@ -261,31 +245,37 @@ def _canonical(table: Mapping[str, Tensor], version: str) -> Mapping[str, Tensor
     return {names[k]: table[k] for k in te}
 
 
-def build_conditioner(table: Mapping[str, Tensor], version: str, embd_dir: str | None = None, *,
-                      gelu: str = "tanh", projection_layout: str = "linear", tokenizer_style: str = "sdcpp",
-                      heads: int | None = None, backend: str = "cpu", source: str = "model") -> Conditioner:
-    """The conditioner of an SD1/SD2/SDXL model from its weight table.
+def build_conditioner(table: Mapping[str, Tensor], version: str, embd_dir: str | None = None, **kw):
+    """The conditioner of a model version, as its family builds it (sdrt.models.families);
+    keyword arguments go to the family's builder (for CLIP: see build_clip_conditioner)."""
+    fam = family_of(version or "")
+    if fam.conditioner is None:
+        ok = ", ".join(f.description for f in families() if f.conditioner is not None)
+        raise UnsupportedError(f"text conditioning for model version {version!r} is not supported ({ok} are)")
+    return fam.conditioner(table, version, embd_dir, **kw)
+
+
+def build_clip_conditioner(table: Mapping[str, Tensor], version: str, specs, *, pad_id: int | None = None,
+                           default_clip_skip: int = 1, embd_dir: str | None = None, gelu: str = "tanh",
+                           projection_layout: str = "linear", tokenizer_style: str = "sdcpp", heads: int | None = None,
+                           backend: str = "cpu", source: str = "model") -> Conditioner:
+    """A CLIP conditioner over the text models `specs` (TextEncoderSpec, in context order) of a
+    weight table; `pad_id`: the tokenizer's pad id (None: EOS, 0: SD 2.x's OpenCLIP).
 
     gelu: "tanh" (sd.cpp's ggml_gelu for OpenCLIP) or "erf" (open_clip's exact GELU);
     projection_layout: how bigG's text_projection is applied, "linear" (sd.cpp) or "matmul"
     (OpenCLIP / original SDXL checkpoints read as the reference does); tokenizer_style: "sdcpp"
     or "hf" (see sdrt.models.te.tokenizer); heads: override width/64 (tiny test models)."""
-    fam = family(version or "")
-    if fam not in _SPECS:
-        raise UnsupportedError(f"text conditioning for model version {version!r} is not supported "
-                               f"(SD1.x, SD2.x and SDXL are)")
-    if version == "sdxl_refiner":
-        raise UnsupportedError("the SDXL refiner (OpenCLIP-G only, aesthetic-score vector) is not supported, "
-                               "as in sd.cpp")
     if gelu not in ("tanh", "erf"):
         raise UsageError(f"gelu {gelu!r}: 'tanh' or 'erf'")
+    fam = family_of(version or "")
     table = _canonical(table, version)
     models = []
-    for spec in _SPECS[fam]:
+    for spec in specs:
         act = spec.act if spec.act == "quick_gelu" else ("gelu_tanh" if gelu == "tanh" else "gelu")
         if not any(k.startswith(spec.prefix) for k in table):
             raise ModelFileError(f"{source}: no text encoder weights under {spec.prefix!r} "
-                                 f"(a {fam.upper()} model needs them)")
+                                 f"(a {fam.name.upper()} model needs them)")
         cfg = CLIPConfig.detect_from_weights(table, spec.prefix, act=act, heads=heads,
                                              projection_layout=projection_layout, source=source)
         if cfg.positions != CHUNK_LEN:
@@ -294,5 +284,6 @@ def build_conditioner(table: Mapping[str, Tensor], version: str, embd_dir: str |
         if spec.pooled and not cfg.projection_dim:
             log.debug("%s has no text_projection: pooled output unprojected (sd.cpp: identity)", spec.prefix)
         models.append((spec, CLIPTextModel(table, spec.prefix, cfg, source)))
-    pad = 0 if fam == "sd2" else EOS_ID
-    return Conditioner(version, models, CLIPTokenizer(pad, tokenizer_style), embd_dir, backend)
+    pad = EOS_ID if pad_id is None else pad_id
+    return Conditioner(version, models, CLIPTokenizer(pad, tokenizer_style), embd_dir, backend,
+                       default_clip_skip=default_clip_skip, zero_empty_negative=fam.zero_empty_negative)

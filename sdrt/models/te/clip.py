@@ -37,8 +37,9 @@ from ...errors import ModelFileError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
 from ..common import LayerNorm, Linear, Weights, multihead_attention
+from .spec import TextEncoderSpec
 
-__all__ = ["ACTS", "PREFIX_CLIP_G", "PREFIX_CLIP_L", "CLIPConfig", "CLIPTextModel", "causal_mask"]
+__all__ = ["ACTS", "PREFIX_CLIP_G", "PREFIX_CLIP_L", "CLIPConfig", "CLIPTextModel", "TextEncoderSpec", "causal_mask"]
 
 ACTS = ("quick_gelu", "gelu_tanh", "gelu")
 PREFIX_CLIP_L = "cond_stage_model.transformer.text_model."

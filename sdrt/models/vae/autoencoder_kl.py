@@ -18,7 +18,8 @@ checkpoints and [C, C] linears in some conversions: both are run as one linear o
 channels (a 1x1 conv *is* that linear), so both layouts build the same graph.
 
 The scale factor between the VAE's latents and the diffusion model's (x / scale + shift) is
-the engine's business: LATENT_SCALE_SHIFT holds sd.cpp's constants per model family.
+the engine's business: each model family's record (sdrt.models.families) holds sd.cpp's constants;
+`latent_scale_shift(family)` reads them.
 """
 from __future__ import annotations
 
@@ -38,23 +39,23 @@ __all__ = ["AutoencoderKL", "AutoencoderKLConfig", "LATENT_SCALE_SHIFT", "SD_SCA
 # sd.cpp's AutoEncoderKL constructor: diffusion latent = (vae latent - shift) * scale
 SD_SCALE_FACTOR = 0.18215
 SDXL_SCALE_FACTOR = 0.13025
-LATENT_SCALE_SHIFT = {
-    "sd1": (SD_SCALE_FACTOR, 0.0),
-    "sd2": (SD_SCALE_FACTOR, 0.0),
-    "sdxl": (SDXL_SCALE_FACTOR, 0.0),
-    "sd3": (1.5305, 0.0609),
-    "flux": (0.3611, 0.1159),
-    "z_image": (0.3611, 0.1159),
-}
+
+
+def __getattr__(name):
+    if name == "LATENT_SCALE_SHIFT":     # {family: (scale, shift)}, derived from the registry
+        from ..families import families
+        return {f.name: (f.latent_scale, f.latent_shift) for f in families() if f.latent_scale is not None}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def latent_scale_shift(family: str) -> tuple[float, float]:
     """(scale, shift) for a model family ('sd1', 'sd2', 'sdxl', ... as sdrt.io.detect.family)."""
-    try:
-        return LATENT_SCALE_SHIFT[family]
-    except KeyError:
-        raise UsageError(f"no VAE latent scale for model family {family!r}; "
-                         f"known: {', '.join(LATENT_SCALE_SHIFT)}") from None
+    from ..families import families, get_family
+    f = get_family(family)
+    if f.latent_scale is None:
+        known = ", ".join(f.name for f in families() if f.latent_scale is not None)
+        raise UsageError(f"no VAE latent scale for model family {family!r}; known: {known}")
+    return f.latent_scale_shift()
 
 
 def gaussian_sample(moments: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:

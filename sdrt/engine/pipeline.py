@@ -228,7 +228,8 @@ class Pipeline:
     def denoiser(self):
         if self._denoiser is None:
             from .denoisers import make_denoiser
-            self._denoiser = make_denoiser(self.prediction)
+            shift = self.family.flow_shift_of(self.version, self.models.tensors if self.models else None)
+            self._denoiser = make_denoiser(self.prediction, flow_shift=shift)
             log.info("running in %s mode", {"eps": "eps-prediction", "v": "v-prediction",
                                             "edm_v": "v-prediction EDM"}.get(self.prediction, self.prediction))
         return self._denoiser

@@ -918,10 +918,14 @@ def _get(name):
 
 
 def resolve_eta(eta, method: str, version: str = "") -> float:
-    """sd.cpp ``resolve_eta``: None/inf means the per-sampler default (8 for HiDream-O1)."""
+    """sd.cpp ``resolve_eta``: None/inf means the family's default eta (8 for HiDream-O1), else
+    the sampler's."""
     if eta is None or float(eta) == math.inf:
-        if version == "hidream_o1":
-            return 8.0
+        if version:
+            from ..models.families import family_of
+            fam_eta = family_of(version).default_eta
+            if fam_eta is not None:
+                return fam_eta
         return _get(method).default_eta
     return float(eta)
 

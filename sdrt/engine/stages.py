@@ -266,7 +266,10 @@ def plan_sampling(gp: GenParams, family, prediction: str, denoiser, width: int, 
         f = family.vae_scale_factor
         sigmas = get_sigmas(denoiser, gp.steps, scheduler, family=family.name,
                             image_seq_len=(height // f) * (width // f))
-    eta = resolve_eta(None if not math.isfinite(gp.eta) else gp.eta, method)
+    if math.isfinite(gp.eta) or family.default_eta is None:
+        eta = resolve_eta(None if not math.isfinite(gp.eta) else gp.eta, method)
+    else:
+        eta = family.default_eta
     log.info("sampling using %s method", SAMPLERS[method].label)
     t_enc = None
     if img2img:

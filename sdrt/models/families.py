@@ -168,6 +168,7 @@ class Family:
     flow_shift: float | dict | Callable | None = None  # float, {version: shift} or (version, table) -> shift
     default_sampler: str = "euler"
     default_scheduler: str = "discrete"
+    default_eta: float | None = None                 # overrides the sampler's default eta (HiDream-O1: 8)
     ays_levels: str | None = None                    # key of the AYS noise levels this family uses
     # conditioning rules and modes
     distilled_guidance: bool = False                 # Cond.guidance carries --guidance (Flux dev)

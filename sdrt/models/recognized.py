@@ -103,7 +103,7 @@ _one(SD3, "SD 3.x", (marker(5, DM + "joint_blocks.", SD3),), "flow", 3.0, latent
      latent_scale=1.5305, latent_shift=0.0609, convert_diffusion_name=_sd3_names)
 _one(HIDREAM_O1, "HiDream-O1", (marker(6, "model.x_embedder.proj1.weight", HIDREAM_O1,
                                        lambda f: "model.language_model.layers.0.self_attn.q_proj.weight" in f.names),),
-     "flow", 3.0)
+     "flow", 3.0, default_eta=8.0)
 _one(LENS, "Lens", (marker(7, DM + "transformer_blocks.0.attn.norm_added_q.weight", LENS,
                            lambda f: DM + "transformer_blocks.0.img_mlp.w1.weight" in f.names),), "flux_flow", 1.83)
 _one(MINIT2I, "MiniT2I", (marker(8, "net.img_embedder.proj1.weight", MINIT2I),), "minit2i_flow")

@@ -354,9 +354,9 @@ class Pipeline:
     def release_weight_pages(self, *components: str) -> int:
         """Drop this process's pages of the memory-mapped weights of `components` ("te",
         "diffusion", "vae") computing on the CPU, once a request is done with them; returns the
-        bytes covered. They are clean file pages, read again from the page cache on next use
-        (~0.2 s for SD1.5's 1.7 GB UNet), while keeping the UNet's pages through the VAE decode put
-        a 512x512 SD1.5 run ~0.7 GB above sd-cli's peak RSS (bench/bench_memory.py)."""
+        bytes covered. They are clean file pages, read again from the page cache on next use;
+        keeping them through the VAE decode raises the peak RSS well above sd-cli's (the
+        measurements: bench/README.md, "Facts moved out of the code")."""
         if self.models is None:
             return 0
         from ..ops.tensor import Tensor

@@ -244,8 +244,8 @@ def _fold_taps() -> np.ndarray:
 def upsample_conv3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None, folded: bool = True) -> Tensor:
     """conv3x3(nearest2x(x)), padding 1. `folded`: one stride-2 transposed conv with a 4x4 kernel
     folded from the 3x3 one (see _fold_taps) on the small input — 16 instead of 36 multiply-adds
-    per output pixel and channel pair and no upscaled copy (measured 1.7-2.2x faster per layer,
-    lower peak memory). The fold runs inside the graph (one small mul_mat) so weights stay lazy
+    per output pixel and channel pair and no upscaled copy (faster and lower peak memory:
+    bench/README.md, "Facts moved out of the code"). The fold runs inside the graph (one small mul_mat) so weights stay lazy
     leaves; block-quantized or strided weights take the literal path."""
     if not folded or weight.dtype.is_quantized or not weight.is_contiguous():
         return F.conv2d(F.upscale(x, scale_factor=2, mode="nearest"), weight, bias, padding=1)

@@ -80,6 +80,7 @@ def test_components_and_flags_derive_from_the_registry():
     flags = {a.dest: a.option_strings for a in cli.build_parser()._actions}
     assert flags["clip_l"] == ["--clip_l"] and flags["clip_g"] == ["--clip_g"]
     assert "--t5xxl" in cli._sdcli_only() and "--clip_l" not in cli._sdcli_only()
+    assert "--guidance" in cli._sdcli_only() and "guidance" not in flags      # no runnable family takes it yet
     assert FM.component("vae").flag == "--vae"
     with pytest.raises(UsageError, match="unknown model component"):
         FM.component("nope")
@@ -151,10 +152,12 @@ def test_new_family_registers_flag_detection_and_loading(toy_family, tmp_path):
     ap = cli.build_parser()
     args = ap.parse_args(["-m", "m", "--toy-te", "te.safetensors"])
     assert args.toy_te == "te.safetensors" and "--toy-te" not in cli._sdcli_only()
+    assert ap.parse_args(["--guidance", "2.5"]).guidance == 2.5 and "--guidance" not in cli._sdcli_only()
     model, te = str(tmp_path / "m.safetensors"), str(tmp_path / "te.safetensors")
     save_file({DM + "toy_blocks.0.weight": np.ones((4, 4), F32)}, model)
     save_file({"embed.weight": np.ones((2, 2), F32)}, te)
-    mp, _ = cli.params_from_args(ap.parse_args(["-m", model, "--toy-te", te]))
+    mp, gp = cli.params_from_args(ap.parse_args(["-m", model, "--toy-te", te, "--guidance", "4"]))
+    assert gp.guidance == 4.0
     assert mp.parts == {"toy_te": te} and mp.path_of("toy_te") == te
     from sdrt.engine.model_manager import load_models
     m = load_models(mp)

@@ -54,8 +54,14 @@ def _component_flags() -> dict:
     return components()
 
 
+def _family_flags() -> set:
+    """Generation flags that exist once a runnable family uses them (--guidance: distilled guidance)."""
+    from ..models.families import runnable_families
+    return {"--guidance"} if any(f.distilled_guidance for f in runnable_families()) else set()
+
+
 def _sdcli_only() -> tuple:
-    taken = {c.flag for c in _component_flags().values()}
+    taken = {c.flag for c in _component_flags().values()} | _family_flags()
     return tuple(f for f in _SDCLI_FLAGS if f not in taken)
 
 
@@ -145,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-H", "--height", type=int, default=-1, help="image height in pixels (default: 512, or the init image's)")
     g.add_argument("--steps", type=int, default=20, help="number of sample steps (default: 20)")
     g.add_argument("--cfg-scale", type=_float, default=7.0, help="unconditional guidance scale (default: 7.0)")
+    if "--guidance" in _family_flags():
+        g.add_argument("--guidance", type=_float, default=3.5, help="distilled guidance scale (default: 3.5)")
     g.add_argument("--img-cfg-scale", type=_float, default=math.inf,
                    help="image guidance scale for inpaint or instruct-pix2pix models (default: same as --cfg-scale)")
     g.add_argument("--sampling-method", choices=tuple(SAMPLERS), default=None, metavar="METHOD",
@@ -267,6 +275,7 @@ def params_from_args(args):
             raise UsageError(f"--sigmas: {e}") from None
     gp = GenParams(prompt=args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
                    steps=args.steps, cfg_scale=args.cfg_scale, img_cfg_scale=args.img_cfg_scale,
+                   **({"guidance": args.guidance} if hasattr(args, "guidance") else {}),
                    sampling_method=args.sampling_method, scheduler=args.scheduler, sigmas=sigmas, eta=args.eta,
                    seed=args.seed, batch_count=args.batch_count, clip_skip=args.clip_skip, init_image=args.init_img,
                    strength=args.strength, mask_image=args.mask, vae_tiling=args.vae_tiling,

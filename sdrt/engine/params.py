@@ -113,7 +113,7 @@ class GenParams:
     steps: int = 20                      # --steps
     cfg_scale: float = 7.0               # --cfg-scale
     img_cfg_scale: float = math.inf      # --img-cfg-scale; inf: same as --cfg-scale
-    guidance: float = 3.5                # distilled guidance (recorded in the metadata only: UNets have none)
+    guidance: float = 3.5                # --guidance: distilled guidance (families with distilled_guidance; metadata)
     sampling_method: str | None = None   # --sampling-method; None: the model's default (euler_a for UNets)
     scheduler: str | None = None         # --scheduler; None: the sampler's default
     sigmas: list[float] | None = None    # --sigmas: custom schedule (overrides steps/scheduler)

@@ -32,7 +32,7 @@ from ..io.detect import (
     prediction_type,
 )
 from ..io.names import convert_names
-from ..models.families import COMMON_ROLES, Family, component, components, family_of
+from ..models.families import COMMON_ROLES, component, components, family_of
 from .params import ModelParams
 
 __all__ = ["DM", "TAE", "VAE", "LoadedModels", "load_models"]
@@ -62,10 +62,6 @@ class LoadedModels:
     @property
     def family(self) -> str:
         return family_of(self.version).name
-
-    @property
-    def family_record(self) -> Family:
-        return family_of(self.version)
 
     def has(self, prefix: str) -> bool:
         return any(k.startswith(prefix) for k in self.tensors)

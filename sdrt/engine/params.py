@@ -9,7 +9,8 @@ follows `cfg_scale`, `eta` inf is the sampler's default, width/height -1 mean 51
 image's size).
 
 `validate()` raises `UsageError` naming the flag and the valid values, as the CLI reports them.
-Nothing here imports numba or the models: `import sdrt` stays light.
+Nothing here imports numba or the model code (validate() reads the family registry, which is
+light, when called): `import sdrt` stays light.
 """
 from __future__ import annotations
 

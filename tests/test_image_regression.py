@@ -222,5 +222,5 @@ def test_matches_sd_cli_on_full_size_sd15(tmp_path):
     finally:
         set_threads(before)
     p = psnr(read_rgb(ours), read_rgb(ref))
-    print(f"sdrt vs sd-cli (full-size random SD1.5, 128x128, 2 steps): PSNR {p:.2f} dB")
+    print(f"sdrt vs sd-cli ({os.path.basename(model)}, 128x128, 2 steps): PSNR {p:.2f} dB")
     assert p >= SDCLI_MIN_PSNR, f"sdrt vs sd-cli: PSNR {p:.2f} dB (need >= {SDCLI_MIN_PSNR})"

@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from .cases import Case, In
 from .registry import FLOATS, defop, fail, make_node
 
 __all__ = ["attention"]
@@ -85,8 +86,21 @@ def _ref(node, xs):
     return (p @ v).reshape(node.shape)
 
 
+def _cases():
+    q, kv, m = In((16, 9, 4, 2)), In((16, 11, 4, 2)), In((11, 9), lo=-2, hi=0)
+    return [Case((In((16, 9, 4, 2), t), In((16, 11, 4, 2), t), In((16, 11, 4, 2), t)), {"scale": 0.25})
+            for t in FLOATS] + [
+        Case((q, kv, kv, m), {"scale": 0.25}, label="mask"),
+        Case((q, In((16, 11, 2, 2)), In((16, 11, 2, 2))), {"scale": 0.3}, label="gqa"),
+        Case((q, kv, In((8, 11, 4, 2)), In((11, 1), "F16", lo=-2, hi=0)), {"scale": 0.25}, label="dv8-row-mask"),
+        Case((In((16, 9, 4, 2), view="p"), In((16, 11, 4, 2), view="p"), In((16, 11, 4, 2), view="p")),
+             {"scale": 0.25}, label="permuted-views"),
+        Case((In((64, 40, 2, 1), "F16"), In((64, 77, 2, 1), "F16"), In((64, 77, 2, 1), "F16")), {"scale": 0.125},
+             label="d64-cross")]
+
+
 defop("attention", _infer, _ref,
-      "softmax(q k^T * scale + mask) v over ne [D, L, H, N] heads, GQA, tiled on CPU")
+      "softmax(q k^T * scale + mask) v over ne [D, L, H, N] heads, GQA, tiled on CPU", nmse=5e-4, cases=_cases)
 
 
 def attention(q, k, v, mask=None, scale: float | None = None):

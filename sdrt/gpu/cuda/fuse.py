@@ -37,11 +37,11 @@ packing did. No reader may write over the node's buffer (different element sizes
 """
 from __future__ import annotations
 
-from .attention import attention_into_cont, wants_f32
-from .attention import plan as attention_plan
-from .conv import gemm_dtype as conv_gemm_dtype
+from .ops.attention import attention_into_cont, wants_f32
+from .ops.attention import plan as attention_plan
+from .ops.conv import gemm_dtype as conv_gemm_dtype
 from .devtensor import padded_nb
-from .matmul import gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_residual
+from .ops.matmul import gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_residual
 
 
 def _skip(node, xs, out, rt) -> None:

@@ -72,3 +72,14 @@ def test_ops_md_is_current():
     with open(os.path.join(ROOT, "docs", "ops.md"), encoding="utf-8") as f:
         have = f.read()
     assert have == support_markdown(), "docs/ops.md is stale: run `python tools/make_ops_md.py`"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_check_graph_passes_a_whole_unet(backend):
+    # the tiny SD1 UNet (534 nodes: convs, group norms, attention, geglu, views...) checked node
+    # by node: every op of a real model within its tolerance on the backend
+    from test_unet import _graph
+
+    from sdrt.ops.graph import check_graph
+    be = _backend_or_skip(backend)
+    assert check_graph(_graph("sd1"), be) == 534

@@ -3,12 +3,15 @@
 A forward builds Tensors whose `op`/`src` make a DAG (see api.py). `Graph(outputs)` orders the
 nodes, `plan()` gives each computed node a slot in one arena by liveness (a node's bytes are
 reused once its last consumer — or the last consumer of any view of it — has run), and
-`run(backend)` executes node by node and returns the named outputs as leaf Tensors.
+`run(backend)` hands the planned graph to the backend's `run_graph` (host backends: `run_on_host`,
+node by node over numpy views) and returns the named outputs as leaf Tensors. `check_graph` (and
+`run` under SDRT_CHECK=1) runs any backend node by node against the reference backend.
 
 Named cut points (`mark_cut(t, "model.blocks.3")`) split the graph into segments, in the order
 the cut nodes are reached: segment k holds what cut k needs that earlier segments did not
 compute. Each segment is planned on its own; tensors crossing a boundary live in a second
-arena planned by liveness over the whole run (freed after their last consumer). A runner can bring weights in segment by segment (see `on_segment`).
+arena planned by liveness over the whole run (freed after their last consumer). A runner can
+bring weights in segment by segment (see `on_segment`).
 """
 from __future__ import annotations
 

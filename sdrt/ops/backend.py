@@ -17,6 +17,7 @@ This module stays light (no numpy kernels, no driver): placement and the CLI rea
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
@@ -122,8 +123,8 @@ def _import_packages() -> None:
         for pkg in BACKEND_PACKAGES:
             try:
                 importlib.import_module(pkg)
-            except ImportError:  # a backend package that cannot load has no devices
-                pass
+            except ImportError as e:  # a backend package that cannot load has no devices
+                logging.getLogger("sdrt").debug("backend package %s not loaded: %s", pkg, e)
 
 
 def entries() -> list[BackendEntry]:

@@ -214,9 +214,9 @@ def _setup_logging(level: str):
 
 
 def list_devices() -> list[tuple[str, str]]:
-    from ..gpu import cuda
-    from ..ops.threads import default_threads
-    return [("cpu", f"CPU ({default_threads()} threads, numpy BLAS + Numba)")] + cuda.devices()
+    """Every usable compute device (sdrt.ops.backend's registry), the CPU first."""
+    from ..ops.backend import list_devices as registered_devices
+    return registered_devices()
 
 
 def run(argv=None) -> int:

@@ -4,7 +4,7 @@ sd-cli takes a full checkpoint (`-m`) and/or parts (`--diffusion-model`, `--vae`
 `--clip_g`, `--taesd`). As sd.cpp's `StableDiffusionGGML::init`, each part is read under the prefix
 its role implies (`model.diffusion_model.`, `vae.`, `cond_stage_model.transformer.` /
 `text_encoders.clip_l.transformer.` ...), the model version is detected from the names and shapes,
-and every name is converted to the canonical LDM layout (sdrt.io.names). A part given on the
+and every name is converted to the canonical LDM layout (sdrt.models.names). A part given on the
 command line replaces the checkpoint's own tensors of that role (sdrt: whole-role replacement,
 so a VAE file never mixes with half of the checkpoint's VAE).
 
@@ -31,7 +31,7 @@ from ..io.detect import (
     dtype_stats,
     prediction_type,
 )
-from ..io.names import convert_names
+from ..models.names import convert_names
 from ..models.families import COMMON_ROLES, component, components, family_of
 from .params import ModelParams
 

@@ -210,8 +210,9 @@ class Pipeline:
     @property
     def conditioner(self):
         if self._cond is None:
+            from .conditioning import open_tensors
             self._cond = self.family.conditioner(self.models.tensors, self.version, self.model_params.embd_dir,
-                                                 backend=self.executors.get("te", "cpu"))
+                                                 backend=self.executors.get("te", "cpu"), open_file=open_tensors)
         return self._cond
 
     @property

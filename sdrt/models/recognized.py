@@ -10,8 +10,8 @@ SD 1.x / 2.x 140 (sd.py).
 """
 from __future__ import annotations
 
-from ..io.detect import Facts, dim
-from ..io.names import convert_unet_name, dit_to_original
+from .facts import Facts, dim
+from .names import convert_unet_name, dit_to_original
 from .families import Family, Variant, register_family
 
 DM = "model.diffusion_model."

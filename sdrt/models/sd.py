@@ -14,7 +14,7 @@ from functools import partial
 import numpy as np
 
 from ..errors import UnsupportedError
-from ..io.detect import Facts, dim
+from .facts import Facts, dim
 from .families import Component, Cond, Family, Variant, register_component, register_family
 from .te.spec import TextEncoderSpec
 
@@ -140,7 +140,7 @@ def probe_sd2_prediction(model, version: str, call) -> str:
 # ---- names, models ------------------------------------------------------------------------------------
 
 def convert_unet_name(rest: str, version: str, layout) -> str:
-    from ..io.names import convert_unet_name as conv
+    from .names import convert_unet_name as conv
     return conv(rest, version, layout)
 
 
@@ -150,12 +150,12 @@ def unet_model(tensors, prefix: str, source: str):
 
 
 def clip_conditioner(table, version, embd_dir=None, *, specs, pad_id, default_clip_skip, **kw):
-    """The CLIP conditioner (sdrt.engine.conditioning implements prompt weighting and textual
+    """The CLIP conditioner (sdrt.models.conditioning implements prompt weighting and textual
     inversion; this entry only says which encoders and how)."""
     if version == SDXL_REFINER:
         raise UnsupportedError("the SDXL refiner (OpenCLIP-G only, aesthetic-score vector) is not supported, "
                                "as in sd.cpp")
-    from ..engine.conditioning import build_clip_conditioner
+    from .conditioning import build_clip_conditioner
     return build_clip_conditioner(table, version, specs, pad_id=pad_id, default_clip_skip=default_clip_skip,
                                   embd_dir=embd_dir, **kw)
 

@@ -1,7 +1,7 @@
 """CLIP text encoders of SD1 (OpenAI CLIP-L/14), SD2 (OpenCLIP ViT-H/14) and SDXL (CLIP-L +
 OpenCLIP ViT-bigG/14), as stable-diffusion.cpp's clip.hpp builds them.
 
-Weights are read under a prefix with HF CLIP names (the canonical layout; sdrt.io.names turns
+Weights are read under a prefix with HF CLIP names (the canonical layout; sdrt.models.names turns
 OpenCLIP's `model.transformer.resblocks.N.*` into these and keeps its fused `in_proj`):
     SD1, SDXL CLIP-L      cond_stage_model.transformer.text_model.
     SD2 OpenCLIP-H        cond_stage_model.transformer.text_model.

@@ -1,7 +1,7 @@
 """AutoencoderKL: the VAE of SD 1.x / 2.x / SDXL (ldm.models.autoencoder.AutoencoderKL, sd.cpp's
 auto_encoder_kl.hpp), with the weights named as the original checkpoints name them:
 `first_stage_model.encoder.*`, `first_stage_model.decoder.*`, `quant_conv`, `post_quant_conv`
-(a diffusers `vae/` folder is converted to these names by sdrt.io.names.diffusers_vae_to_ldm).
+(a diffusers `vae/` folder is converted to these names by sdrt.models.names.diffusers_vae_to_ldm).
 
 Architecture (shapes in ne order, x ne=[W, H, C, N]):
     encoder: conv_in -> per level i: num_res_blocks ResnetBlocks (+ Downsample: pad (0,1,0,1),

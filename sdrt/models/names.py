@@ -29,12 +29,11 @@ from __future__ import annotations
 import re
 
 from ..errors import ModelFileError
-from .detect import UNKNOWN, is_unet
+from .families import UNKNOWN, family_of
 
 
 def _family(version):
-    from ..models.families import family_of   # each family says how its names convert
-    return family_of(version)
+    return family_of(version)   # each family says how its names convert
 
 __all__ = ["convert_tensor_name", "convert_names", "convert_unet_name", "dit_to_original", "diffusers_unet_to_ldm", "diffusers_vae_to_ldm",
            "open_clip_to_hf_clip", "lora_target", "kohya_to_dotted", "UnetLayout", "LORA_ROLES"]
@@ -345,7 +344,7 @@ def dit_to_original(name: str, fam: str) -> str:
 # ---- the canonical prefix, then the per-component conversion ------------------------------------
 
 def _prefix_map(version: str | None) -> list[tuple[str, str]]:
-    unet = is_unet(version or "") or version is None
+    unet = family_of(version or "").te_layout == "unet" or version is None
     over = _family(version).diffusers_te_prefixes
     clip_l = "cond_stage_model.transformer." if unet else "text_encoders.clip_l.transformer."
     clip_g = "cond_stage_model.1.transformer." if unet else "text_encoders.clip_g.transformer."

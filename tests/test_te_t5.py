@@ -141,3 +141,20 @@ def test_errors_name_the_problem(gold):
         T5Encoder(bad, "")
     with pytest.raises(ModelFileError, match="no T5 encoder"):
         find_t5_prefix({"x.weight": t["shared.weight"]})
+
+
+def test_encode_chunks_equals_chunk_by_chunk(gold):
+    """sd.cpp encodes each padded chunk on its own and joins them; one batched graph does the same."""
+    from sdrt.models.te.t5_tokenizer import T5Tokenizer
+    enc = T5Encoder(weights(gold), "")
+    pieces = gold["ids/len77"][0, :30] % 250 + 3
+    ids, _, mask = T5Tokenizer.pad_chunks(pieces, 16)
+    assert len(ids) == 32
+    got = enc.encode_chunks(ids, 16)
+    want = np.concatenate([enc.run(ids[:16]), enc.run(ids[16:])], axis=1)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    got_m = enc.encode_chunks(ids, 16, mask)
+    want_m = np.concatenate([enc.run(ids[:16], mask[:16]), enc.run(ids[16:], mask[16:])], axis=1)
+    np.testing.assert_allclose(got_m, want_m, atol=2e-5)
+    with pytest.raises(UsageError, match="chunks"):
+        enc.encode_chunks(ids[:20], 16)

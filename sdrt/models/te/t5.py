@@ -5,6 +5,7 @@ T5EncoderModel and stable-diffusion.cpp's t5.hpp compute it.
     enc = T5Encoder(table, find_t5_prefix(table))       # config read from the weights
     h = enc.forward(ids, mask)                          # graph node, ne=[d_model, L, N]
     h = enc.run(ids, mask)                              # float32 numpy [N, L, d_model]
+    c = enc.encode_chunks(ids, 256)                     # sd.cpp's chunked pass: [1, n*256, d_model]
 
 `ids`: int [L] or [N, L] (numpy), `mask`: optional 0/1 (or bool) of the same shape, 1 = a real
 token. A masked key gets -inf in every head's scores (HF's extended attention mask; sd.cpp's
@@ -229,6 +230,19 @@ class T5Encoder:
             if cut_prefix:
                 F.mark_cut(x, f"{cut_prefix}.block.{i}")
         return self.final_norm(x)
+
+    def encode_chunks(self, ids, chunk_len: int, mask=None, backend: str = "cpu") -> np.ndarray:
+        """sd.cpp's conditioners' T5 pass: `ids` (and `mask`) as T5Tokenizer.pad_chunks makes
+        them, a multiple of chunk_len long; each chunk is encoded on its own (one batch here,
+        one graph) and the states are joined: float32 [1, n_chunks * chunk_len, d_model].
+        Pass `mask` only where sd.cpp does (Chroma with --chroma-enable-t5-mask). Token weights
+        (sd.cpp's apply_token_weights, per chunk) are the conditioner's business."""
+        a = np.asarray(ids).reshape(-1)
+        if chunk_len < 1 or a.size == 0 or a.size % chunk_len:
+            raise UsageError(f"{a.size} T5 ids are not whole chunks of {chunk_len}")
+        m = None if mask is None else np.asarray(mask).reshape(-1, chunk_len)
+        h = self.run(a.reshape(-1, chunk_len), m, backend)
+        return h.reshape(1, -1, self.config.d_model)
 
     def run(self, ids, mask=None, backend: str = "cpu") -> np.ndarray:
         """forward + execute: float32 [N, L, d_model]."""

@@ -1,7 +1,9 @@
-"""T5 tokenizer (sdrt.models.te.t5_tokenizer) against Hugging Face's T5TokenizerFast.
+"""T5 tokenizer (sdrt.models.te.t5_tokenizer) against Hugging Face's T5TokenizerFast and
+stable-diffusion.cpp's T5UniGramTokenizer.
 
 Fixture: tools/make_t5_goldens.py tokenizer -> tests/fixtures/t5_tokenizer_ids.npz, the ids HF
-gives (with `</s>`) for the 1,200 prompts of tests/t5_prompt_gen.py. No transformers needed here."""
+gives (with `</s>`) and the ids sd.cpp's own tokenizer code gives (compiled from the 0.4.7 sdist,
+no `</s>`) for the 1,200 prompts of tests/t5_prompt_gen.py. No transformers needed here."""
 import os
 
 import numpy as np
@@ -26,6 +28,12 @@ def gold():
     return t5_prompts(), ids
 
 
+@pytest.fixture(scope="module")
+def gold_sdcpp():
+    d = np.load(os.path.join(FIX, "t5_tokenizer_ids.npz"))
+    return np.split(d["sdcpp_ids"].astype(np.int32), np.cumsum(d["sdcpp_lengths"])[:-1])
+
+
 def test_prompts_cover_what_they_claim(gold):
     prompts, ids = gold
     assert len(prompts) == len(ids) >= 1000
@@ -39,6 +47,28 @@ def test_ids_match_hf_on_1200_prompts(tok, gold):
     prompts, ids = gold
     bad = [i for i, (p, want) in enumerate(zip(prompts, ids)) if not np.array_equal(tok.encode(p)[0], want)]
     assert not bad, f"{len(bad)} prompts differ, first {prompts[bad[0]]!r}"
+
+
+def test_sdcpp_style_matches_sdcpp_on_1200_prompts(gold, gold_sdcpp):
+    prompts, _ = gold
+    sd = T5Tokenizer(style="sdcpp")
+    bad = [i for i, (p, want) in enumerate(zip(prompts, gold_sdcpp)) if sd.tokenize(p) != want.tolist()]
+    assert not bad, f"{len(bad)} prompts differ, first {prompts[bad[0]]!r}"
+
+
+def test_styles_agree_on_plain_text_and_differ_where_documented(tok, gold, gold_sdcpp):
+    prompts, ids = gold
+    plain = [i for i, p in enumerate(prompts) if p and p == p.strip() and all(32 <= ord(c) < 127 for c in p)
+             and "  " not in p and not any(t in p for t in ("<pad>", "</s>", "<unk>", "<extra_id_"))]
+    assert len(plain) >= 30
+    assert all(ids[i][:-1].tolist() == gold_sdcpp[i].tolist() for i in plain)
+    sd = T5Tokenizer(style="sdcpp")
+    assert sd.tokenize("") == [3] and tok.tokenize("") == []
+    assert sd.tokenize("a cat ") == [3, 9, 1712] and tok.tokenize("a cat ") == [3, 9, 1712, 3]
+    assert sd.tokenize("\t\t") == [3, 2, 2]                  # one <unk> per unknown character
+    assert sd.tokenize("ﬁne") != tok.tokenize("ﬁne")          # no NFKC in sd.cpp
+    with pytest.raises(UsageError, match="style"):
+        T5Tokenizer(style="sentencepiece")
 
 
 def test_batch_matches_single(tok, gold):

@@ -2,7 +2,8 @@
 
     python tools/make_t5_goldens.py            # both fixtures
     python tools/make_t5_goldens.py encoder    # tests/fixtures/t5_encoder.npz
-    python tools/make_t5_goldens.py tokenizer  # tests/fixtures/t5_tokenizer_ids.npz
+    python tools/make_t5_goldens.py tokenizer [--sdist stable_diffusion_cpp_python-0.4.7.tar.gz]
+                                               # tests/fixtures/t5_tokenizer_ids.npz
 
 encoder: a random transformers.T5EncoderModel (T5 v1.1 layout: gated-gelu FFN, d_kv 64, the
 real key names, small width and depth), its weights rounded to float16 values (so the fixture is
@@ -13,7 +14,11 @@ tokenizer: >= 1,000 prompts made deterministically by `t5_prompts` (in tests/t5_
 shared with the test), their ids from transformers' T5TokenizerFast over the tokenizer.json
 sdrt ships (the file diffusers' Flux/SD3 `tokenizer_2` folders carry), plus the ids of
 sentencepiece's own SentencePieceProcessor over a spiece.model rebuilt from the same vocabulary
-(reported, not stored: HF's fast tokenizer and sentencepiece differ on trailing whitespace).
+(reported, not stored: HF's fast tokenizer and sentencepiece differ on trailing whitespace),
+and the ids of stable-diffusion.cpp's own T5UniGramTokenizer::encode: its sources from the
+stable-diffusion-cpp-python sdist (downloaded with pip unless --sdist is given) are compiled with
+g++ into a small harness (SDCPP_MAIN below; logging stubbed, the vocabulary read from the same
+tokenizer.json) and run over the prompts.
 """
 from __future__ import annotations
 
@@ -108,7 +113,86 @@ def make_spiece(tokenizer_json: dict, path: str) -> None:
         f.write(m.SerializeToString())
 
 
-def make_tokenizer():
+SDCPP_MAIN = r'''
+// prompts separated by \x1e on stdin -> one line of ids per prompt (sd.cpp's encode, no </s>)
+#include "tokenizers/t5_unigram_tokenizer.h"
+#include <iostream>
+#include <iterator>
+int main() {
+    T5UniGramTokenizer tok(false);
+    std::string all((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    for (size_t start = 0, end; (end = all.find('\x1e', start)) != std::string::npos; start = end + 1) {
+        std::vector<int> ids = tok.encode(all.substr(start, end - start));
+        for (size_t i = 0; i < ids.size(); i++) std::cout << (i ? " " : "") << ids[i];
+        std::cout << "\n";
+    }
+}
+'''
+SDCPP_STUBS = {
+    "util.h": r'''#pragma once
+#include <cstdio>
+#include <string>
+#define LOG_DEBUG(...) do {} while (0)
+#define LOG_INFO(...) do {} while (0)
+#define LOG_WARN(...) do {} while (0)
+#define LOG_ERROR(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } while (0)
+inline bool ends_with(const std::string& s, const std::string& x) {
+    return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0; }
+inline bool starts_with(const std::string& s, const std::string& x) { return s.rfind(x, 0) == 0; }
+inline std::string trim(const std::string& s) {
+    size_t a = s.find_first_not_of(" \t\n\r\f\v");
+    if (a == std::string::npos) return "";
+    return s.substr(a, s.find_last_not_of(" \t\n\r\f\v") - a + 1); }
+''',
+    "vocab_stub.cpp": r'''#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+std::string load_t5_tokenizer_json() {
+    std::ifstream f(std::getenv("T5_JSON")); std::stringstream s; s << f.rdbuf(); return s.str(); }
+std::string load_umt5_tokenizer_json() { return "{}"; }
+std::string load_clip_merges() { return ""; }
+std::string load_qwen2_merges() { return ""; }
+std::string load_mistral_merges() { return ""; }
+std::string load_mistral_vocab_json() { return ""; }
+''',
+}
+
+
+def sdcpp_ids(prompts, tokenizer_json_path: str, sdist: str | None, tmp: str) -> list[list[int]]:
+    """sd.cpp's T5UniGramTokenizer::encode ids, from its sources compiled here."""
+    import subprocess
+    import tarfile
+
+    if sdist is None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        "stable-diffusion-cpp-python==0.4.7", "-d", tmp], check=True)
+        sdist = os.path.join(tmp, "stable_diffusion_cpp_python-0.4.7.tar.gz")
+    with tarfile.open(sdist) as tf:
+        want = [m for m in tf.getmembers() if "/vendor/stable-diffusion.cpp/src/tokenizers/" in m.name
+                and not m.name.endswith(".hpp") or m.name.endswith(("thirdparty/json.hpp", "thirdparty/darts.h"))]
+        tf.extractall(tmp, members=want, filter="data")
+    root = os.path.join(tmp, os.path.basename(sdist)[:-len(".tar.gz")], "vendor", "stable-diffusion.cpp")
+    os.makedirs(os.path.join(tmp, "stub"), exist_ok=True)
+    for name, text in SDCPP_STUBS.items():
+        with open(os.path.join(tmp, "stub" if name.endswith(".h") else "", name), "w") as f:
+            f.write(text)
+    with open(os.path.join(tmp, "main.cpp"), "w") as f:
+        f.write(SDCPP_MAIN)
+    exe = os.path.join(tmp, "t5tok")
+    src = os.path.join(root, "src", "tokenizers")
+    subprocess.run(["g++", "-O1", "-std=c++17", "-I" + os.path.join(tmp, "stub"), "-I" + os.path.join(root, "src"),
+                    "-I" + os.path.join(root, "thirdparty"), "-o", exe, os.path.join(tmp, "main.cpp"),
+                    os.path.join(tmp, "vocab_stub.cpp")] + [os.path.join(src, n) for n in
+                   ("t5_unigram_tokenizer.cpp", "tokenizer.cpp", "tokenize_util.cpp")], check=True)
+    out = subprocess.run([exe], input="".join(p + "\x1e" for p in prompts).encode("utf-8"), check=True,
+                         capture_output=True, env={**os.environ, "T5_JSON": tokenizer_json_path}).stdout
+    lines = out.decode().split("\n")[:-1]
+    assert len(lines) == len(prompts)
+    return [[int(x) for x in line.split()] for line in lines]
+
+
+def make_tokenizer(sdist: str | None = None):
     import json
     import tempfile
 
@@ -129,22 +213,31 @@ def make_tokenizer():
         sp = spm.SentencePieceProcessor(model_file=os.path.join(tmp, "spiece.model"))
         ids = [hf(p).input_ids for p in prompts]
         spids = [sp.encode(p) + [1] for p in prompts]
+        sdids = sdcpp_ids(prompts, os.path.join(tmp, "tokenizer.json"), sdist, tmp)
     same = sum(a == b for a, b in zip(ids, spids))
     diff = [i for i, (a, b) in enumerate(zip(ids, spids)) if a != b]
     print(f"{len(prompts)} prompts, {sum(map(len, ids))} ids; sentencepiece agrees on {same}")
     for i in diff[:5]:
         print(f"  differs: {prompts[i]!r}")
+    print(f"sd.cpp's tokenizer agrees with HF on {sum(a[:-1] == b for a, b in zip(ids, sdids))}")
     lengths = np.array([len(x) for x in ids], np.int32)
     flat = np.concatenate([np.asarray(x, np.int32) for x in ids])
+    sd_lengths = np.array([len(x) for x in sdids], np.int32)
+    sd_flat = np.concatenate([np.asarray(x, np.int32) for x in sdids])
     path = os.path.join(FIX, "t5_tokenizer_ids.npz")
     np.savez_compressed(path, lengths=lengths, ids=flat.astype(np.uint16),
+                        sdcpp_lengths=sd_lengths, sdcpp_ids=sd_flat.astype(np.uint16),
                         sp_agrees=np.array([a == b for a, b in zip(ids, spids)]))
     print(f"wrote {path} ({os.path.getsize(path)} bytes)")
 
 
 if __name__ == "__main__":
-    what = sys.argv[1:] or ["encoder", "tokenizer"]
-    if "encoder" in what:
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", nargs="*", default=["encoder", "tokenizer"])
+    ap.add_argument("--sdist", help="stable_diffusion_cpp_python-0.4.7.tar.gz (else pip downloads it)")
+    a = ap.parse_args()
+    if "encoder" in a.what:
         make_encoder()
-    if "tokenizer" in what:
-        make_tokenizer()
+    if "tokenizer" in a.what:
+        make_tokenizer(a.sdist)

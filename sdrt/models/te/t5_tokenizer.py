@@ -20,12 +20,22 @@ the ids of Hugging Face's T5TokenizerFast, and stable-diffusion.cpp's per-family
   Chunk lengths sd.cpp uses (`CHUNK_LEN`): SD3 77, Flux 256, Chroma 512; only Chroma passes the
   mask to T5 (`--chroma-enable-t5-mask`).
 
+Two styles (`T5Tokenizer(style=...)`), as for the CLIP tokenizer:
+- "hf" (default): Hugging Face's ids (T5TokenizerFast over the tokenizer.json).
+- "sdcpp": stable-diffusion.cpp's T5UniGramTokenizer::encode: runs of 2+ ASCII spaces become one,
+  no charsmap normalization, only `<pad>`, `</s>`, `<unk>` are cut out as special strings
+  (earliest match first), each other segment becomes "\u2581" + its spaces as "\u2581" (a
+  trailing space dropped, as std::getline splits), one unigram Viterbi over that whole string,
+  one `<unk>` per unknown character. sd-cli's ids; on plain text (printable ASCII or composed
+  accents, no leading/trailing/repeated whitespace, no special strings) both styles agree.
+
 The work is done by the `tokenizers` library (Hugging Face's Rust tokenizer, the engine behind
 T5TokenizerFast), over the same tokenizer.json HF loads, so normalization (the nmt_nfkc
 precompiled charsmap, runs of spaces), the Metaspace pre-tokenizer, the unigram Viterbi search
 and the special tokens are HF's by construction. stable-diffusion.cpp's own port differs: it
 skips the charsmap normalization (a TODO there), so non-ASCII text that NFKC changes (full-width
-forms, ligatures, some spaces and control characters) gets different ids in sd-cli.
+forms, ligatures, some spaces and control characters) gets different ids in sd-cli, and so do
+whitespace at the ends, tabs/newlines and special-token strings (style "sdcpp" reproduces it).
 
 Vocabulary sources, first found wins: a `tokenizer.json`, a `spiece.model` (read with a minimal
 protobuf reader and turned into the same tokenizer.json structure), the file or folder given
@@ -39,6 +49,7 @@ import copy
 import gzip
 import json
 import os
+import re
 import struct
 from functools import lru_cache
 
@@ -46,11 +57,14 @@ import numpy as np
 
 from ...errors import ModelFileError, UsageError
 
-__all__ = ["CHUNK_LEN", "EOS_ID", "PAD_ID", "UNK_ID", "T5Tokenizer", "read_spiece_model", "vocab_path"]
+__all__ = ["CHUNK_LEN", "EOS_ID", "PAD_ID", "STYLES", "UNK_ID", "T5Tokenizer", "read_spiece_model", "vocab_path"]
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 N_EXTRA_IDS = 100
 CHUNK_LEN = {"sd3": 77, "flux": 256, "chroma": 512}   # sd.cpp's T5 chunk per conditioner
+STYLES = ("hf", "sdcpp")
+_SDCPP_SPECIAL = (("<pad>", PAD_ID), ("</s>", EOS_ID), ("<unk>", UNK_ID))
+_RE_SPACES = re.compile(" {2,}")
 
 
 def vocab_path() -> str:
@@ -166,7 +180,10 @@ def _resolve(path: str) -> tuple[str, str]:
 class T5Tokenizer:
     """See the module docstring."""
 
-    def __init__(self, path: str | None = None):
+    def __init__(self, path: str | None = None, style: str = "hf"):
+        if style not in STYLES:
+            raise UsageError(f"T5 tokenizer style {style!r}: choose one of {', '.join(STYLES)}")
+        self.style = style
         try:
             from tokenizers import Tokenizer
         except ImportError as e:  # a core dependency; say so if the install lost it
@@ -200,10 +217,40 @@ class T5Tokenizer:
         """Piece ids of `text`, without `</s>`."""
         if not isinstance(text, str):
             raise UsageError(f"T5 tokenizer: text must be a str, got {type(text).__name__}")
+        if self.style == "sdcpp":
+            return self._tokenize_sdcpp(text)
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
+        if self.style == "sdcpp":
+            return [self.tokenize(t) for t in texts]
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def _tokenize_sdcpp(self, text: str) -> list[int]:
+        text = _RE_SPACES.sub(" ", text)
+        ids: list[int] = []
+        pos = 0
+        while True:                       # cut out the earliest special string, first listed on ties
+            hits = [(i, tok, tid) for tok, tid in _SDCPP_SPECIAL if (i := text.find(tok, pos)) >= 0]
+            nxt = min(hits, key=lambda h: h[0]) if hits else None
+            end = nxt[0] if nxt else len(text)
+            if end > pos or (not text and not ids):
+                ids += self._viterbi_sdcpp(text[pos:end])
+            if nxt is None:
+                return ids
+            ids.append(nxt[2])
+            pos = nxt[0] + len(nxt[1])
+            if pos >= len(text):
+                return ids
+
+    def _viterbi_sdcpp(self, seg: str) -> list[int]:
+        parts = seg.split(" ")
+        if seg.endswith(" "):
+            parts.pop()                   # std::getline yields no empty field after a final ' '
+        out = []
+        for t in self._tok.model.tokenize("\u2581" + "\u2581".join(parts)):
+            out += [UNK_ID] * len(t.value) if t.id == UNK_ID else [t.id]   # sd.cpp: one <unk> per character
+        return out
 
     def encode(self, text: str, max_length: int | None = None, pad: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(ids, mask), HF semantics; see the module docstring."""

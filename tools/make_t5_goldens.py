@@ -2,6 +2,7 @@
 
     python tools/make_t5_goldens.py            # both fixtures
     python tools/make_t5_goldens.py encoder    # tests/fixtures/t5_encoder.npz
+    python tools/make_t5_goldens.py fullwidth  # T5-XXL widths, 2 blocks, vs transformers (prints)
     python tools/make_t5_goldens.py tokenizer [--sdist stable_diffusion_cpp_python-0.4.7.tar.gz]
                                                # tests/fixtures/t5_tokenizer_ids.npz
 
@@ -231,6 +232,42 @@ def make_tokenizer(sdist: str | None = None):
     print(f"wrote {path} ({os.path.getsize(path)} bytes)")
 
 
+def check_full_width(layers: int = 2):
+    """T5-XXL's real widths (d_model 4096, 64 heads, d_ff 10240, vocab 32128) at reduced depth,
+    HF's own random init, f32: sdrt against transformers on real prompts (printed, no fixture:
+    ~1.9 GB of weights per 2 blocks, shared between the two)."""
+    import time
+
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    from sdrt.models.te.t5 import T5Encoder
+    from sdrt.models.te.t5_tokenizer import T5Tokenizer
+    from sdrt.ops.tensor import Tensor
+
+    torch.manual_seed(0)
+    cfg = T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=layers, num_heads=64,
+                   feed_forward_proj="gated-gelu", dropout_rate=0.0, tie_word_embeddings=False)
+    model = T5EncoderModel(cfg).eval()
+    table = {k: Tensor.from_numpy(v.detach().numpy(), name=k) for k, v in model.state_dict().items()}
+    enc = T5Encoder(table, "")
+    tok = T5Tokenizer()
+    prompts = ["a lovely cat", "A photo of an astronaut riding a horse on the moon, cinematic lighting, 8k",
+               "x " * 300]
+    for p in prompts:
+        for max_len, use_mask in ((256, False), (512, True)):
+            ids, mask = tok.encode(p, max_length=max_len, pad=True)
+            with torch.no_grad():
+                kw = {"attention_mask": torch.from_numpy(mask[None].astype(np.int64))} if use_mask else {}
+                t0 = time.perf_counter()
+                ref = model(input_ids=torch.from_numpy(ids[None].astype(np.int64)), **kw).last_hidden_state.numpy()
+                t1 = time.perf_counter()
+            h = enc.run(ids[None], mask[None] if use_mask else None)
+            t2 = time.perf_counter()
+            print(f"{layers} blocks, {p[:24]!r:28} L={max_len} mask={use_mask}: max-abs {np.abs(h - ref).max():.2e} "
+                  f"at max |ref| {np.abs(ref).max():.2f} (torch {t1 - t0:.1f} s, sdrt {t2 - t1:.1f} s)")
+
+
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser()
@@ -241,3 +278,5 @@ if __name__ == "__main__":
         make_encoder()
     if "tokenizer" in a.what:
         make_tokenizer(a.sdist)
+    if "fullwidth" in a.what:
+        check_full_width()

@@ -1,0 +1,278 @@
+"""Flux.1 transformer against diffusers goldens (tools/make_flux_goldens.py), the diffusers -> BFL
+conversion, config detection, RoPE ids/pe, errors and the full-size graph budget. No torch here."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from sdrt import ModelFileError, UsageError
+from sdrt.errors import UnsupportedError
+from sdrt.models.diffusion.flux import PREFIX, FluxConfig, FluxModel, find_prefix, flux_ids, flux_pe
+from sdrt.models.diffusion.flux_names import Part, apply_part, convert_diffusers_flux, diffusers_to_bfl_plan
+from sdrt.ops import api as F
+from sdrt.ops.tensor import Tensor
+
+FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "flux_transformer.npz")
+AXES = (4, 6, 6)
+_cache: dict = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny graphs: one thread (see tests/test_unet.py)."""
+    from sdrt.ops.threads import get_threads, set_threads
+    before = get_threads()
+    set_threads(1)
+    yield
+    set_threads(before)
+
+
+def fixture():
+    if "z" not in _cache:
+        z = np.load(FIX)
+        _cache["z"] = {k: z[k] for k in z.files}
+    return _cache["z"]
+
+
+def diffusers_state(case):
+    z = fixture()
+    return {k.split(":w:")[1]: v for k, v in z.items() if k.startswith(case + ":w:")}
+
+
+def table(case, dtype=None, prefix=PREFIX):
+    out = {}
+    for k, v in convert_diffusers_flux(diffusers_state(case), prefix).items():
+        v = np.ascontiguousarray(v)
+        if dtype == "F32":
+            t = Tensor.from_numpy(v.astype(np.float32))
+        elif dtype == "BF16":
+            t = Tensor.from_numpy(_bf16(v), "BF16")
+        else:
+            t = Tensor.from_numpy(v)  # the fixture's f16
+        out[k] = t
+    return out
+
+
+def _bf16(v):
+    """float32 -> bf16 bits (round to nearest even), as uint16."""
+    b = np.ascontiguousarray(v, np.float32).view(np.uint32)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def inputs(case):
+    z = fixture()
+    g = lambda k: z.get(f"{case}:{k}")
+    refs = [g("ref")] if g("ref") is not None else []
+    return (g("x"), g("t"), g("context"), g("y"), g("guidance"), g("c_concat"), refs), g("out")
+
+
+def run(case, dtype=None, **kw):
+    wcase = "dev" if case == "kontext" else case
+    m = FluxModel(table(wcase, dtype), config=FluxConfig.detect_from_weights(table(wcase, dtype), axes_dim=AXES))
+    args, ref = inputs(case)
+    return m(*args, **kw), ref
+
+
+def rel_err(got, ref):
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+# ---- goldens ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["dev", "schnell", "fill", "kontext"])
+def test_matches_diffusers(case):
+    out, ref = run(case)
+    assert out.shape == ref.shape == (2, 16, 6, 8) and out.dtype == np.float32
+    assert rel_err(out, ref) <= 1e-4
+
+
+def test_f32_weights_match_and_bf16_loosely():
+    out, ref = run("dev", "F32")
+    assert rel_err(out, ref) <= 1e-4
+    out, ref = run("dev", "BF16")          # bf16-rounded weights: a different model, close by
+    e = rel_err(out, ref)
+    assert 1e-4 < e <= 5e-2, e
+
+
+def test_guidance_and_timestep_matter():
+    """Each conditioning input moves the output (no path is dead)."""
+    args, ref = inputs("dev")
+    m = FluxModel(table("dev"), config=FluxConfig.detect_from_weights(table("dev"), axes_dim=AXES))
+    base = m(*args)
+    for i, bump in ((1, 0.1), (4, 1.0)):   # timestep, guidance
+        a = list(args)
+        a[i] = a[i] + bump
+        assert rel_err(m(*a), base) > 1e-3
+    assert len(m._graphs) == 1  # same shapes: one graph, reused
+
+
+def test_odd_latent_is_padded_then_cropped():
+    """sd.cpp pads h, w to even with zeros and crops the output: equal to running the padded
+    latent and cropping (the pad is exact, the ids use (h + 1) // 2 rows)."""
+    args, _ = inputs("schnell")
+    m = FluxModel(table("schnell"), config=FluxConfig.detect_from_weights(table("schnell"), axes_dim=AXES))
+    x = args[0][:, :, :5, :7]
+    padded = np.zeros_like(args[0])
+    padded[:, :, :5, :7] = x
+    out = m(x, *args[1:4])
+    assert out.shape == (2, 16, 5, 7)
+    np.testing.assert_allclose(out, m(padded, *args[1:4])[:, :, :5, :7], rtol=0, atol=1e-5)
+
+
+# ---- the diffusers -> BFL conversion ----------------------------------------------------------
+
+def test_conversion_plan():
+    names = list(diffusers_state("dev"))
+    plan = diffusers_to_bfl_plan(names)
+    assert plan["double_blocks.1.img_attn.qkv.weight"].sources == tuple(
+        f"transformer_blocks.1.attn.to_{c}.weight" for c in "qkv")
+    assert plan["double_blocks.0.txt_attn.qkv.bias"].sources == tuple(
+        f"transformer_blocks.0.attn.add_{c}_proj.bias" for c in "qkv")
+    assert plan["single_blocks.1.linear1.weight"].sources == tuple(
+        f"single_transformer_blocks.1.{p}.weight" for p in ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"))
+    assert plan["final_layer.adaLN_modulation.1.weight"] == Part(("norm_out.linear.weight",), True)
+    assert plan["double_blocks.0.txt_attn.norm.key_norm.scale"].sources == ("transformer_blocks.0.attn.norm_added_k.weight",)
+    # every diffusers tensor is used exactly once; the BFL set is the detected layout's
+    used = [s for p in plan.values() for s in p.sources]
+    assert sorted(used) == sorted(names)
+    cfg = FluxConfig.detect_from_weights(table("dev", prefix=""), prefix="", axes_dim=AXES)
+    assert set(plan) == set(cfg.weight_shapes())
+    # prefixes are accepted
+    assert set(diffusers_to_bfl_plan("transformer." + n for n in names)) == set(plan)
+
+
+def test_conversion_swap_is_needed():
+    """Without exchanging norm_out's (scale, shift) halves the output is wrong: the swap is what
+    diffusers' own single-file loader does (sd.cpp's name map does not)."""
+    state = diffusers_state("dev")
+    tab = table("dev")
+    for leaf in ("weight", "bias"):
+        v = apply_part(Part((f"norm_out.linear.{leaf}",), False), state)
+        tab[f"{PREFIX}final_layer.adaLN_modulation.1.{leaf}"] = Tensor.from_numpy(np.ascontiguousarray(v))
+    m = FluxModel(tab, config=FluxConfig.detect_from_weights(tab, axes_dim=AXES))
+    args, ref = inputs("dev")
+    assert rel_err(m(*args), ref) > 1e-2
+
+
+def test_conversion_errors():
+    names = list(diffusers_state("dev"))
+    with pytest.raises(ModelFileError, match="unknown tensor 'transformer_blocks.0.attn.foo.weight'"):
+        diffusers_to_bfl_plan(names + ["transformer_blocks.0.attn.foo.weight"])
+    with pytest.raises(ModelFileError, match="missing single_transformer_blocks.0.proj_mlp.weight"):
+        diffusers_to_bfl_plan([n for n in names if n != "single_transformer_blocks.0.proj_mlp.weight"])
+
+
+# ---- detection, errors -----------------------------------------------------------------------
+
+def test_detect_from_weights():
+    cfg = FluxConfig.detect_from_weights(table("dev"), axes_dim=AXES)
+    assert (cfg.depth, cfg.depth_single_blocks, cfg.hidden_size, cfg.num_heads, cfg.mlp_hidden) == (2, 2, 32, 2, 128)
+    assert (cfg.in_channels, cfg.out_channels, cfg.latent_channels, cfg.concat_channels) == (64, 64, 16, 0)
+    assert (cfg.context_in_dim, cfg.vec_in_dim, cfg.guidance_embed) == (32, 24, True)
+    assert not FluxConfig.detect_from_weights(table("schnell"), axes_dim=AXES).guidance_embed
+    fill = FluxConfig.detect_from_weights(table("fill"), axes_dim=AXES)
+    assert (fill.in_channels, fill.concat_channels) == (384, 80)
+    assert find_prefix(table("dev")) == PREFIX and find_prefix(table("dev", prefix="")) == ""
+
+
+def test_pruned_depth_loads():
+    """Flux-Lite style: fewer blocks in the file -> a shallower model (no per-version table)."""
+    tab = {k: v for k, v in table("dev").items() if ".double_blocks.1." not in k and ".single_blocks.1." not in k}
+    cfg = FluxConfig.detect_from_weights(tab, axes_dim=AXES)
+    assert (cfg.depth, cfg.depth_single_blocks) == (1, 1)
+    args, _ = inputs("dev")
+    assert FluxModel(tab, config=cfg)(*args).shape == (2, 16, 6, 8)
+
+
+def test_errors():
+    tab = table("dev")
+    with pytest.raises(ModelFileError, match="axes_dim"):
+        FluxConfig.detect_from_weights(tab)   # 16-wide heads: no default RoPE split
+    cfg = FluxConfig.detect_from_weights(tab, axes_dim=AXES)
+    bad = dict(tab)
+    del bad[PREFIX + "single_blocks.0.linear2.bias"]
+    with pytest.raises(ModelFileError, match="missing tensor 'model.diffusion_model.single_blocks.0.linear2.bias'"):
+        FluxModel(bad, config=cfg)
+    bad = dict(tab)
+    bad[PREFIX + "double_blocks.1.img_mlp.2.weight"] = Tensor.from_numpy(np.zeros((32, 64), np.float16))
+    with pytest.raises(ModelFileError, match="double_blocks.1.img_mlp.2.weight' has shape \\[32, 64\\]"):
+        FluxModel(bad, config=cfg)
+    bad = dict(tab)
+    bad[PREFIX + "double_stream_modulation_img.lin.weight"] = Tensor.from_numpy(np.zeros((4, 4), np.float16))
+    with pytest.raises(UnsupportedError, match="Flux.2"):
+        FluxConfig.detect_from_weights(bad, axes_dim=AXES)
+    m = FluxModel(tab, config=cfg)
+    (x, t, ctx, y, g, _, _), _ = inputs("dev")
+    with pytest.raises(UsageError, match="guidance"):
+        m(x, t, ctx, y, None)
+    with pytest.raises(UsageError, match="pooled text vector"):
+        m(x, t, ctx, None, g)
+    with pytest.raises(UsageError, match="context has width 7"):
+        m(x, t, ctx[..., :7], y, g)
+    with pytest.raises(UsageError, match="channels"):
+        m(x[:, :4], t, ctx, y, g)
+
+
+# ---- RoPE ----------------------------------------------------------------------------------------
+
+def test_ids_like_sdcpp():
+    ids = flux_ids(4, 6, 3)
+    assert ids.shape == (3 + 2 * 3, 3) and not ids[:3].any()
+    assert ids[3:].tolist() == [[0, r, c] for r in range(2) for c in range(3)]
+    # odd sizes round up: (h + 1) // 2 rows
+    assert flux_ids(5, 7, 0).shape == (3 * 4, 3)
+    # fixed mode: index 1; the second reference goes beside the first along the shorter side
+    ids = flux_ids(4, 4, 0, refs=[(4, 6), (2, 2)])
+    r1, r2 = ids[4:4 + 6], ids[10:]
+    assert (r1[:, 0] == 1).all() and r1[:, 1].min() == 0 and r1[:, 2].min() == 0
+    # second ref: 2 + 4 > 2 + 6 is false -> placed below (h offset 4 latent rows, as sd.cpp)
+    assert (r2[:, 0] == 1).all() and r2[:, 1].min() == 4 and r2[:, 2].min() == 0
+    inc = flux_ids(4, 4, 0, refs=[(4, 6), (2, 2)], ref_index_mode="increase")
+    assert inc[4, 0] == 1 and inc[10, 0] == 2 and inc[10, 1] == 0
+    dec = flux_ids(4, 4, 0, refs=[(2, 2)], ref_index_mode="decrease")
+    assert dec[4, 0] == 0
+    with pytest.raises(UsageError, match="ref index mode"):
+        flux_ids(4, 4, 0, refs=[(2, 2)], ref_index_mode="sideways")
+
+
+def test_pe_against_float64():
+    ids = flux_ids(64, 64, 4)
+    pe = flux_pe(ids, (16, 56, 56))
+    assert pe.shape == (4 + 32 * 32, 64, 2, 2) and pe.dtype == np.float32
+    ang = []
+    for i, d in enumerate((16, 56, 56)):
+        freqs = 1.0 / 10000.0 ** (np.arange(0, d, 2, dtype=np.float64) / d)
+        ang.append(np.outer(ids[:, i].astype(np.float64), freqs))
+    ang = np.concatenate(ang, 1)
+    np.testing.assert_allclose(pe[..., 0, 0], np.cos(ang), atol=2e-5)
+    np.testing.assert_allclose(pe[..., 1, 0], np.sin(ang), atol=2e-5)
+    np.testing.assert_array_equal(pe[..., 0, 1], -pe[..., 1, 0])
+    np.testing.assert_array_equal(pe[..., 1, 1], pe[..., 0, 0])
+
+
+# ---- the full-size graph ------------------------------------------------------------------------
+
+def test_full_size_dev_plan_has_no_score_matrix():
+    """Flux.1-dev at 1024x1024 (4096 image + 512 text tokens, 24 heads of 128), planned on
+    zero-stride stand-in weights (no data, nothing runs): attention is one op per block whose
+    output is [128, 4608, 24] — no node holds a 4608 x 4608 score matrix — and the planned
+    peak of intermediates stays near the widest activation (linear1's [21504, 4608] F32)."""
+    cfg = FluxConfig()
+    one = np.zeros(2, np.uint8)
+    tab = {PREFIX + k: Tensor.from_buffer(one, "BF16", s[::-1], nb=(0,) * len(s)) for k, s in cfg.weight_shapes().items()}
+    m = FluxModel(tab, config=FluxConfig.detect_from_weights(tab))
+    z = lambda *s: Tensor.from_numpy(np.zeros(s, np.float32))
+    out = m.forward(z(1, 16, 128, 128), z(1), z(1, 512, 4096), z(1, 768), z(1))
+    assert out.ne == (128, 128, 16, 1)
+    g = F.Graph(out)
+    L = 4096 + 512
+    att = [n for n in g.nodes if n.op == "attention"]
+    assert len(att) == 19 + 38 and all(n.ne == (128, L, 24, 1) for n in att)
+    assert not any(list(n.ne).count(L) >= 2 for n in g.nodes), "a tokens x tokens node (score matrix)"
+    assert [n.cut for n in g.cut_nodes][-1] == "flux.single_blocks.37"
+    assert len(g.nodes) <= 2034, len(g.nodes)  # 2034 when written
+    plan = g.plan()
+    assert plan.peak_bytes <= 1000 * 2**20, plan.peak_bytes / 2**20  # 979 MiB when written

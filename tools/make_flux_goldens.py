@@ -1,6 +1,7 @@
-"""Write tests/fixtures/flux_transformer.npz: diffusers FluxTransformer2DModel goldens for sdrt's Flux.
+"""Write tests/fixtures/flux_transformer.npz and flux_vae.npz: diffusers goldens for sdrt's Flux
+transformer and the 16-channel Flux VAE.
 
-    python tools/make_flux_goldens.py            # needs torch + diffusers (CPU is enough)
+    python tools/make_flux_goldens.py [--only transformer|vae]   # needs torch + diffusers (CPU)
 
 Each case is a tiny random config of the real architecture (2 double + 2 single blocks, hidden
 32 = 2 heads x 16, RoPE axes (4, 6, 6) summing to the head width, 16 latent channels), built with
@@ -21,6 +22,15 @@ Cases (keys `<case>:...`):
              packed and joined on features as FluxFillPipeline does.
 Each case: `w:<diffusers name>` (not for kontext), `x`, `t`, `context`, `y`, [`guidance`],
 [`ref`], [`c_concat`], `out` = diffusers' output unpacked to [N, 16, h, w]; `meta` json.
+
+flux_vae.npz: diffusers AutoencoderKL in the Flux VAE's shape, scaled down (block_out_channels
+(32, 32, 64) instead of (128, 256, 512, 512), 1 res block per level instead of 2, 32 GroupNorm groups,
+16 latent channels, no quant_conv/post_quant_conv, scaling 0.3611, shift 0.1159). Weights
+`w:<LDM name>` (first_stage_model.*, converted with sdrt.io.names.diffusers_vae_to_ldm, mid
+attention kept as [C, C] linears), f16 values. `x` [1, 3, 32, 32] in [-1, 1]; `moments` =
+encoder(x) (mean ++ logvar: no quant_conv); `latent` = FluxPipeline's (mode - shift) * scale;
+`z` [2, 16, 8, 8] a diffusion-space latent and `dec` = vae.decode(z / scale + shift) as
+FluxPipeline decodes; `meta`.
 """
 from __future__ import annotations
 
@@ -76,7 +86,7 @@ def image_ids(h, w, index=0):
     return ids.reshape(-1, 3)
 
 
-def main():
+def make_transformer():
     from diffusers import FluxTransformer2DModel
     import diffusers
     arrays, meta = {}, {"torch": torch.__version__, "diffusers": diffusers.__version__, "cases": {}}
@@ -131,6 +141,49 @@ def main():
     size = os.path.getsize(path)
     print(f"{path}: {size / 1e6:.2f} MB")
     assert size < 3e6
+
+
+VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(32, 32, 64), layers_per_block=1,
+           down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
+           norm_num_groups=32, use_quant_conv=False, use_post_quant_conv=False,
+           scaling_factor=0.3611, shift_factor=0.1159)
+
+
+def make_vae():
+    from diffusers import AutoencoderKL
+    import diffusers
+    from sdrt.io.names import diffusers_vae_to_ldm
+    g = torch.Generator().manual_seed(310)
+    vae = AutoencoderKL(**VAE).eval()
+    randomize(vae, g)
+    x = torch.rand(1, 3, 32, 32, generator=g) * 2 - 1
+    z = torch.randn(2, 16, 8, 8, generator=g)
+    sf, sh = vae.config.scaling_factor, vae.config.shift_factor
+    with torch.no_grad():
+        moments = vae.encoder(x)                           # no quant_conv: the distribution's parameters
+        latent = (vae.encode(x).latent_dist.mode() - sh) * sf
+        dec = vae.decode(z / sf + sh).sample
+    arrays = {"w:first_stage_model." + diffusers_vae_to_ldm(k, len(VAE["block_out_channels"])): v.numpy().astype(np.float16)
+              for k, v in vae.state_dict().items()}
+    arrays.update(x=x.numpy(), moments=moments.numpy(), latent=latent.numpy(), z=z.numpy(), dec=dec.numpy())
+    arrays["meta"] = np.array(json.dumps({"config": VAE, "seed": 310, "torch": torch.__version__,
+                                          "diffusers": diffusers.__version__}))
+    path = os.path.join(FIX, "flux_vae.npz")
+    np.savez_compressed(path, **arrays)
+    size = os.path.getsize(path)
+    print(f"{path}: {size / 1e6:.2f} MB, {sum(v.numel() for v in vae.state_dict().values())} params")
+    assert size < 3e6
+
+
+def main():
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=("transformer", "vae"))
+    a = ap.parse_args()
+    if a.only in (None, "transformer"):
+        make_transformer()
+    if a.only in (None, "vae"):
+        make_vae()
 
 
 if __name__ == "__main__":

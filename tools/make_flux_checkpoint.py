@@ -15,7 +15,8 @@ or reduced depth, so sd-cli and sdrt load it as they load flux1-dev / flux1-schn
   all          both in one file: `model.diffusion_model.*` and `vae.*` (the ComfyUI single-file
                layout sd.cpp reads; the text encoders come from --clip_l / --t5xxl)
 --variant dev (guidance_in), schnell (none), fill (img_in 384 wide: x + 16 masked + 64 mask
-channels). --depth / --single-depth: double / single block counts (19 / 38 in the releases;
+channels), chroma (no time_in/vector_in/guidance_in/modulation weights: the
+distilled_guidance_layer approximator, 64 -> 5120 x 5 layers -> 3072; 8.9 B parameters). --depth / --single-depth: double / single block counts (19 / 38 in the releases;
 fewer for Flux-Lite-like or quick test checkpoints: sdrt and sd-cli count blocks from the names).
 --type: bf16 (default, as released), f16, f32 -> safetensors; q8_0, q5_0, q5_1, q4_0, q4_1,
 q2_K ... q6_K -> GGUF, quantized as `sd-cli -M convert --type` would (sd.cpp's
@@ -48,7 +49,8 @@ from sdrt.ops.convert import f32_to_raw
 from sdrt.ops.tensor import Tensor
 
 VARIANTS = {"dev": dict(guidance_embed=True), "schnell": dict(guidance_embed=False),
-            "fill": dict(guidance_embed=True, in_channels=384)}
+            "fill": dict(guidance_embed=True, in_channels=384),
+            "chroma": dict(guidance_embed=False, vec_in_dim=0, is_chroma=True)}
 
 
 def transformer_layout(variant: str, depth: int = 19, single: int = 38) -> dict[str, tuple]:

@@ -20,8 +20,13 @@ Cases (keys `<case>:...`):
              (1, row, col), the output cut to the image tokens.
 - `fill`     in_channels 384: x + c_concat [2, 80, 6, 8] (16 masked-image + 64 mask channels),
              packed and joined on features as FluxFillPipeline does.
-Each case: `w:<diffusers name>` (not for kontext), `x`, `t`, `context`, `y`, [`guidance`],
-[`ref`], [`c_concat`], `out` = diffusers' output unpacked to [N, 16, h, w]; `meta` json.
+- `chroma`   diffusers ChromaTransformer2DModel (same blocks, no per-block modulation: an
+             approximator of 2 layers, hidden 48, maps [emb16(1000 t), emb16(0), emb32(1000 j)] to
+             the 3*2 + 12*2 + 2 = 32 modulation vectors), T5 context only (no y, no guidance),
+             with a text mask: `mask` [2, 5] (1 keep, 0 drop; batch 1 drops its last 2 tokens) as
+             ChromaPipeline passes it (extended with ones over the image tokens).
+Each case: `w:<diffusers name>` (not for kontext), `x`, `t`, `context`, [`y`], [`guidance`],
+[`ref`], [`c_concat`], [`mask`], `out` = diffusers' output unpacked to [N, 16, h, w]; `meta` json.
 
 flux_vae.npz: diffusers AutoencoderKL in the Flux VAE's shape, scaled down (block_out_channels
 (32, 32, 64) instead of (128, 256, 512, 512), 1 res block per level instead of 2, 32 GroupNorm groups,
@@ -134,6 +139,28 @@ def make_transformer():
     for k, v in {"x": x, "ref": ref, "t": t, "guidance": gd, "context": ctx, "y": y, "out": out}.items():
         arrays[f"kontext:{k}"] = v.numpy().astype(np.float32)
     meta["cases"]["kontext"] = {"weights": "dev", "seed": 304}
+
+    # Chroma
+    from diffusers import ChromaTransformer2DModel
+    g = torch.Generator().manual_seed(305)
+    ccfg = {k: v for k, v in BASE.items() if k != "pooled_projection_dim"}
+    ccfg.update(in_channels=64, approximator_num_channels=64, approximator_hidden_dim=48, approximator_layers=2)
+    model = ChromaTransformer2DModel(**ccfg).eval()
+    randomize(model, g)
+    x = torch.randn(N, C, H, W, generator=g)
+    t = torch.tensor([0.9, 0.3])
+    ctx = torch.randn(N, L, BASE["joint_attention_dim"], generator=g)
+    mask = torch.ones(N, L, dtype=torch.bool)
+    mask[1, L - 2:] = False
+    full = torch.cat([mask, torch.ones(N, (H // 2) * (W // 2), dtype=torch.bool)], dim=1)
+    with torch.no_grad():
+        out = model(pack(x), ctx, t, img_ids=image_ids(H, W), txt_ids=torch.zeros(L, 3), attention_mask=full).sample
+    assert torch.isfinite(out).all()
+    for k, v in model.state_dict().items():
+        arrays[f"chroma:w:{k}"] = v.numpy().astype(np.float16)
+    for k, v in {"x": x, "t": t, "context": ctx, "mask": mask.float(), "out": unpack(out, H, W)}.items():
+        arrays[f"chroma:{k}"] = v.numpy().astype(np.float32)
+    meta["cases"]["chroma"] = {"config": ccfg, "seed": 305}
 
     arrays["meta"] = np.array(json.dumps(meta))
     path = os.path.join(FIX, "flux_transformer.npz")

@@ -69,6 +69,8 @@ class FluxConfig:
     theta: float = 10000.0
     guidance_embed: bool = True
     is_chroma: bool = False
+    approx_hidden: int = 5120       # Chroma's distilled_guidance_layer width and depth
+    approx_layers: int = 5
     patch_size: int = 2
 
     @property
@@ -115,7 +117,11 @@ class FluxConfig:
         else:
             mlp = w.shape("single_blocks.0.linear1.weight")[1] - 3 * hidden
         is_chroma = "distilled_guidance_layer.in_proj.weight" in w
-        cfg = cls(in_channels=w.shape("img_in.weight")[0], out_channels=w.shape("final_layer.linear.weight")[1],
+        approx = {}
+        if is_chroma:
+            n = 1 + max((int(m.group(1)) for k in names if (m := _RE_APPROX.match(k))), default=-1)
+            approx = dict(approx_hidden=w.shape("distilled_guidance_layer.in_proj.weight")[1], approx_layers=n)
+        cfg = cls(**approx, in_channels=w.shape("img_in.weight")[0], out_channels=w.shape("final_layer.linear.weight")[1],
                   vec_in_dim=w.shape("vector_in.in_layer.weight")[0] if "vector_in.in_layer.weight" in w else 0,
                   context_in_dim=ctx, hidden_size=hidden, mlp_hidden=mlp, num_heads=hidden // head_dim,
                   depth=depth, depth_single_blocks=single, guidance_embed="guidance_in.in_layer.weight" in w,
@@ -138,7 +144,13 @@ class FluxConfig:
         lin("img_in", self.in_channels, H)
         lin("txt_in", self.context_in_dim, H)
         if self.is_chroma:
-            pass  # the approximator's shapes are read from the file (ChromaApproximator)
+            A, a = self.approx_hidden, "distilled_guidance_layer."
+            lin(a + "in_proj", 64, A)
+            for i in range(self.approx_layers):
+                lin(f"{a}layers.{i}.in_layer", A, A)
+                lin(f"{a}layers.{i}.out_layer", A, A)
+                s[f"{a}norms.{i}.scale"] = (A,)
+            lin(a + "out_proj", A, H)
         else:
             lin("time_in.in_layer", 256, H)
             lin("time_in.out_layer", H, H)
@@ -176,6 +188,7 @@ class FluxConfig:
 
 _RE_DOUBLE = re.compile(r"double_blocks\.(\d+)\.")
 _RE_SINGLE = re.compile(r"single_blocks\.(\d+)\.")
+_RE_APPROX = re.compile(r"distilled_guidance_layer\.layers\.(\d+)\.")
 
 
 def find_prefix(table: Mapping[str, Tensor]) -> str:
@@ -277,11 +290,13 @@ class FluxModel:
     # ---- graph ------------------------------------------------------------------------------
     def forward(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None,
                 guidance: Tensor | None = None, pe: Tensor | None = None, c_concat: Tensor | None = None,
-                ref_latents: Sequence[Tensor] = (), ref_index_mode: str = "fixed") -> Tensor:
+                ref_latents: Sequence[Tensor] = (), ref_index_mode: str = "fixed",
+                txt_mask: Tensor | None = None) -> Tensor:
         """x [w, h, C, N], timesteps F32 [N] (sigmas), context [4096, L, N], y [768, N], guidance
         F32 [N] (dev), c_concat [w, h, Cc, N] (Fill: masked latent + 64 mask channels; Controls:
         the control latent), ref_latents [w_r, h_r, C, N] (Kontext); pe (tokens, D/2, 2, 2) as
-        F32 [2, 2, D/2, tokens] or None to build it -> F32 [w, h, C, N]."""
+        F32 [2, 2, D/2, tokens] or None to build it; txt_mask F32 [L, N] (Chroma: added to the
+        attention scores of the text keys, 0 keep / -inf drop; image keys get 0) -> F32 [w, h, C, N]."""
         cfg = self.config
         W, Hh, C, N = x.ne4
         p = cfg.patch_size
@@ -320,8 +335,46 @@ class FluxModel:
 
         img = self.img_in(img)                                                  # [H, Li(+Lr), N]
         txt = self.txt_in(context)                                              # [H, Lt, N]
+        mask = None
         if cfg.is_chroma:
-            raise UnsupportedError("Flux: Chroma's forward is not implemented yet")
+            vec_silu = None
+            mods = self._chroma_mods(timesteps, N)
+            if txt_mask is not None:
+                if txt_mask.ne4[:2] != (Lt, N):
+                    raise UsageError(f"Flux: txt_mask has ne {list(txt_mask.ne)}, needs [{Lt}, {N}]")
+                mask = F.pad(txt_mask.reshape(Lt, 1, 1, N), [(0, img.ne[1])])      # [Lt + Li, 1, 1, N]
+        else:
+            if txt_mask is not None:
+                raise UsageError("Flux: txt_mask is Chroma's; this model has no DiT mask")
+            mods = None
+            vec_silu = F.silu(self._vec(timesteps, y, guidance, N))                 # every modulation's input
+        single_mods = double_mods = final_mods = None
+        if mods is not None:
+            S, D = cfg.depth_single_blocks, cfg.depth
+            single_mods = [mods[3 * i: 3 * i + 3] for i in range(S)]
+            double_mods = [(mods[3 * S + 6 * i: 3 * S + 6 * i + 6], mods[3 * S + 6 * D + 6 * i: 3 * S + 6 * D + 6 * i + 6])
+                           for i in range(D)]
+            final_mods = mods[-2:]
+        cut = self._cut
+        img, txt = cut(img, "flux.prelude.img"), cut(txt, "flux.prelude.txt")
+        if vec_silu is not None:
+            vec_silu = cut(vec_silu, "flux.prelude.vec")
+        for i, blk in enumerate(self.double_blocks):
+            img, txt = blk(img, txt, vec_silu, pe, double_mods[i] if double_mods else None, mask)
+            txt, img = cut(txt, f"flux.double_blocks.{i}.txt"), cut(img, f"flux.double_blocks.{i}.img")
+        h = F.concat(txt, img, 1)                                               # [H, Lt + Li, N]
+        for i, blk in enumerate(self.single_blocks):
+            h = cut(blk(h, vec_silu, pe, single_mods[i] if single_mods else None, mask), f"flux.single_blocks.{i}")
+        out = self.final_layer(h.slice(1, Lt, Lt + Li), vec_silu, final_mods)   # [C*4, Li, N]
+        hl, wl = (Hh + p - 1) // p, (W + p - 1) // p
+        out = unpatchify(out, hl, wl, p)                                        # [wl*p, hl*p, C, N]
+        if out.ne[0] != W or out.ne[1] != Hh:
+            out = F.cont(out.slice(0, 0, W).slice(1, 0, Hh))
+        return out
+
+    def _vec(self, timesteps: Tensor, y: Tensor | None, guidance: Tensor | None, N: int) -> Tensor:
+        """time_in(emb(1000 t)) + guidance_in(emb(1000 g)) + vector_in(y): [H, N]."""
+        cfg = self.config
         vec = self.time_in(F.timestep_embedding(F.scale(timesteps, 1000.0), 256))  # [H, N]
         if self.guidance_in is not None:
             if guidance is None:
@@ -333,32 +386,38 @@ class FluxModel:
             if y.ne[0] != cfg.vec_in_dim or y.ne4[1] != N:
                 raise UsageError(f"Flux: y has ne {list(y.ne)}, needs [{cfg.vec_in_dim}, {N}]")
             vec = F.add(vec, self.vector_in(y))
-        vec_silu = F.silu(vec)                                                  # every modulation's input
-        cut = self._cut
-        img, txt, vec_silu = cut(img, "flux.prelude.img"), cut(txt, "flux.prelude.txt"), cut(vec_silu, "flux.prelude.vec")
-        for i, blk in enumerate(self.double_blocks):
-            img, txt = blk(img, txt, vec_silu, pe)
-            txt, img = cut(txt, f"flux.double_blocks.{i}.txt"), cut(img, f"flux.double_blocks.{i}.img")
-        h = F.concat(txt, img, 1)                                               # [H, Lt + Li, N]
-        for i, blk in enumerate(self.single_blocks):
-            h = cut(blk(h, vec_silu, pe), f"flux.single_blocks.{i}")
-        out = self.final_layer(h.slice(1, Lt, Lt + Li), vec_silu)               # [C*4, Li, N]
-        hl, wl = (Hh + p - 1) // p, (W + p - 1) // p
-        out = unpatchify(out, hl, wl, p)                                        # [wl*p, hl*p, C, N]
-        if out.ne[0] != W or out.ne[1] != Hh:
-            out = F.cont(out.slice(0, 0, W).slice(1, 0, Hh))
-        return out
+        return vec
+
+    def _chroma_mods(self, timesteps: Tensor, N: int) -> list[Tensor]:
+        """Chroma: the approximator maps [emb16(1000 t), emb16(0), emb32(1000 j)] for each
+        modulation index j to that index's vector -> views [H, 1, N], in BFL/Chroma's order:
+        3 per single block, then 6 per double block for img, 6 per double block for txt, then the
+        final layer's shift and scale. (sd.cpp fixes the count at 344 and the offsets at 19/38
+        blocks; counting from the blocks present gives the same for Chroma and also fits pruned
+        files, as diffusers and ComfyUI do.) sd.cpp and diffusers feed guidance 0 here."""
+        cfg = self.config
+        n = 3 * cfg.depth_single_blocks + 12 * cfg.depth + 2
+        t = F.timestep_embedding(F.scale(timesteps, 1000.0), 16)                 # [16, N]
+        g = F.timestep_embedding(Tensor.from_numpy(np.zeros(N, np.float32)), 16)  # [16, N] (guidance 0)
+        tg = F.repeat(F.concat(t, g, 0).reshape(32, 1, N), (32, n, N))          # [32, n, N]
+        idx = F.timestep_embedding(F.scale(F.arange(n), 1000.0), 32)             # [32, n]
+        idx = F.repeat(idx.reshape(32, n, 1), (32, n, N)) if N > 1 else idx.reshape(32, n, 1)
+        vec = self.approximator(F.concat(tg, idx, 0))                            # [H, n, N]
+        H, es = cfg.hidden_size, vec.nb[0]
+        return [vec.view((H, 1, N), (es, vec.nb[1], vec.nb[2]), offset=j * vec.nb[1]) for j in range(n)]
 
     def _cut(self, t: Tensor, name: str) -> Tensor:
         return F.mark_cut(t, name) if self.cut_points else t
 
     # ---- numpy ------------------------------------------------------------------------------
     def __call__(self, x_np, t_np, context_np, y_np=None, guidance_np=None, c_concat_np=None,
-                 ref_latents_np: Sequence = (), ref_index_mode: str = "fixed", backend: str = "cpu") -> np.ndarray:
+                 ref_latents_np: Sequence = (), ref_index_mode: str = "fixed", txt_mask_np=None,
+                 backend: str = "cpu") -> np.ndarray:
         """Torch-order numpy: x [N, C, h, w], t [N], context [N, L, 4096], y [N, 768], guidance [N],
-        c_concat [N, Cc, h, w], ref latents [N, C, h_r, w_r] -> float32 [N, C, h, w]. The graph of each
-        input shape is built once and reused (inputs are copied into its leaves)."""
-        arrays = [x_np, t_np, context_np, y_np, guidance_np, c_concat_np] + list(ref_latents_np)
+        c_concat [N, Cc, h, w], ref latents [N, C, h_r, w_r], txt_mask [N, L] (Chroma, additive)
+        -> float32 [N, C, h, w]. The graph of each input shape is built once and reused (inputs are
+        copied into its leaves)."""
+        arrays = [x_np, t_np, context_np, y_np, guidance_np, c_concat_np, txt_mask_np] + list(ref_latents_np)
         arrays = [None if a is None else np.asarray(a, dtype=np.float32) for a in arrays]
         if arrays[0].ndim != 4:
             raise UsageError(f"Flux: x must be [N, C, H, W], got shape {arrays[0].shape}")
@@ -372,7 +431,7 @@ class FluxModel:
             holders = [None if a is None else np.empty(a.shape, np.float32) for a in arrays]
             leaves = [None if a is None else Tensor.from_numpy(a) for a in holders]
             out = self.forward(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], c_concat=leaves[5],
-                               ref_latents=leaves[6:], ref_index_mode=ref_index_mode)
+                               ref_latents=leaves[7:], ref_index_mode=ref_index_mode, txt_mask=leaves[6])
             if len(self._graphs) >= 4:
                 self._graphs.pop(next(iter(self._graphs)))
             entry = self._graphs[key] = (holders, F.Graph({"out": out}))

@@ -68,15 +68,16 @@ def qkv_heads(t: Tensor, n_head: int, hidden: int, offset: int = 0) -> tuple[Ten
     return tuple(t.view((D, n_head, L, N), nb, offset=(offset + j * hidden) * es) for j in range(3))
 
 
-def attention(qs, ks, vs, pe: Tensor, n_head: int) -> Tensor:
+def attention(qs, ks, vs, pe: Tensor, n_head: int, mask: Tensor | None = None) -> Tensor:
     """Joint attention over streams (txt then img): q/k/v per stream [D, heads, L_s, N] -> RoPE on
-    q and k over the joined tokens, softmax(q k^T / sqrt(D)) v -> [heads*D, L, N]."""
+    q and k over the joined tokens, softmax(q k^T / sqrt(D) + mask) v -> [heads*D, L, N].
+    mask: additive per key, [L, 1, 1, N or 1] (Chroma's T5 padding mask)."""
     q, k, v = (F.concat_many(t, 2) for t in (qs, ks, vs))        # [D, heads, L, N]
     D, _, L, N = q.ne4
     q = F.rope(q, pe).reshape(D, L, n_head, N)                    # [D, L, heads, N]
     k = F.rope(k, pe).reshape(D, L, n_head, N)
     v = v.permute(0, 2, 1, 3)                                     # view [D, L, heads, N]
-    out = F.attention(q, k, v)                                    # [D, L, heads, N]
+    out = F.attention(q, k, v, mask=mask)                         # [D, L, heads, N]
     return F.cont(out.permute(0, 2, 1, 3)).reshape(D * n_head, L, N)
 
 
@@ -110,18 +111,20 @@ class DoubleStreamBlock:
     """img and txt streams, each modulated and normed, attending jointly (txt tokens first)."""
 
     def __init__(self, w: Weights, n_head: int):
-        self.img_mod, self.txt_mod = Modulation(w.sub("img_mod."), 6), Modulation(w.sub("txt_mod."), 6)
+        own = "img_mod.lin.weight" in w   # Chroma: modulation comes from the approximator
+        self.img_mod = Modulation(w.sub("img_mod."), 6) if own else None
+        self.txt_mod = Modulation(w.sub("txt_mod."), 6) if own else None
         self.img_attn, self.txt_attn = SelfAttention(w.sub("img_attn."), n_head), SelfAttention(w.sub("txt_attn."), n_head)
         self.img_mlp, self.txt_mlp = MLP(w.sub("img_mlp.")), MLP(w.sub("txt_mlp."))
         self.n_head = n_head
 
-    def __call__(self, img: Tensor, txt: Tensor, vec_silu: Tensor, pe: Tensor, mods=None):
+    def __call__(self, img: Tensor, txt: Tensor, vec_silu: Tensor, pe: Tensor, mods=None, mask=None):
         # img [C, Li, N], txt [C, Lt, N], vec_silu [C, N]; mods: Chroma's precomputed (img, txt) chunks
         im = mods[0] if mods else self.img_mod(vec_silu)
         tm = mods[1] if mods else self.txt_mod(vec_silu)
         iq, ik, iv = self.img_attn.pre_attention(modulate(F.layer_norm(img, EPS), im[0], im[1]))
         tq, tk, tv = self.txt_attn.pre_attention(modulate(F.layer_norm(txt, EPS), tm[0], tm[1]))
-        attn = attention((tq, iq), (tk, ik), (tv, iv), pe, self.n_head)   # [C, Lt+Li, N]
+        attn = attention((tq, iq), (tk, ik), (tv, iv), pe, self.n_head, mask)   # [C, Lt+Li, N]
         Lt, Li = txt.ne[1], img.ne[1]
         img = F.add(img, F.mul(self.img_attn.proj(attn.slice(1, Lt, Lt + Li)), im[2]))
         img = F.add(img, F.mul(self.img_mlp(modulate(F.layer_norm(img, EPS), im[3], im[4])), im[5]))
@@ -142,12 +145,12 @@ class SingleStreamBlock:
         self.n_head, self.hidden = n_head, hidden
         self.mlp_hidden = self.linear1.out_features - 3 * hidden
 
-    def __call__(self, x: Tensor, vec_silu: Tensor, pe: Tensor, mods=None) -> Tensor:
+    def __call__(self, x: Tensor, vec_silu: Tensor, pe: Tensor, mods=None, mask=None) -> Tensor:
         # x [C, L, N] -> [C, L, N]
         shift, scale, gate = mods if mods else self.modulation(vec_silu)
         h = self.linear1(modulate(F.layer_norm(x, EPS), shift, scale))   # [3C + M, L, N]
         q, k, v = qkv_heads(h, self.n_head, self.hidden)
-        attn = attention((self.q_norm(q),), (self.k_norm(k),), (v,), pe, self.n_head)  # [C, L, N]
+        attn = attention((self.q_norm(q),), (self.k_norm(k),), (v,), pe, self.n_head, mask)  # [C, L, N]
         mlp = F.gelu(h.slice(0, 3 * self.hidden), approximate="tanh")     # [M, L, N]
         out = self.linear2(F.concat(attn, mlp, 0))
         return F.add(x, F.mul(out, gate))

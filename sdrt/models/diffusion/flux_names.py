@@ -9,7 +9,9 @@ Diffusers splits what BFL fuses and reorders one tensor; the conversion is a pla
   own single-file loader swaps them (convert_flux_transformer_checkpoint_to_diffusers'
   swap_scale_shift). stable-diffusion.cpp's name map (and sdrt.io.names, which follows it) only
   renames this tensor, which runs the final layer with scale and shift exchanged.
-- everything else is a rename (see _BLOCK, _SINGLE, _TOP).
+- everything else is a rename (see _BLOCK, _SINGLE, _TOP); Chroma's ChromaTransformer2DModel
+  (no per-block modulation, `distilled_guidance_layer` with `layers.N.linear_1/2` and
+  `norms.N.weight` -> BFL/Chroma's `in_layer`/`out_layer` and `norms.N.scale`) is covered too.
 
 `diffusers_to_bfl_plan(names)` -> {BFL name: Part(sources, swap_halves)} is pure name logic;
 `convert_diffusers_flux(state)` applies it to arrays in torch order (rows on axis 0, so raw
@@ -56,6 +58,7 @@ _SINGLE = {"norm.linear": "modulation.lin", "proj_out": "linear2"}
 _SINGLE_NORMS = {"attn.norm_q.weight": "norm.query_norm.scale", "attn.norm_k.weight": "norm.key_norm.scale"}
 _SINGLE_FUSED = {"linear1": ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")}
 _RE_BLOCK = re.compile(r"(single_transformer_blocks|transformer_blocks)\.(\d+)\.(.+)")
+_RE_CHROMA = re.compile(r"distilled_guidance_layer\.(?:(in_proj|out_proj)\.|layers\.(\d+)\.linear_([12])\.|norms\.(\d+)\.weight$)")
 
 
 def _strip(name: str) -> str:
@@ -103,6 +106,16 @@ def diffusers_to_bfl_plan(names: Iterable[str]) -> dict[str, Part]:
             if hit is not None:
                 take(f"{dst}{hit}.{leaf}", tuple(f"{src}{p}.{leaf}" for p in fused[hit]))
                 continue
+        elif (c := _RE_CHROMA.match(plain)):
+            p = "distilled_guidance_layer."
+            if c.group(1):
+                bfl = plain
+            elif c.group(2):
+                bfl = f"{p}layers.{c.group(2)}.{'in_layer' if c.group(3) == '1' else 'out_layer'}.{leaf}"
+            else:
+                bfl = f"{p}norms.{c.group(4)}.scale"
+            take(bfl, (plain,))
+            continue
         else:
             base = plain[: -len(leaf) - 1]
             if base in _TOP:

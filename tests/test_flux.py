@@ -129,7 +129,7 @@ def test_chroma_matches_diffusers():
     diffusers' and ggml's (sdrt's) roundings differ by up to 5e-4 (each ~1e-3 from float64)."""
     z = fixture()
     tab = table("chroma")
-    cfg = FluxConfig.detect_from_weights(tab, axes_dim=AXES)
+    cfg = FluxConfig.detect_from_weights(tab, axes_dim=AXES, chroma_mod_layout="counted")  # diffusers'
     assert cfg.is_chroma and (cfg.vec_in_dim, cfg.guidance_embed) == (0, False)
     assert f"{PREFIX}distilled_guidance_layer.norms.1.scale" in tab
     assert f"{PREFIX}distilled_guidance_layer.layers.0.in_layer.weight" in tab
@@ -141,12 +141,34 @@ def test_chroma_matches_diffusers():
     # without the mask, the sample whose last tokens were masked changes; the other does not
     nomask = m(z["chroma:x"], z["chroma:t"], z["chroma:context"])
     assert rel_err(nomask[1], ref[1]) > 1e-2 and rel_err(nomask[0], ref[0]) <= 3e-4
+    # sd.cpp's layout (344 indices at 19/38-block offsets) differs on this 2/2-block model
+    sd = FluxModel(tab, config=FluxConfig.detect_from_weights(tab, axes_dim=AXES))
+    assert sd.config.chroma_mod_layout == "sdcpp"
+    assert rel_err(sd(z["chroma:x"], z["chroma:t"], z["chroma:context"], txt_mask_np=mask), ref) > 1e-2
     plan = diffusers_to_bfl_plan(diffusers_state("chroma"))
     assert {PREFIX + k for k in plan} == set(tab) == {PREFIX + k for k in cfg.weight_shapes()}
     assert (cfg.approx_hidden, cfg.approx_layers) == (48, 2)
     with pytest.raises(UsageError, match="txt_mask is Chroma's"):
         FluxModel(table("schnell"), config=FluxConfig.detect_from_weights(table("schnell"), axes_dim=AXES))(
             *inputs("schnell")[0][:4], txt_mask_np=mask)
+
+
+def test_chroma_mod_layouts_agree_at_full_depth():
+    """sd.cpp's fixed layout and the counted one pick the same modulation indices for the
+    released 19/38-block Chroma (stand-in weights; only the views' offsets are compared)."""
+    cfg = FluxConfig(is_chroma=True, guidance_embed=False, vec_in_dim=0)
+    one = np.zeros(2, np.uint8)
+    tab = {PREFIX + k: Tensor.from_buffer(one, "BF16", s[::-1], nb=(0,) * len(s)) for k, s in cfg.weight_shapes().items()}
+    t = Tensor.from_numpy(np.zeros(1, np.float32))
+
+    def offsets(layout):
+        single, double, final = FluxModel(tab, config=FluxConfig(**{**cfg.__dict__, "chroma_mod_layout": layout}))._chroma_mods(t, 1)
+        row = single[0][0].nb[1]
+        flat = [v for blk in single for v in blk] + [v for i, tx in double for v in i + tx] + list(final)
+        return [v.offset // row for v in flat]
+
+    a = offsets("sdcpp")
+    assert a == offsets("counted") and sorted(a) == list(range(344))
 
 
 # ---- the diffusers -> BFL conversion ----------------------------------------------------------

@@ -43,6 +43,7 @@ __all__ = ["PREFIX", "FluxConfig", "FluxModel", "flux_ids", "flux_pe", "REF_INDE
 PREFIX = "model.diffusion_model."
 REF_INDEX_MODES = ("fixed", "increase", "decrease")
 CHROMA_MOD_INDEX = 344   # sd.cpp/Chroma: 3*38 single + 2*6*19 double + 2 final modulation vectors
+CHROMA_MOD_LAYOUTS = ("sdcpp", "counted")
 
 _UNSUPPORTED = {  # a tensor that names a Flux-like model sdrt does not run -> its name
     "double_stream_modulation_img.lin.weight": "Flux.2 (shared modulation)",
@@ -71,6 +72,7 @@ class FluxConfig:
     is_chroma: bool = False
     approx_hidden: int = 5120       # Chroma's distilled_guidance_layer width and depth
     approx_layers: int = 5
+    chroma_mod_layout: str = "sdcpp"  # "sdcpp": 344 indices, offsets of 19/38 blocks; "counted": diffusers
     patch_size: int = 2
 
     @property
@@ -338,7 +340,7 @@ class FluxModel:
         mask = None
         if cfg.is_chroma:
             vec_silu = None
-            mods = self._chroma_mods(timesteps, N)
+            single_mods, double_mods, final_mods = self._chroma_mods(timesteps, N)
             if txt_mask is not None:
                 if txt_mask.ne4[:2] != (Lt, N):
                     raise UsageError(f"Flux: txt_mask has ne {list(txt_mask.ne)}, needs [{Lt}, {N}]")
@@ -346,15 +348,8 @@ class FluxModel:
         else:
             if txt_mask is not None:
                 raise UsageError("Flux: txt_mask is Chroma's; this model has no DiT mask")
-            mods = None
+            single_mods = double_mods = final_mods = None
             vec_silu = F.silu(self._vec(timesteps, y, guidance, N))                 # every modulation's input
-        single_mods = double_mods = final_mods = None
-        if mods is not None:
-            S, D = cfg.depth_single_blocks, cfg.depth
-            single_mods = [mods[3 * i: 3 * i + 3] for i in range(S)]
-            double_mods = [(mods[3 * S + 6 * i: 3 * S + 6 * i + 6], mods[3 * S + 6 * D + 6 * i: 3 * S + 6 * D + 6 * i + 6])
-                           for i in range(D)]
-            final_mods = mods[-2:]
         cut = self._cut
         img, txt = cut(img, "flux.prelude.img"), cut(txt, "flux.prelude.txt")
         if vec_silu is not None:
@@ -388,15 +383,26 @@ class FluxModel:
             vec = F.add(vec, self.vector_in(y))
         return vec
 
-    def _chroma_mods(self, timesteps: Tensor, N: int) -> list[Tensor]:
+    def _chroma_mods(self, timesteps: Tensor, N: int):
         """Chroma: the approximator maps [emb16(1000 t), emb16(0), emb32(1000 j)] for each
-        modulation index j to that index's vector -> views [H, 1, N], in BFL/Chroma's order:
-        3 per single block, then 6 per double block for img, 6 per double block for txt, then the
-        final layer's shift and scale. (sd.cpp fixes the count at 344 and the offsets at 19/38
-        blocks; counting from the blocks present gives the same for Chroma and also fits pruned
-        files, as diffusers and ComfyUI do.) sd.cpp and diffusers feed guidance 0 here."""
+        modulation index j to that index's vector (views [H, 1, N]; sd.cpp and diffusers feed
+        guidance 0 here). Returns (single, double, final) modulations: single block i takes
+        indices 3i..3i+2, double block i takes 3S + 6i.. (img) and 3S + 6D + 6i.. (txt), the final
+        layer the last two (shift, scale). `chroma_mod_layout` "sdcpp" is sd.cpp's flux.hpp:
+        344 indices with S=38, D=19 whatever the file holds; "counted" is diffusers' (and the
+        layout of a pruned file's training): 3S + 12D + 2 indices, S and D counted. For the
+        released 19/38-block Chroma both are the same."""
         cfg = self.config
-        n = 3 * cfg.depth_single_blocks + 12 * cfg.depth + 2
+        S, D = cfg.depth_single_blocks, cfg.depth
+        if cfg.chroma_mod_layout == "sdcpp":
+            n, So, Do = CHROMA_MOD_INDEX, 38, 19
+            if S > So or D > Do:
+                raise ModelFileError(f"{self.source}: Chroma with {D} double / {S} single blocks does not fit sd.cpp's "
+                                     "modulation layout (19 / 38); use chroma_mod_layout='counted'")
+        elif cfg.chroma_mod_layout == "counted":
+            n, So, Do = 3 * S + 12 * D + 2, S, D
+        else:
+            raise UsageError(f"chroma_mod_layout={cfg.chroma_mod_layout!r}: choose 'sdcpp' or 'counted'")
         t = F.timestep_embedding(F.scale(timesteps, 1000.0), 16)                 # [16, N]
         g = F.timestep_embedding(Tensor.from_numpy(np.zeros(N, np.float32)), 16)  # [16, N] (guidance 0)
         tg = F.repeat(F.concat(t, g, 0).reshape(32, 1, N), (32, n, N))          # [32, n, N]
@@ -404,7 +410,11 @@ class FluxModel:
         idx = F.repeat(idx.reshape(32, n, 1), (32, n, N)) if N > 1 else idx.reshape(32, n, 1)
         vec = self.approximator(F.concat(tg, idx, 0))                            # [H, n, N]
         H, es = cfg.hidden_size, vec.nb[0]
-        return [vec.view((H, 1, N), (es, vec.nb[1], vec.nb[2]), offset=j * vec.nb[1]) for j in range(n)]
+        m = lambda j: vec.view((H, 1, N), (es, vec.nb[1], vec.nb[2]), offset=j * vec.nb[1])  # noqa: E731
+        single = [[m(3 * i + k) for k in range(3)] for i in range(S)]
+        double = [([m(3 * So + 6 * i + k) for k in range(6)], [m(3 * So + 6 * Do + 6 * i + k) for k in range(6)])
+                  for i in range(D)]
+        return single, double, [m(n - 2), m(n - 1)]
 
     def _cut(self, t: Tensor, name: str) -> Tensor:
         return F.mark_cut(t, name) if self.cut_points else t

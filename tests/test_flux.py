@@ -109,6 +109,18 @@ def test_guidance_and_timestep_matter():
     assert len(m._graphs) == 1  # same shapes: one graph, reused
 
 
+def test_batch1_conditioning_broadcasts():
+    """context / y with batch 1 are repeated to the batch of x (sd.cpp's ggml_repeat)."""
+    (x, t, ctx, y, g, _, _), ref = inputs("dev")
+    m = FluxModel(table("dev"), config=FluxConfig.detect_from_weights(table("dev"), axes_dim=AXES))
+    one = m(x[:1], t[:1], ctx[:1], y[:1], g[:1])
+    two = m(np.concatenate([x[:1], x[:1]]), t[:1].repeat(2), ctx[:1], y[:1], g[:1].repeat(2))
+    np.testing.assert_allclose(two[1], one[0], rtol=0, atol=1e-5)
+    assert rel_err(one, ref[:1]) <= 1e-4
+    with pytest.raises(UsageError, match="context has batch 2, x has 3"):
+        m(np.concatenate([x, x[:1]]), np.ones(3, np.float32), ctx, y[:1], np.ones(3, np.float32))
+
+
 def test_odd_latent_is_padded_then_cropped():
     """sd.cpp pads h, w to even with zeros and crops the output: equal to running the padded
     latent and cropping (the pad is exact, the ids use (h + 1) // 2 rows)."""

@@ -326,6 +326,9 @@ class FluxModel:
             img = F.concat_many([img] + refs, 1)                                # [C*4, Li + Lr, N]
         if context.ne[0] != cfg.context_in_dim:
             raise UsageError(f"Flux: context has width {context.ne[0]}, the model takes {cfg.context_in_dim}")
+        context = _batch(context, N, "context")
+        y = _batch(y, N, "y") if y is not None else None
+        txt_mask = _batch(txt_mask, N, "txt_mask") if txt_mask is not None else None
         Lt = context.ne[1]
         if pe is None:
             ids = flux_ids(Hh, W, Lt, [(r.ne[1], r.ne[0]) for r in ref_latents], p, ref_index_mode)
@@ -450,3 +453,15 @@ class FluxModel:
             if h is not None:
                 np.copyto(h, a)
         return graph.run(backend)["out"].to_f32()
+
+
+def _batch(t: Tensor, N: int, what: str) -> Tensor:
+    """Repeat a batch-1 conditioning tensor to N (its last dim), as sd.cpp's ggml_repeat."""
+    b = t.ne[-1] if t.ndim > 1 else 1
+    if b == N:
+        return t
+    if b != 1:
+        raise UsageError(f"Flux: {what} has batch {b}, x has {N}")
+    ne = list(t.ne) if t.ndim > 1 else [t.ne[0], 1]
+    ne[-1] = N
+    return F.repeat(t if t.ndim > 1 else t.reshape(t.ne[0], 1), tuple(ne))

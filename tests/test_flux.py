@@ -10,7 +10,7 @@ import pytest
 
 from sdrt import ModelFileError, UsageError
 from sdrt.errors import UnsupportedError
-from sdrt.models.diffusion.flux import PREFIX, FluxConfig, FluxModel, find_prefix, flux_ids, flux_pe
+from sdrt.models.diffusion.flux import PREFIX, FluxConfig, FluxModel, fill_concat, find_prefix, flux_ids, flux_pe
 from sdrt.models.diffusion.flux_names import Part, apply_part, convert_diffusers_flux, diffusers_to_bfl_plan
 from sdrt.ops import api as F
 from sdrt.ops.tensor import Tensor
@@ -181,6 +181,19 @@ def test_chroma_mod_layouts_agree_at_full_depth():
 
     a = offsets("sdcpp")
     assert a == offsets("counted") and sorted(a) == list(range(344))
+
+
+def test_fill_concat_folds_the_mask():
+    """Channel 8*py + px of latent pixel (y, x) is mask[8y + py, 8x + px]: an impulse lands there."""
+    lat = np.arange(2 * 16 * 3 * 4, dtype=np.float32).reshape(2, 16, 3, 4)
+    mask = np.zeros((2, 24, 32), np.float32)
+    mask[1, 8 * 2 + 5, 8 * 3 + 6] = 1.0
+    c = fill_concat(lat, mask)
+    assert c.shape == (2, 80, 3, 4) and np.array_equal(c[:, :16], lat)
+    hot = np.argwhere(c[:, 16:])
+    assert hot.tolist() == [[1, 8 * 5 + 6, 2, 3]]
+    with pytest.raises(UsageError, match="mask shape"):
+        fill_concat(lat, mask[:, :16])
 
 
 # ---- the diffusers -> BFL conversion ----------------------------------------------------------

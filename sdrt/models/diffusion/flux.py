@@ -38,7 +38,7 @@ from ..common import Linear, Weights
 from .flux_blocks import (ChromaApproximator, DoubleStreamBlock, LastLayer, MLPEmbedder, SingleStreamBlock,
                           pad_to_patch, patchify, unpatchify)
 
-__all__ = ["PREFIX", "FluxConfig", "FluxModel", "flux_ids", "flux_pe", "REF_INDEX_MODES"]
+__all__ = ["PREFIX", "FluxConfig", "FluxModel", "fill_concat", "flux_ids", "flux_pe", "REF_INDEX_MODES"]
 
 PREFIX = "model.diffusion_model."
 REF_INDEX_MODES = ("fixed", "increase", "decrease")
@@ -253,6 +253,24 @@ def flux_pe(ids: np.ndarray, axes_dim: Sequence[int], theta: float = 10000.0) ->
     ang = np.concatenate(cols, axis=1).astype(np.float32)
     c, s = np.cos(ang), np.sin(ang)
     return np.stack([np.stack([c, -s], -1), np.stack([s, c], -1)], -2).astype(np.float32)
+
+
+def fill_concat(masked_latent: np.ndarray, mask: np.ndarray, factor: int = 8) -> np.ndarray:
+    """Flux Fill's c_concat: the masked image's latent [N, 16, h, w] (the VAE latent of the image
+    with the masked area grey — sd.cpp: (1 - mask) * (image - 0.5) + 0.5 in [0, 1]) joined with
+    the pixel mask [N, H, W] (1 = inpaint) folded into factor^2 channels: channel 8*py + px of
+    latent pixel (y, x) is mask[8y + py, 8x + px] (sd.cpp's reshape/permute; diffusers'
+    FluxFillPipeline.prepare_mask_latents) -> [N, 16 + 64, h, w]."""
+    masked_latent = np.asarray(masked_latent, np.float32)
+    mask = np.asarray(mask, np.float32)
+    if mask.ndim == 4 and mask.shape[1] == 1:
+        mask = mask[:, 0]
+    N, _, h, w = masked_latent.shape
+    if mask.shape != (N, h * factor, w * factor):
+        raise UsageError(f"Flux Fill: mask shape {mask.shape} must be (N, {h * factor}, {w * factor}) for a "
+                         f"latent of {h}x{w}")
+    folded = mask.reshape(N, h, factor, w, factor).transpose(0, 2, 4, 1, 3).reshape(N, factor * factor, h, w)
+    return np.concatenate([masked_latent, folded], axis=1)
 
 
 # ---- the model -------------------------------------------------------------------------------

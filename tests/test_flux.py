@@ -2,7 +2,6 @@
 conversion, config detection, RoPE ids/pe, errors and the full-size graph budget. No torch here."""
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np

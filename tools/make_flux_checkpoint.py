@@ -16,8 +16,9 @@ or reduced depth, so sd-cli and sdrt load it as they load flux1-dev / flux1-schn
                layout sd.cpp reads; the text encoders come from --clip_l / --t5xxl)
 --variant dev (guidance_in), schnell (none), fill (img_in 384 wide: x + 16 masked + 64 mask
 channels), chroma (no time_in/vector_in/guidance_in/modulation weights: the
-distilled_guidance_layer approximator, 64 -> 5120 x 5 layers -> 3072; 8.9 B parameters). --depth / --single-depth: double / single block counts (19 / 38 in the releases;
-fewer for Flux-Lite-like or quick test checkpoints: sdrt and sd-cli count blocks from the names).
+distilled_guidance_layer approximator, 64 -> 5120 x 5 layers -> 3072; 8.9 B parameters).
+--depth / --single-depth: double / single block counts (19 / 38 in the releases; fewer for
+Flux-Lite-like or quick test checkpoints: sdrt and sd-cli count blocks from the names).
 --type: bf16 (default, as released), f16, f32 -> safetensors; q8_0, q5_0, q5_1, q4_0, q4_1,
 q2_K ... q6_K -> GGUF, quantized as `sd-cli -M convert --type` would (sd.cpp's
 tensor_should_be_converted keeps biases, norm scales and the img_in/txt_in/time_in/vector_in/
@@ -44,7 +45,6 @@ sys.path.insert(0, ROOT)
 
 from sdrt.io.writer import TensorPlan, export_type, parse_type, quantize_like_sd_cpp, write_gguf, write_safetensors
 from sdrt.models.diffusion.flux import FluxConfig
-from sdrt.ops import dtypes
 from sdrt.ops.convert import f32_to_raw
 from sdrt.ops.tensor import Tensor
 

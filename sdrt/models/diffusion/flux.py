@@ -423,7 +423,7 @@ class FluxModel:
         elif cfg.chroma_mod_layout == "counted":
             n, So, Do = 3 * S + 12 * D + 2, S, D
         else:
-            raise UsageError(f"chroma_mod_layout={cfg.chroma_mod_layout!r}: choose 'sdcpp' or 'counted'")
+            raise UsageError(f"chroma_mod_layout={cfg.chroma_mod_layout!r}: choose from {', '.join(CHROMA_MOD_LAYOUTS)}")
         t = F.timestep_embedding(F.scale(timesteps, 1000.0), 16)                 # [16, N]
         g = F.timestep_embedding(Tensor.from_numpy(np.zeros(N, np.float32)), 16)  # [16, N] (guidance 0)
         tg = F.repeat(F.concat(t, g, 0).reshape(32, 1, N), (32, n, N))          # [32, n, N]

@@ -96,6 +96,28 @@ def test_f32_weights_match_and_bf16_loosely():
     assert 1e-4 < e <= 5e-2, e
 
 
+@pytest.mark.parametrize("qtype,tol", [("Q8_0", 1e-2), ("Q4_0", 1.5e-1)])  # 4.9e-3, 7.0e-2 when written
+def test_quantized_weights_loosely(qtype, tol):
+    """Block-quantized matrices (every 2-D weight whose rows are whole 32-blocks, as sd.cpp's
+    convert types them) run through the same graph and stay near the golden."""
+    quant = pytest.importorskip("sdrt.ops.quant")
+    from sdrt.io.writer import tensor_should_be_converted
+    from sdrt.ops import dtypes as D
+    dt = D.get(qtype)
+    tab = {}
+    for k, t in table("dev", "F32").items():
+        v = t.numpy()
+        if v.ndim == 2 and tensor_should_be_converted(k, t.ne, dt):
+            tab[k] = Tensor.from_numpy(quant.quantize(np.ascontiguousarray(v), dt), qtype)
+        else:
+            tab[k] = t
+    assert sum(t.dtype.name == qtype for t in tab.values()) >= 20
+    m = FluxModel(tab, config=FluxConfig.detect_from_weights(tab, axes_dim=AXES))
+    args, ref = inputs("dev")
+    e = rel_err(m(*args), ref)
+    assert 1e-4 < e <= tol, e
+
+
 def test_guidance_and_timestep_matter():
     """Each conditioning input moves the output (no path is dead)."""
     args, ref = inputs("dev")

@@ -393,3 +393,33 @@ def test_serve_html_path(tiny_pipe, tmp_path):  # noqa: F811
     page.write_text("<html>custom</html>")
     with TestClient(create_app(tiny_pipe, server_config(tiny_pipe, html_path=str(page)))) as c:
         assert c.get("/").text == "<html>custom</html>"
+
+
+# ---- the command line -----------------------------------------------------------------------------
+
+def test_serve_flags_and_cli_defaults(tiny_pipe, tmp_path):  # noqa: F811
+    from sdrt.server.main import build_parser, config_from_args
+    model = tiny_pipe.model_params.model
+    a = build_parser().parse_args(["-m", model])
+    assert (a.listen_ip, a.listen_port, a.serve_html_path, a.api_key, a.cors_origin) == ("127.0.0.1", 1234, None,
+                                                                                          None, [])
+    a = build_parser().parse_args(["-m", model, "-l", "0.0.0.0", "--listen-port", "8080", "-W", "96", "--steps", "3",
+                                   "--sampling-method", "dpm++2m", "-s", "9", "--cfg-scale", "4", "--max-steps", "40",
+                                   "--lora-model-dir", str(tmp_path), "--cors-origin", "http://a.test"])
+    mp, cfg = config_from_args(a)
+    assert (a.listen_ip, a.listen_port) == ("0.0.0.0", 8080) and mp.model == model
+    d = cfg.defaults                       # the CLI's generation flags are the per-request defaults
+    assert (d.width, d.steps, d.sampling_method, d.seed, d.cfg_scale) == (96, 3, "dpm++2m", 9, 4.0)
+    assert cfg.limits.max_steps == 40 and cfg.lora_dir == str(tmp_path) and cfg.cors_origins == ("http://a.test",)
+    from sdrt.errors import UsageError
+    with pytest.raises(UsageError, match="--lora-model-dir"):
+        config_from_args(build_parser().parse_args(["-m", model, "--lora-model-dir", str(tmp_path / "no")]))
+    from sdrt.cli import main as cli
+    assert cli.main(["serve", "-m", str(tmp_path / "missing.safetensors")]) == 2     # `sdrt serve` dispatch
+
+
+def test_import_sdrt_stays_light():
+    import subprocess
+    import sys
+    code = "import sys, sdrt, sdrt.cli.main; assert not [m for m in ('starlette', 'uvicorn', 'multipart') if m in sys.modules]"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

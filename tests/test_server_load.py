@@ -211,3 +211,42 @@ def test_load_and_faults(server):
     assert c["submitted"] == c.get("completed", 0) + c.get("cancelled", 0) + c.get("failed", 0)
     assert c.get("failed", 0) == 0
     assert rss1 - rss0 < 64 * 1024, (rss0, rss1)     # flat: < 64 MiB drift after warm-up
+
+
+def test_sigterm_answers_waiting_clients(tmp_path):
+    """SIGTERM with one job running, more queued and a synchronous client waiting on a queued one:
+    the waiting client gets a JSON 503, the queued jobs end 'cancelled' (server_shutdown), the
+    process exits (by the SIGTERM uvicorn re-raises after its clean shutdown)."""
+    import signal
+    ckpt = write_tiny_sd1(tmp_path / "tiny-sd1.safetensors")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    proc = subprocess.Popen([sys.executable, "-m", "sdrt.cli.main", "serve", "-m", ckpt, "--listen-port", str(port),
+                             "-W", "64", "-H", "64", "--steps", "30", "-t", "1", "--log-level", "warn"],
+                            env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 120:
+            try:
+                httpx.get(url + "/v1/models", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        ids = [httpx.post(url + "/sdcpp/v1/img_gen", json={"prompt": "x"}).json()["id"] for _ in range(3)]
+        answer = {}
+        t = threading.Thread(target=lambda: answer.update(r=httpx.post(url + "/v1/images/generations",
+                                                                      json={"prompt": "y"}, timeout=120)))
+        t.start()
+        while httpx.get(url + f"/sdcpp/v1/jobs/{ids[0]}").json()["status"] != "generating":
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        t.join(120)
+        r = answer["r"]
+        assert r.status_code == 503 and r.json()["code"] == "server_shutdown"
+        assert proc.wait(120) in (0, -signal.SIGTERM)      # uvicorn re-raises the signal it handled
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -220,9 +220,11 @@ class Server:
         if job.status == "completed":
             return job, None
         err = job.error or {"code": "generation_failed", "message": "generation failed"}
+        if err["code"] == "server_shutdown":
+            return None, error(err["message"], 503, err["code"])
         if job.status == "cancelled":
             return None, error(err["message"], 409, err["code"])
-        return None, error(err["message"], 500, err["code"])
+        return None, error(err["message"], 400 if err["code"] == "invalid_request" else 500, err["code"])
 
     async def openai_generations(self, request):
         d = await self._body_json(request)

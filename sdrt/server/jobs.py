@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import SdrtError
+from ..errors import SdrtError, UsageError
 
 log = logging.getLogger("sdrt.server")
 
@@ -198,6 +198,8 @@ class JobManager:
             result = self.runner(job, progress)
         except JobCancelled:
             self._end(job, "cancelled", error=job.error or {"code": "cancelled", "message": "job cancelled by client"})
+        except UsageError as e:             # a request the engine refuses (the server's checks missed it)
+            self._end(job, "failed", error={"code": "invalid_request", "message": str(e)})
         except SdrtError as e:
             self._end(job, "failed", error={"code": "generation_failed", "message": str(e)})
         except Exception as e:  # noqa: BLE001 - the worker must survive anything a job does

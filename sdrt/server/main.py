@@ -3,6 +3,7 @@ on top of every context and generation flag of the CLI (they become the per-requ
 plus sdrt's safety options. The model is loaded before the port opens and stays loaded."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 
@@ -82,9 +83,18 @@ def run(argv=None) -> int:
     from .app import create_app
     pipe = Pipeline.load(mp)
     app = create_app(pipe, cfg)
+    jobs = app.state.server.jobs
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            # answer the queued jobs and let the running one end before uvicorn waits on connections
+            # (synchronous clients are waiting on those jobs)
+            await asyncio.to_thread(jobs.shutdown, cfg.shutdown_grace)
+            await super().shutdown(sockets)
+
     log.info("listening on http://%s:%d/", args.listen_ip, args.listen_port)
-    uvicorn.run(app, host=args.listen_ip, port=args.listen_port, log_level="warning",
-                timeout_keep_alive=5, limit_concurrency=1000, timeout_graceful_shutdown=int(cfg.shutdown_grace) + 5)
+    Server(uvicorn.Config(app, host=args.listen_ip, port=args.listen_port, log_level="warning", timeout_keep_alive=5,
+                          limit_concurrency=1000, timeout_graceful_shutdown=int(cfg.shutdown_grace) + 5)).run()
     return 0
 
 

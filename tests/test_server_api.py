@@ -112,6 +112,10 @@ def test_openai_generation_errors(client):
     assert_error(client.post("/v1/images/generations", content=b""), 400)
     assert_error(client.post("/v1/images/generations", content=b"[1, 2]"), 400)
     assert_error(client.post("/v1/images/generations", json={"prompt": "x <sd_cpp_extra_args>{bad</sd_cpp_extra_args>"}), 400)
+    assert_error(client.post("/v1/images/generations", content=b'{"prompt": "a \\ud800 b"}'), 400)   # lone surrogate
+    assert_error(client.post("/sdcpp/v1/img_gen", content=b'{"negative_prompt": "\\udfff"}'), 400)
+    b = assert_error(client.post("/sdapi/v1/txt2img", json={"prompt": "x", "clip_skip": 1000}), 400)  # the engine's
+    assert b["code"] == "invalid_request" and "clip_skip" in b["error"]                             # UsageError
 
 
 def test_openai_edits_multipart(client):

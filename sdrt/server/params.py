@@ -113,7 +113,7 @@ def _get(d: dict, key: str, kind, default, where: str = ""):
     if kind is str:
         if not isinstance(v, str):
             raise BadRequest(f"{name}: expected a string, got {type(v).__name__}")
-        return v
+        return _utf8(v, name)
     if kind is dict:
         if not isinstance(v, dict):
             raise BadRequest(f"{name}: expected an object, got {type(v).__name__}")
@@ -123,6 +123,15 @@ def _get(d: dict, key: str, kind, default, where: str = ""):
             raise BadRequest(f"{name}: expected an array, got {type(v).__name__}")
         return v
     raise AssertionError(kind)
+
+
+def _utf8(v: str, name: str) -> str:
+    """JSON may carry lone surrogates (\\ud800) that no UTF-8 consumer (the tokenizer) can take."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(f"{name}: not valid Unicode (a lone surrogate)") from None
+    return v
 
 
 def parse_json_object(body: bytes) -> dict:
@@ -318,6 +327,7 @@ def from_openai(fields: dict, defaults: GenParams, limits: Limits, loras: dict, 
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise BadRequest("prompt: required")
+    prompt = _utf8(prompt, "prompt")
     fmt, comp = output_options(fields, ("png", "jpeg") if edit else OUTPUT_FORMATS)
     gp = defaults.replace()
     n = _get(fields, "n", int, 1)

@@ -418,6 +418,9 @@ def test_serve_flags_and_cli_defaults(tiny_pipe, tmp_path):  # noqa: F811
     from sdrt.errors import UsageError
     with pytest.raises(UsageError, match="--lora-model-dir"):
         config_from_args(build_parser().parse_args(["-m", model, "--lora-model-dir", str(tmp_path / "no")]))
+    for extra in (["-o", "x.png"], ["--compression-quality", "50"], ["-M", "convert"], ["--output-begin-idx", "3"]):
+        with pytest.raises(UsageError):                 # CLI-only flags are refused, not ignored
+            config_from_args(build_parser().parse_args(["-m", model] + extra))
     from sdrt.cli import main as cli
     assert cli.main(["serve", "-m", str(tmp_path / "missing.safetensors")]) == 2     # `sdrt serve` dispatch
 

@@ -46,6 +46,14 @@ def config_from_args(args):
     from ..cli.main import params_from_args
     from .app import ServerConfig
     from .params import Limits
+    # the CLI's output flags have no meaning here: refused by name, never silently ignored
+    for flag, given in (("-o/--output", args.output is not None), ("--output-begin-idx", args.output_begin_idx != -1),
+                        ("--compression-quality", args.compression_quality != 90)):
+        if given:
+            raise UsageError(f"{flag}: a CLI output flag; the server returns images over HTTP "
+                             "(requests carry output_format / output_compression)")
+    if args.mode != "img_gen":
+        raise UsageError(f"-M/--mode {args.mode}: the server runs img_gen only")
     mp, gp = params_from_args(args)
     for flag, path in (("--lora-model-dir", args.lora_model_dir), ("--hires-upscalers-dir", args.hires_upscalers_dir)):
         if path and not os.path.isdir(path):
@@ -76,6 +84,11 @@ def run(argv=None) -> int:
     from ..cli.main import _setup_logging
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level)
+    if args.list_devices:
+        from ..cli.main import list_devices
+        for name, desc in list_devices():
+            print(f"{name}\t{desc}")
+        return 0
     from ..ops.threads import set_threads
     set_threads(args.threads)
     mp, cfg = config_from_args(args)

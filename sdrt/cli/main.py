@@ -314,6 +314,10 @@ def _img_gen(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # `sdrt serve ...`: the HTTP server (sdrt.server, the `server` extra)
+        from ..server.main import main as serve_main
+        return serve_main(argv[1:])
     try:
         return run(argv)
     except SdrtError as e:

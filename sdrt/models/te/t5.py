@@ -32,8 +32,9 @@ Forward (T5 v1.1): x = shared[ids]; per block x += o(attn(rms(x) * w)), x += wo(
 * wi_1 h) with h = rms(x) * w; final rms norm. RMS norm: no mean, eps 1e-6. Attention is not
 scaled by 1/sqrt(d_kv) (T5 folds it into the weights); its additive bias is block 0's
 relative_attention_bias at bidirectional log buckets (32 buckets, max distance 128), shared by
-every block. Everything is computed in F32, so the FP16 overflow HF clamps (clamp_value in its
-fp16 T5 FFN) and the 1/32 scale sd.cpp puts around `wo` for its F16 CUDA path do not arise.
+every block. The FFN's gated product reaches past F16's range on T5-XXL, and a GPU backend
+reads an F16 GEMM's input as F16: as sd.cpp does, it is scaled by 1/32 before `wo` and the
+result by 32 after (exact powers of two: the F32 CPU result is unchanged).
 """
 from __future__ import annotations
 
@@ -176,7 +177,8 @@ class _Block:
         x = F.add(x, self.o(att))
         h = self.ln_ff(x)
         h = F.mul(F.gelu(self.wi_0(h), "tanh"), self.wi_1(h))               # HF "gelu_new"
-        return F.add(x, self.wo(h))
+        h = self.wo(F.scale(h, 1.0 / 32))                                    # F16 range, see above
+        return F.add(x, F.scale(h, 32.0))
 
 
 class T5Encoder:

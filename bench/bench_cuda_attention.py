@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from _cuda_timing import CudaDev, torch_time_ms
 
-from sdrt.gpu.cuda import attention as GA
+from sdrt.gpu.cuda.ops import attention as GA
 from sdrt.ops import api as F
 from sdrt.ops.tensor import Tensor
 

@@ -49,7 +49,7 @@ QUICK = {"issue: 3072x3072, N=8192", "issue: 1280->5120, N=4096", "Flux mod 3072
 
 def kernel_call(d: CudaDev, node):
     """A closure that runs the CUDA kernel function of `node` (as the backend does)."""
-    import sdrt.gpu.cuda.matmul  # noqa: F401
+    import sdrt.gpu.cuda.ops.matmul  # noqa: F401
     from sdrt.gpu.cuda.table import CUDA
     k = CUDA.find(node)
     xs = [d.put(s) for s in node.src]

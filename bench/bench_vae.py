@@ -94,7 +94,7 @@ def diffusers_runner(weights, z, small, threads):
     import torch
     from diffusers import AutoencoderKL as DAE
 
-    from sdrt.io.names import diffusers_vae_to_ldm
+    from sdrt.models.names import diffusers_vae_to_ldm
     torch.set_num_threads(threads)
     m = DAE(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
             block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=4).eval()

@@ -13,7 +13,7 @@ from test_te_clip import one_thread, spec_arrays, spec_table  # noqa: F401 (auto
 
 from sdrt import ModelFileError, UnsupportedError, UsageError
 from sdrt.engine.conditioning import build_conditioner
-from sdrt.engine.prompt import (
+from sdrt.models.prompt import (
     apply_token_weights,
     parse_prompt_attention,
     tokenize_weighted,

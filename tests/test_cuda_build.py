@@ -56,3 +56,20 @@ def test_kernel_source_digest_covers_local_headers(tmp_path):
     d0 = source_digest(cu)
     (tmp_path / "common.cuh").write_text("#define X 2\n")
     assert source_digest(cu) != d0
+
+
+def test_kernel_names_and_the_fatbin_symbol_check(tmp_path, monkeypatch):
+    from sdrt.gpu.cuda import naming
+    assert naming.kernel_name("add", ("F32", "F16")) == "binary_add_f32_f16"
+    assert naming.kernel_name("silu", ("BF16",)) == "unary_silu_bf16"
+    with pytest.raises(KeyError):
+        naming.kernel_name("mul_mat", ("F16", "F32"))
+    # every unary and binary op of the registry, in every float dtype combination
+    names = naming.registered_kernels()["elementwise"]
+    assert len(names) == 3 * len(naming.ops_of_kind("unary")) + 9 * len(naming.ops_of_kind("binary"))
+    assert "#define SDRT_UNARY_OPS(X) X(neg)" in naming.ops_header()
+    # a fatbin lacking one of them is reported
+    fat = tmp_path / "elementwise.fatbin"
+    fat.write_bytes(b"".join(b".text." + n.encode() + b"\0" for n in names if n != "unary_silu_f16"))
+    monkeypatch.setattr(naming, "KERNELS_DIR", tmp_path)
+    assert naming.missing_symbols(["sm_90"]) == ["elementwise: unary_silu_f16"]

@@ -125,3 +125,49 @@ def test_check_graph_names_first_bad_node(rng):
             check_graph(h)
     finally:
         CPU._kernels["silu"] = saved
+
+
+class _DeviceLike:
+    """A backend that runs whole graphs itself (as a device backend does): CPU kernels, with
+    silu's results corrupted when `broken`; it has no kernel lookup the check could use."""
+    name, memory = "dev0", None
+
+    def __init__(self, broken):
+        self.broken = broken
+
+    def find(self, node):
+        from sdrt.ops.cpu import CPU
+        return CPU.find(node)
+
+    def run_graph(self, graph, plan, on_segment=None, residency=None):
+        from sdrt.ops.graph import run_on_host
+        out = run_on_host(graph, plan, self, on_segment, residency)
+        if self.broken and any(n.op == "silu" for n in graph.nodes):
+            out["out"].numpy()[...] += 1
+        return out
+
+
+def test_check_graph_on_a_graph_running_backend(rng):
+    from sdrt.ops.graph import NodeMismatch, check_graph
+    x, h, _ = chain(rng, n=4, size=(5, 7))
+    assert check_graph(h, _DeviceLike(False)) == 6
+    with pytest.raises(NodeMismatch, match=r"node silu \(#2 of 6\).*dev0 differs from the reference"):
+        check_graph(h, _DeviceLike(True))
+
+
+def test_sdrt_check_env_checks_every_graph_run(rng, monkeypatch):
+    from sdrt.ops.cpu import CPU
+    from sdrt.ops.graph import NodeMismatch
+    x, h, _ = chain(rng, n=6, size=(5, 7))
+    want = Graph(h).run()["out"].to_f32()
+    monkeypatch.setenv("SDRT_CHECK", "1")
+    np.testing.assert_array_equal(Graph(h).run()["out"].to_f32(), want)   # same kernels, node by node
+    saved = CPU._kernels["silu"]
+    CPU._kernels["silu"] = [type(saved[0])("silu", lambda n, xs, out: out.fill(0), None)]
+    try:
+        with pytest.raises(NodeMismatch, match="node silu"):
+            Graph(h).run()
+        monkeypatch.setenv("SDRT_CHECK", "0")
+        Graph(h).run()          # unchecked: the broken kernel goes unnoticed
+    finally:
+        CPU._kernels["silu"] = saved

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from sdrt.errors import ModelFileError
-from sdrt.io.names import (UnetLayout, convert_names, convert_tensor_name, diffusers_unet_to_ldm, kohya_to_dotted,
+from sdrt.models.names import (UnetLayout, convert_names, convert_tensor_name, diffusers_unet_to_ldm, kohya_to_dotted,
                            lora_target, open_clip_to_hf_clip)
 
 with gzip.open(os.path.join(os.path.dirname(__file__), "fixtures", "ckpt_names_diffusers_ldm.json.gz"), "rt") as f:

@@ -317,7 +317,7 @@ def test_safetensors_writer_reads_in_safetensors_package(tmp_path):
 def _find_sd_cli():
     import glob
     import shutil
-    cands = [os.environ.get("SDRT_SD_CLI", ""), shutil.which("sd-cli") or ""]
+    cands = [os.environ.get("SDRT_SDCLI", ""), os.environ.get("SDRT_SD_CLI", ""), shutil.which("sd-cli") or ""]
     here = os.path.dirname(os.path.abspath(__file__))
     cands += glob.glob(os.path.join(here, "..", "..", "sdcpp", "*", "vendor", "stable-diffusion.cpp", "build", "bin",
                                     "sd-cli"))
@@ -333,7 +333,7 @@ def test_matches_sd_cli_convert(tmp_path, quant, type_name):
     import subprocess
     sd = _find_sd_cli()
     if sd is None:
-        pytest.skip("sd-cli not found (set SDRT_SD_CLI)")
+        pytest.skip("sd-cli comparison: no sd-cli binary found (set SDRT_SDCLI=/path/to/sd-cli)")
     src, d = _source(tmp_path, int_tensor=False)  # sd-cli aborts converting an I32 tensor to f16/bf16
     ref, ours = str(tmp_path / "ref.gguf"), str(tmp_path / "ours.gguf")
     r = subprocess.run([sd, "-M", "convert", "-m", src, "-o", ref, "--type", type_name], capture_output=True,

@@ -793,6 +793,7 @@ def test_cuda_backend_counts_releases_and_makes_room_for_graph_state(standin_cud
     assert used - sim.used >= te_bytes and sim.cached == used - sim.used
 
 
+@pytest.mark.gpu
 def test_cuda_te_unet_vae_share_one_budget():
     """On a GPU (skips without one): the three components through the CUDA backend under one
     budget just above what the VAE needs besides what the device already holds; the footprint

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sdrt import ModelFileError, UsageError
-from sdrt.io.names import convert_names
+from sdrt.models.names import convert_names
 from sdrt.models.te.clip import (
     PREFIX_CLIP_G,
     PREFIX_CLIP_L,

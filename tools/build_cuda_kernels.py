@@ -12,6 +12,11 @@ includes, the archs built and the nvcc version. `--check` (run by tests/test_cud
 and the runtime (sdrt.gpu.cuda.driver.load_module) compare it with the sources, so a .cu edited
 without a full rebuild fails CI, and on a machine with nvcc is rebuilt for the local GPU.
 Families build one after another; `-j N` builds N at once.
+
+The element-wise op lists are the op registry's: a build first writes kernels/elementwise_ops.cuh
+from OPS (sdrt.gpu.cuda.naming.ops_header), and `--check` also fails when that header is stale
+or when a shipped fatbin lacks the kernel of a registered (op, dtypes) (naming.missing_symbols,
+read from the fatbins' bytes: no nvcc, no GPU).
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sdrt.gpu.cuda.driver import (ARCHS, KERNELS_DIR, MANIFEST, PTX_ARCH, CudaDriverError,  # noqa: E402
                                   compile_fatbin, find_nvcc, read_manifest, source_digest)
+from sdrt.gpu.cuda.naming import OPS_HEADER, missing_symbols, ops_header  # noqa: E402
 
 
 def families(names=None) -> list[Path]:
@@ -69,6 +75,10 @@ def stale_reasons(names=None) -> list[str]:
     if not names:
         known = {p.stem for p in families()}
         problems += [f"{k}: in {MANIFEST.name} but {k}.cu is gone" for k in man if k not in known]
+    if not OPS_HEADER.exists() or OPS_HEADER.read_text() != ops_header():
+        problems.append(f"{OPS_HEADER.name} differs from the op registry (rebuild writes it)")
+    elif not problems:
+        problems += [f"{m}: kernel missing from the fatbin" for m in missing_symbols(ARCHS)]
     return problems
 
 
@@ -100,6 +110,9 @@ def main(argv=None) -> int:
     if nvcc is None:
         print("nvcc not found (set NVCC or put it on PATH)", file=sys.stderr)
         return 2
+    if not OPS_HEADER.exists() or OPS_HEADER.read_text() != ops_header():
+        OPS_HEADER.write_text(ops_header())
+        print(f"wrote {OPS_HEADER.name} from the op registry")
     archs = tuple(a.arch) if a.arch else ARCHS
     bad = [x for x in archs if not re.fullmatch(r"sm_\d+a?", x)]
     if bad:

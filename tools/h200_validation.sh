@@ -4,12 +4,13 @@
 #
 #   bash tools/h200_validation.sh                 # everything below but sd-cli
 #   SDCLI_SRC=.whl/sdcpp/sdcpp_src.tar.xz bash tools/h200_validation.sh   # + sd-cli, same run
-#   TESTS="tests/gpu tests/test_residency.py" bash tools/h200_validation.sh
+#   TESTS=tests bash tools/h200_validation.sh     # the whole GPU suite (about 2 minutes)
 #
 # 1. sd-cli CUDA (bench/build_sdcli_cuda.sh) builds in the background when SDCLI_SRC names the
 #    trimmed source tarball (vendor/stable-diffusion.cpp of the PyPI sdist 0.4.7, tar.xz);
 # 2. random full-size SD1.5 and SDXL checkpoints (tools/make_sd_checkpoint.py, the CPU references'
-#    bytes) and the GPU tests ($TESTS, default tests/gpu/test_cuda_fuse.py tests/test_residency.py);
+#    bytes) and the GPU tests of $TESTS (`pytest --gpu`: only tests marked gpu, an error without a
+#    device; default tests/gpu/test_cuda_fuse.py tests/test_residency.py);
 # 3. SDXL 1024x1024, 4 steps: resident, --offload-to-cpu --max-vram 3 and --params-backend disk
 #    --max-vram 3, their PSNR against the resident image, the residency log lines;
 # 4. the CLI images to compare with the same commands on the CPU (sd15_gpu.png, sdxl_gpu.png);
@@ -31,7 +32,7 @@ fi
 {
 python3 tools/make_sd_checkpoint.py --arch sd15 -o /tmp/sd15_rand_f16.safetensors | tail -1 &
 python3 tools/make_sd_checkpoint.py --arch sdxl -o /tmp/sdxl_rand_f16.safetensors | tail -1 &
-python3 -m pytest -q $TESTS -p no:cacheprovider 2>&1 | tail -3
+python3 -m pytest -q --gpu $TESTS -p no:cacheprovider 2>&1 | tail -3
 echo "tests: $((SECONDS - t0)) s"
 wait
 } 2>&1 | tee "$OUT/main.log"

@@ -97,7 +97,7 @@ def main():
 # ---- name tables ----------------------------------------------------------------------------------
 #
 # Provenance: diffusers' own models (UNet2DConditionModel / AutoencoderKL built on the meta device
-# with the SD1.5 / SDXL configs) give the diffusers names and shapes. sdrt.io.names maps each to
+# with the SD1.5 / SDXL configs) give the diffusers names and shapes. sdrt.models.names maps each to
 # an LDM name; diffusers' own LDM -> diffusers converters (single_file_utils) are then run on that
 # LDM table, and must give back exactly the diffusers table (names and shapes). Only then is the
 # triple (diffusers name, shape, LDM name) written. So the fixture is checked by an independent
@@ -144,7 +144,7 @@ def _verify_vae(diff: dict, ldm_of: dict, cfg: dict):
 
 
 def _ldm_shape(ldm_name, shape):
-    from sdrt.io.names import VAE_ATTN_MATRICES
+    from sdrt.models.names import VAE_ATTN_MATRICES
     return tuple(shape) + (1, 1) if ldm_name.endswith(VAE_ATTN_MATRICES) and len(shape) == 2 else tuple(shape)
 
 
@@ -155,7 +155,7 @@ def names():
     from diffusers import AutoencoderKL, UNet2DConditionModel
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from sdrt.io.names import UnetLayout, diffusers_unet_to_ldm, diffusers_vae_to_ldm
+    from sdrt.models.names import UnetLayout, diffusers_unet_to_ldm, diffusers_vae_to_ldm
 
     out = {}
     for key, cfg, layout in (("sd15_unet", SD15_UNET, UnetLayout(2, (1, 2, 3))),
@@ -178,7 +178,7 @@ def names():
     import transformers
     out["provenance"] = (f"diffusers {diffusers.__version__}, torch {torch.__version__}: meta-device state dicts "
                          f"of UNet2DConditionModel (SD1.5, SDXL configs) and AutoencoderKL (SD config); LDM names "
-                         f"from sdrt.io.names, verified by diffusers' convert_ldm_unet_checkpoint / "
+                         f"from sdrt.models.names, verified by diffusers' convert_ldm_unet_checkpoint / "
                          f"convert_ldm_vae_checkpoint round trip; hf_clip_g: transformers {transformers.__version__} "
                          f"CLIPTextModelWithProjection (OpenCLIP bigG sizes) names")
     path = os.path.join(OUT, "ckpt_names_diffusers_ldm.json.gz")

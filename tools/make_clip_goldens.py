@@ -563,7 +563,7 @@ def crosscheck(sdcpp: str, workdir: str, fam: str, emulate_f16_acts: bool = Fals
     del sd
     if fam == "sdxl":
         f, _ = open_clip_weights(spec, "", 1280, 32, 5120, V, proj=1280)
-        from sdrt.io.names import open_clip_to_hf_clip
+        from sdrt.models.names import open_clip_to_hf_clip
         t.update({"cond_stage_model.1." + open_clip_to_hf_clip(k): v for k, v in f.items()})
         del f
     path = os.path.join(workdir, f"cross_{fam}.safetensors")

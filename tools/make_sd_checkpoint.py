@@ -11,7 +11,7 @@ sd-cli end to end on the real architectures (bench/e2e_vs_sdcli.py).
 
 Names and shapes:
 * UNet and VAE: the LDM (original checkpoint) names of tests/fixtures/ckpt_names_diffusers_ldm.json.gz
-  (diffusers 0.42.1 meta-device state dicts converted by sdrt.io.names and checked against diffusers'
+  (diffusers 0.42.1 meta-device state dicts converted by sdrt.models.names and checked against diffusers'
   own LDM converters: 686 SD1.5 UNet tensors / 859,520,964 parameters, 1680 SDXL UNet tensors /
   2,567,463,684, 248 VAE tensors / 83,653,863 — the counts of the released files).
 * CLIP ViT-L/14 text model in HF layout (cond_stage_model.transformer.text_model.* for SD1.5,

@@ -4,7 +4,7 @@
 
 Each fixture is a tiny random config of a real architecture (SD1, SD2, SDXL, SD1 inpaint,
 SSD-1B-like SDXL), built with diffusers, its weights renamed to the LDM checkpoint names
-(`model.diffusion_model.input_blocks.1.1.proj_in.weight` ...) with sdrt.io.names, and saved as
+(`model.diffusion_model.input_blocks.1.1.proj_in.weight` ...) with sdrt.models.names, and saved as
 float16 (real checkpoints are f16; diffusers runs on the same f16-rounded values in float32, so
 the comparison is float32 math on both sides). Keys:
 
@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 FIX = os.path.join(ROOT, "tests", "fixtures")
 
-from sdrt.io.names import convert_names
+from sdrt.models.names import convert_names
 
 N, H, W, L = 2, 16, 16, 7
 TIMESTEPS = [999.0, 261.5]

@@ -13,7 +13,7 @@ get exactly these values, so sdrt and PyTorch run the same weights.
 
 Fixtures
 - vae_kl.npz: diffusers AutoencoderKL, tiny random configs (cases `g32`, `g8`, `noquant`, see
-  KL_CASES), names converted to LDM with sdrt.io.names.diffusers_vae_to_ldm (mid attention kept
+  KL_CASES), names converted to LDM with sdrt.models.names.diffusers_vae_to_ldm (mid attention kept
   as [C, C] linears, as diffusers stores them). Per case: `{c}_spec`, `{c}_x` image [1,3,32,32]
   in [-1,1], `{c}_moments` = quant_conv(encoder(x)), `{c}_noise`, `{c}_sample` = diffusers'
   DiagonalGaussianDistribution mean + std * noise, `{c}_z` [2,C,16,16], `{c}_dec` = decode(z).
@@ -85,7 +85,7 @@ def kl_goldens():
     from diffusers import AutoencoderKL
 
     sys.path.insert(0, ROOT)
-    from sdrt.io.names import diffusers_vae_to_ldm
+    from sdrt.models.names import diffusers_vae_to_ldm
     out = {"provenance": np.array(f"torch {torch.__version__}, diffusers {diffusers.__version__}; "
                                   f"configs {json.dumps({k: v[0] for k, v in KL_CASES.items()})}")}
     for case, (kw, seed) in KL_CASES.items():

@@ -1,8 +1,9 @@
 """`sdrt`: sd-cli's command line. Flags keep sd-cli's names, defaults and meanings; a flag
 sdrt does not support yet is refused by name (argparse: "unrecognized arguments").
 
-Modes: img_gen (default; SD 1.x / 2.x / SDXL) and convert. The sampler, scheduler, RNG and
-prediction choices and their help come from the engine's registries."""
+Modes: img_gen (default; every runnable model family) and convert. The sampler, scheduler, RNG and
+prediction choices and their help come from the engine's registries; the text-encoder flags
+(--clip_l, --clip_g, ...) from the model-family registry (sdrt.models.families)."""
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,9 @@ LOG_LEVELS = {"debug": logging.DEBUG, "verbose": 15, "info": logging.INFO, "warn
 CONVERT_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_0", "q5_1", "q4_0", "q4_1", "q2_K", "q3_K", "q4_K",
                  "q5_K", "q6_K")
 
-# sd-cli flags sdrt does not implement yet: refused with a message that says so
-_SDCLI_ONLY = (
+# sd-cli flags sdrt does not implement yet: refused with a message that says so. A model-file
+# flag leaves this list by itself when a family registers its component (sdrt.models.families).
+_SDCLI_FLAGS = (
     "--t5xxl", "--llm", "--llm_vision", "--qwen2vl", "--qwen2vl_vision", "--clip_vision", "--high-noise-diffusion-model",
     "--uncond-diffusion-model", "--embeddings-connectors", "--audio-vae", "--control-net", "--ip-adapter",
     "--motion-module", "--lora-model-dir", "--hires-upscalers-dir", "--photo-maker", "--pulid-weights",
@@ -46,10 +48,28 @@ _SDCLI_ONLY = (
     "--qwen-image-zero-cond-t")
 
 
+def _component_flags() -> dict:
+    """{role: Component} of the text encoders the registered families take (--clip_l, ...)."""
+    from ..models.families import components
+    return components()
+
+
+def _family_flags() -> set:
+    """Generation flags that exist once a runnable family uses them (--guidance: distilled guidance)."""
+    from ..models.families import runnable_families
+    return {"--guidance"} if any(f.distilled_guidance for f in runnable_families()) else set()
+
+
+def _sdcli_only() -> tuple:
+    taken = {c.flag for c in _component_flags().values()} | _family_flags()
+    return tuple(f for f in _SDCLI_FLAGS if f not in taken)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # never a traceback: one line naming the flag (the CLI adds "sdrt: error:")
         if message.startswith("unrecognized arguments:"):
-            known = [a for a in message.split(":", 1)[1].split() if a.split("=")[0] in _SDCLI_ONLY]
+            only = _sdcli_only()
+            known = [a for a in message.split(":", 1)[1].split() if a.split("=")[0] in only]
             if known:
                 message += f" ({', '.join(known)}: sd-cli flag{'s' if len(known) > 1 else ''} sdrt does not support yet)"
         raise UsageError(message)
@@ -88,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--diffusion-model", help="path to a standalone diffusion model (UNet)")
     m.add_argument("--vae", help="path to a standalone VAE (replaces the model's)")
     m.add_argument("--taesd", "--tae", dest="taesd", help="path to TAESD: decode (and encode) with the tiny autoencoder (low quality)")
-    m.add_argument("--clip_l", help="path to the CLIP-L text encoder")
-    m.add_argument("--clip_g", help="path to the OpenCLIP-bigG text encoder (SDXL)")
+    for c in _component_flags().values():     # --clip_l, --clip_g, ...: from the family registry
+        m.add_argument(c.flag, dest=c.role, help=c.help)
     m.add_argument("--embd-dir", help="textual-inversion embeddings directory")
     m.add_argument("--type", choices=CONVERT_TYPES, metavar="TYPE",
                    help="weight type: " + ", ".join(CONVERT_TYPES) + " (default: keep the file's types)")
@@ -131,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-H", "--height", type=int, default=-1, help="image height in pixels (default: 512, or the init image's)")
     g.add_argument("--steps", type=int, default=20, help="number of sample steps (default: 20)")
     g.add_argument("--cfg-scale", type=_float, default=7.0, help="unconditional guidance scale (default: 7.0)")
+    if "--guidance" in _family_flags():
+        g.add_argument("--guidance", type=_float, default=3.5, help="distilled guidance scale (default: 3.5)")
     g.add_argument("--img-cfg-scale", type=_float, default=math.inf,
                    help="image guidance scale for inpaint or instruct-pix2pix models (default: same as --cfg-scale)")
     g.add_argument("--sampling-method", choices=tuple(SAMPLERS), default=None, metavar="METHOD",
@@ -192,9 +214,9 @@ def _setup_logging(level: str):
 
 
 def list_devices() -> list[tuple[str, str]]:
-    from ..gpu import cuda
-    from ..ops.threads import default_threads
-    return [("cpu", f"CPU ({default_threads()} threads, numpy BLAS + Numba)")] + cuda.devices()
+    """Every usable compute device (sdrt.ops.backend's registry), the CPU first."""
+    from ..ops.backend import list_devices as registered_devices
+    return registered_devices()
 
 
 def run(argv=None) -> int:
@@ -233,8 +255,13 @@ def params_from_args(args):
         parse_tile_size,
     )
     from ..engine.schedulers import parse_sigmas
+    from dataclasses import fields
+    own = {f.name for f in fields(ModelParams)}
+    roles = {r: getattr(args, r) for r in _component_flags()}
     mp = ModelParams(model=args.model, diffusion_model=args.diffusion_model, vae=args.vae, taesd=args.taesd,
-                     clip_l=args.clip_l, clip_g=args.clip_g, embd_dir=args.embd_dir, type=args.type,
+                     **{r: p for r, p in roles.items() if r in own},
+                     parts={r: p for r, p in roles.items() if r not in own and p},
+                     embd_dir=args.embd_dir, type=args.type,
                      tensor_type_rules=args.tensor_type_rules or None, rng=args.rng, sampler_rng=args.sampler_rng,
                      prediction=args.prediction, threads=args.threads, backend=args.backend,
                      params_backend=args.params_backend, offload_to_cpu=args.offload_to_cpu, max_vram=args.max_vram,
@@ -248,6 +275,7 @@ def params_from_args(args):
             raise UsageError(f"--sigmas: {e}") from None
     gp = GenParams(prompt=args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
                    steps=args.steps, cfg_scale=args.cfg_scale, img_cfg_scale=args.img_cfg_scale,
+                   **({"guidance": args.guidance} if hasattr(args, "guidance") else {}),
                    sampling_method=args.sampling_method, scheduler=args.scheduler, sigmas=sigmas, eta=args.eta,
                    seed=args.seed, batch_count=args.batch_count, clip_skip=args.clip_skip, init_image=args.init_img,
                    strength=args.strength, mask_image=args.mask, vae_tiling=args.vae_tiling,
@@ -288,6 +316,10 @@ def _img_gen(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # `sdrt serve ...`: the HTTP server (sdrt.server, the `server` extra)
+        from ..server.main import main as serve_main
+        return serve_main(argv[1:])
     try:
         return run(argv)
     except SdrtError as e:

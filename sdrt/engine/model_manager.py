@@ -4,7 +4,7 @@ sd-cli takes a full checkpoint (`-m`) and/or parts (`--diffusion-model`, `--vae`
 `--clip_g`, `--taesd`). As sd.cpp's `StableDiffusionGGML::init`, each part is read under the prefix
 its role implies (`model.diffusion_model.`, `vae.`, `cond_stage_model.transformer.` /
 `text_encoders.clip_l.transformer.` ...), the model version is detected from the names and shapes,
-and every name is converted to the canonical LDM layout (sdrt.io.names). A part given on the
+and every name is converted to the canonical LDM layout (sdrt.models.names). A part given on the
 command line replaces the checkpoint's own tensors of that role (sdrt: whole-role replacement,
 so a VAE file never mixes with half of the checkpoint's VAE).
 
@@ -29,30 +29,19 @@ from ..io.detect import (
     UNKNOWN,
     detect_version,
     dtype_stats,
-    family,
-    is_unet,
     prediction_type,
 )
-from ..io.names import convert_names
+from ..models.names import convert_names
+from ..models.families import COMMON_ROLES, component, components, family_of
 from .params import ModelParams
 
-__all__ = ["DM", "TAE", "TE_G", "TE_L", "VAE", "LoadedModels", "load_models"]
+__all__ = ["DM", "TAE", "VAE", "LoadedModels", "load_models"]
 
 log = logging.getLogger("sdrt")
 
 DM = "model.diffusion_model."
 VAE = "first_stage_model."
 TAE = "tae."
-TE_L = "cond_stage_model.transformer."      # CLIP-L (SD1/SDXL) or OpenCLIP-H (SD2), canonical
-TE_G = "cond_stage_model.1.transformer."    # OpenCLIP-bigG (SDXL), canonical
-
-# wrappers a standalone file may still carry; stripped before its role's prefix is added
-_STRIP = {"diffusion_model": (DM, "model.", "unet.", "diffusion_model."),
-          "vae": (VAE, "vae."), "taesd": (TAE,), "clip_l": (TE_L, "text_encoders.clip_l.transformer."),
-          "clip_g": (TE_G, "text_encoders.clip_g.transformer.")}
-# canonical prefixes a part replaces in the merged table
-_ROLE_PREFIX = {"diffusion_model": (DM,), "vae": (VAE,), "clip_l": (TE_L, "text_encoders.clip_l."),
-                "clip_g": (TE_G, "cond_stage_model.1.", "text_encoders.clip_g."), "taesd": (TAE,)}
 
 
 @dataclass
@@ -72,7 +61,7 @@ class LoadedModels:
 
     @property
     def family(self) -> str:
-        return family(self.version)
+        return family_of(self.version).name
 
     def has(self, prefix: str) -> bool:
         return any(k.startswith(prefix) for k in self.tensors)
@@ -91,16 +80,11 @@ class LoadedModels:
 
 
 def _open(role: str, path: str) -> ModelFile:
+    c = component(role)
     if not os.path.exists(path):
-        raise ModelFileError(f"{_FLAG[role]}: no such file: '{path}'")
-    log.info("loading %s from '%s'", _WHAT[role], path)
+        raise ModelFileError(f"{c.flag}: no such file: '{path}'")
+    log.info("loading %s from '%s'", c.what, path)
     return open_model(path)
-
-
-_FLAG = {"model": "-m/--model", "diffusion_model": "--diffusion-model", "vae": "--vae", "taesd": "--taesd",
-         "clip_l": "--clip_l", "clip_g": "--clip_g"}
-_WHAT = {"model": "model", "diffusion_model": "diffusion model", "vae": "vae", "taesd": "tae",
-         "clip_l": "clip_l", "clip_g": "clip_g"}
 
 
 def _strip(names, prefixes) -> dict[str, str]:
@@ -110,18 +94,6 @@ def _strip(names, prefixes) -> dict[str, str]:
         if names and all(n.startswith(p) for n in names):
             return {n: n[len(p):] for n in names}
     return {n: n for n in names}
-
-
-def _role_prefix(role: str, unet: bool) -> str:
-    if role == "diffusion_model":
-        return DM
-    if role == "vae":
-        return "vae."
-    if role == "taesd":
-        return TAE
-    if role == "clip_l":
-        return TE_L if unet else "text_encoders.clip_l.transformer."
-    return TE_G if unet else "text_encoders.clip_g.transformer."
 
 
 def _drop(table: dict, prefixes) -> None:
@@ -191,7 +163,7 @@ def load_models(params: ModelParams) -> LoadedModels:
     if params.diffusion_model:
         f = files["diffusion_model"] = _open("diffusion_model", params.diffusion_model)
         paths["diffusion_model"] = params.diffusion_model
-        raw_dm = {DM + s: f.tensors[n] for n, s in _strip(f.tensors, _STRIP["diffusion_model"]).items()}
+        raw_dm = {DM + s: f.tensors[n] for n, s in _strip(f.tensors, COMMON_ROLES["diffusion_model"].strip).items()}
         roles_given.append(("diffusion_model", raw_dm))
     # sd.cpp decides the text-encoder prefixes from what is loaded so far
     pre = dict(raw)
@@ -199,15 +171,17 @@ def load_models(params: ModelParams) -> LoadedModels:
         pre.update(part)
     # (sdrt: a bare UNet with no text encoder yet is still a UNet; sd.cpp calls it unknown and then
     # loads --clip_l under the DiT prefix, so `--diffusion-model unet --clip_l clip` fails there)
-    unet = is_unet(detect_version(pre)) or any(k.startswith(DM + "input_blocks.") for k in pre) if pre else True
-    for role in ("clip_l", "clip_g", "vae", "taesd"):
-        path = getattr(params, role)
+    unet = (family_of(detect_version(pre)).te_layout == "unet" or any(k.startswith(DM + "input_blocks.") for k in pre)
+            ) if pre else True
+    layout = "unet" if unet else "dit"
+    for role in (*components(), "vae", "taesd"):
+        path = params.path_of(role)
         if not path:
             continue
         f = files[role] = _open(role, path)
         paths[role] = path
-        prefix = _role_prefix(role, unet)
-        roles_given.append((role, {prefix + s: f.tensors[n] for n, s in _strip(f.tensors, _STRIP[role]).items()}))
+        c = component(role)
+        roles_given.append((role, {c.prefix_for(layout) + s: f.tensors[n] for n, s in _strip(f.tensors, c.strip).items()}))
     # detect on everything, then convert names with that version
     merged = dict(raw)
     for _, part in roles_given:
@@ -221,7 +195,7 @@ def load_models(params: ModelParams) -> LoadedModels:
     tensors = {conv[k]: v for k, v in raw.items()}
     for role, part in roles_given:
         conv = convert_names(part, version, what=paths[role])
-        _drop(tensors, _ROLE_PREFIX[role])
+        _drop(tensors, component(role).replaces)
         for k, v in part.items():
             tensors[conv[k]] = v
     version2 = detect_version(tensors)

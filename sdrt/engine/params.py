@@ -9,7 +9,8 @@ follows `cfg_scale`, `eta` inf is the sampler's default, width/height -1 mean 51
 image's size).
 
 `validate()` raises `UsageError` naming the flag and the valid values, as the CLI reports them.
-Nothing here imports numba or the models: `import sdrt` stays light.
+Nothing here imports numba or the model code (validate() reads the family registry, which is
+light, when called): `import sdrt` stays light.
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ __all__ = ["DEFAULT_SIZE", "GenParams", "ModelParams", "parse_rel_tile_size", "p
 DEFAULT_SIZE = 512
 
 
+_PATH_FIELDS = ("model", "diffusion_model", "vae", "taesd", "clip_l", "clip_g")
+
+
 @dataclass
 class ModelParams:
     """Which weights and how to run them (sd-cli's SDContextParams)."""
@@ -35,6 +39,7 @@ class ModelParams:
     taesd: str | None = None             # --taesd: decode with TAESD instead of the VAE
     clip_l: str | None = None            # --clip_l
     clip_g: str | None = None            # --clip_g
+    parts: dict = field(default_factory=dict)  # other text-encoder roles a family registers: {"t5xxl": path}
     embd_dir: str | None = None          # --embd-dir: textual-inversion embeddings
     type: str | None = None              # --type: weight type override (f32, f16, q8_0 ...)
     tensor_type_rules: str | None = None  # --tensor-type-rules
@@ -53,14 +58,22 @@ class ModelParams:
     clip_on_cpu: bool = False            # --clip-on-cpu (deprecated: te=cpu)
     vae_on_cpu: bool = False             # --vae-on-cpu (deprecated: vae=cpu)
 
+    def path_of(self, role: str) -> str | None:
+        """The file given for a component role ("vae", "clip_l", "t5xxl", ...), or None."""
+        if role in self.parts:
+            return self.parts[role]
+        return getattr(self, role, None) if role in _PATH_FIELDS else None
+
     def validate(self) -> ModelParams:
         if not (self.model or self.diffusion_model):
             raise UsageError("the following arguments are required: -m/--model or --diffusion-model")
-        for flag, path in (("-m/--model", self.model), ("--diffusion-model", self.diffusion_model),
-                           ("--vae", self.vae), ("--taesd", self.taesd), ("--clip_l", self.clip_l),
-                           ("--clip_g", self.clip_g)):
+        from ..models.families import COMMON_ROLES, component, components
+        for role in self.parts:
+            component(role)     # an unknown role is a UsageError naming the known ones
+        for role in (*COMMON_ROLES, *components()):
+            path = self.path_of(role)
             if path and not os.path.exists(path):
-                raise UsageError(f"{flag}: no such file: '{path}'")
+                raise UsageError(f"{component(role).flag}: no such file: '{path}'")
         if self.embd_dir and not os.path.isdir(self.embd_dir):
             raise UsageError(f"--embd-dir: not a directory: '{self.embd_dir}'")
         self.validate_rngs()
@@ -101,7 +114,7 @@ class GenParams:
     steps: int = 20                      # --steps
     cfg_scale: float = 7.0               # --cfg-scale
     img_cfg_scale: float = math.inf      # --img-cfg-scale; inf: same as --cfg-scale
-    guidance: float = 3.5                # distilled guidance (recorded in the metadata only: UNets have none)
+    guidance: float = 3.5                # --guidance: distilled guidance (families with distilled_guidance; metadata)
     sampling_method: str | None = None   # --sampling-method; None: the model's default (euler_a for UNets)
     scheduler: str | None = None         # --scheduler; None: the sampler's default
     sigmas: list[float] | None = None    # --sigmas: custom schedule (overrides steps/scheduler)

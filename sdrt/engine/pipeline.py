@@ -1,40 +1,55 @@
-"""The image-generation pipeline: sd.cpp's `generate_image` for SD 1.x / 2.x / SDXL UNets.
+"""The image-generation pipeline: sd.cpp's `generate_image`, for every runnable model family.
 
-One request (GenParams) on one context (a `Pipeline` over loaded weights):
+One request (GenParams) on one context (a `Pipeline` over loaded weights) runs in named stages
+(sdrt.engine.stages has the records and the pure ones):
+1. size, 2. guidance plan, 3. sample plan, 4. latents and masks (stages.py);
+5. conditioning: prompt and negative prompt through the family's conditioner, into `Cond`
+   records with the concat latents (and distilled guidance where the family has it);
+6. sampling per seed (seed + b): reseed both RNGs, draw the noise, sample with CFG (cond, uncond
+   and img-cond in one batched model call when their shapes agree), blending the denoised
+   estimate with the init latent outside the mask after every model call (masked img2img);
+7. decoding: latent / scale + shift through the VAE (or TAESD), optionally tiled, to uint8 RGB.
 
-1. size: -W/-H (or the init image's size) aligned up to a multiple of the VAE factor times the
-   UNet's down factor (8 x 8 = 64), with a warning, as sd.cpp's GenerationRequest;
-2. guidance: `img_cfg_scale` follows `cfg_scale` unless the model is an inpaint / pix2pix UNet;
-   an unconditioned pass runs when cfg != 1, an image-conditioned pass when img_cfg != cfg;
-3. the sample plan: sampler (euler_a for UNets), scheduler, sigmas (or `--sigmas`), eta;
-   img2img keeps the last `int(steps * strength)` + 1 sigmas (sd.cpp's t_enc);
-4. latents: zeros (txt2img) or the VAE encoding of the init image, sampled with the context
-   RNG seeded with the request seed; the latent mask (the `--mask` image max-pooled to latent
-   size); for 9-channel inpaint UNets the concat latent [mask, encoded masked image];
-5. conditioning: prompt and negative prompt through the conditioner;
-6. per image b (seed + b): reseed both RNGs, draw the noise, sample with CFG (cond, uncond and
-   img-cond in one batched UNet call when their shapes agree), blending the denoised estimate
-   with the init latent outside the mask after every model call (masked img2img);
-7. decode: latent / scale + shift through the VAE (or TAESD), optionally tiled, to uint8 RGB.
-
-The arithmetic mirrors sd.cpp's float32 tensor expressions term by term, so with the same model
-outputs the latents match sd-cli's. Log lines and progress bars follow sd-cli's wording.
+Everything family-specific (latent channels, size multiple, VAE scale, sampler defaults, concat
+latents, the diffusion model and conditioner) comes from the family's record
+(sdrt.models.families); this file names no family. The arithmetic mirrors sd.cpp's float32
+tensor expressions term by term, so with the same model outputs the latents match sd-cli's.
+Log lines and progress bars follow sd-cli's wording.
 """
 from __future__ import annotations
 
 import inspect
 import logging
-import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
 
-from ..errors import SdrtError, UnsupportedError, UsageError
-from .params import GenParams, ModelParams
+from ..errors import SdrtError
+from ..models.families import Cond, Family, family_of
 from .limits import check_image, check_latent, quiet_numerics
+from .params import GenParams, ModelParams
+from .stages import (  # noqa: F401 - the pure pieces are part of this module's API
+    GuidancePlan,
+    Latents,
+    SamplePlan,
+    SizePlan,
+    align_size,
+    cfg_combine,
+    decode_to_uint8,
+    fit_image,
+    image_to_tensor,
+    img2img_sigmas,
+    latent_mask_from,
+    load_image,
+    max_pool3,
+    plan_guidance,
+    plan_sampling,
+    plan_size,
+    prepare_latents,
+)
 
 __all__ = [
     "Cond",
@@ -53,172 +68,17 @@ __all__ = [
 
 log = logging.getLogger("sdrt")
 F32 = np.float32
-UNET_DOWN_FACTOR = 8
-VAE_SCALE_FACTOR = 8
-LATENT_CHANNELS = 4
-INPAINT_VERSIONS = ("sd1_inpaint", "sd2_inpaint", "sdxl_inpaint")
-EDIT_VERSIONS = ("sd1_pix2pix", "sdxl_pix2pix")
-SUPPORTED_FAMILIES = ("sd1", "sd2", "sdxl")
-
-
-@dataclass
-class Cond:
-    """One conditioning: cross-attention context [1, L, C], ADM vector y [1, adm] (SDXL) or None,
-    concat latent [1, Cc, h, w] (inpaint / pix2pix) or None."""
-    context: np.ndarray
-    y: np.ndarray | None = None
-    c_concat: np.ndarray | None = None
 
 
 @dataclass
 class GeneratedImage:
     """One result: `image` HxWx3 uint8 RGB, its `seed`, the sd-webui `parameters` infotext and the
-    final latent [1, 4, h, w] (before the VAE)."""
+    final latent [1, C, h, w] (before the VAE)."""
     image: np.ndarray
     seed: int
     parameters: str = ""
     latent: np.ndarray | None = None
     info: dict = field(default_factory=dict)
-
-
-# ---- small pure pieces (unit-tested) --------------------------------------------------------------
-
-def align_size(width: int, height: int, multiple: int) -> tuple[int, int, bool]:
-    """Round both sides up to `multiple` (sd.cpp's align_image_size); returns (w, h, changed)."""
-    w = -(-width // multiple) * multiple
-    h = -(-height // multiple) * multiple
-    return w, h, (w, h) != (width, height)
-
-
-def image_to_tensor(img: np.ndarray, width: int, height: int) -> np.ndarray:
-    """HxWxC uint8 -> [1, C, height, width] float32 in [0, 1], resized by nearest neighbour as
-    sd.cpp's sd_image_to_tensor (source index = dst * src_size / dst_size, integer)."""
-    a = np.asarray(img)
-    if a.ndim == 2:
-        a = a[:, :, None]
-    t = a.astype(F32) / F32(255.0)
-    H, W = t.shape[:2]
-    if (W, H) != (width, height):
-        iy = (np.arange(height) * H) // height
-        ix = (np.arange(width) * W) // width
-        t = t[iy[:, None], ix[None, :]]
-    return np.ascontiguousarray(t.transpose(2, 0, 1)[None])
-
-
-def latent_mask_from(mask: np.ndarray, factor: int) -> np.ndarray:
-    """[1, 1, H, W] {0, 1} -> [1, 1, H/f, W/f], the max over each f x f window (sd.cpp's
-    interpolate NearestMax when downsampling by an integer factor)."""
-    n, c, H, W = mask.shape
-    if H % factor or W % factor:
-        raise UsageError(f"mask size {W}x{H} is not a multiple of the latent factor {factor}")
-    return mask.reshape(n, c, H // factor, factor, W // factor, factor).max(axis=(3, 5))
-
-
-def max_pool3(x: np.ndarray) -> np.ndarray:
-    """3x3 max pool, stride 1, padding 1 (padding never wins), on [N, C, H, W]."""
-    p = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
-    H, W = x.shape[2:]
-    out = p[:, :, 0:H, 0:W].copy()
-    for dy in range(3):
-        for dx in range(3):
-            np.maximum(out, p[:, :, dy:dy + H, dx:dx + W], out=out)
-    return out
-
-
-def load_image(src, flag: str, channels: int) -> np.ndarray:
-    """An image as HxWxC uint8 (C = 3 RGB or 1 gray) from a path, a PIL image or an array.
-    A missing or unreadable file is a UsageError naming the flag."""
-    if isinstance(src, np.ndarray):
-        a = src
-        if a.dtype != np.uint8:
-            raise UsageError(f"{flag}: image arrays must be uint8, got {a.dtype}")
-        if a.ndim == 2:
-            a = a[:, :, None]
-        if a.ndim != 3 or a.shape[2] not in (1, 3, 4):
-            raise UsageError(f"{flag}: image arrays must be HxW, HxWx3 or HxWx4, got shape {a.shape}")
-        if channels == 3:
-            a = np.repeat(a, 3, 2) if a.shape[2] == 1 else a[:, :, :3]
-        else:
-            a = a[:, :, :1] if a.shape[2] == 1 else np.round(
-                a[:, :, :3].astype(F32) @ np.array([0.299, 0.587, 0.114], F32))[:, :, None].astype(np.uint8)
-        return np.ascontiguousarray(a)
-    try:
-        from PIL import Image
-    except ImportError:
-        raise UnsupportedError(f"{flag}: reading images needs Pillow (pip install pillow)") from None
-    if isinstance(src, Image.Image):
-        im = src
-    else:
-        import os
-        path = os.fspath(src)
-        if not os.path.isfile(path):
-            raise UsageError(f"{flag}: no such image file: '{path}'")
-        try:
-            im = Image.open(path)
-            im.load()
-        except Exception as e:  # noqa: BLE001 - any decoder error is the file's fault
-            raise UsageError(f"{flag}: cannot read image '{path}': {e}") from None
-    a = np.asarray(im.convert("RGB" if channels == 3 else "L"), np.uint8)
-    return np.ascontiguousarray(a if a.ndim == 3 else a[:, :, None])
-
-
-def fit_image(a: np.ndarray, width: int, height: int) -> np.ndarray:
-    """sd-cli's load-time fit to -W x -H: centre-crop to the target aspect, then resize (box
-    filter; sd-cli uses stb_image_resize's box filter)."""
-    H, W = a.shape[:2]
-    if (W, H) == (width, height):
-        return a
-    dst, src = width / height, W / H
-    x0 = y0 = 0
-    cw, ch = W, H
-    if src > dst:
-        cw = int(H * dst)
-        x0 = (W - cw) // 2
-    elif src < dst:
-        ch = int(W / dst)
-        y0 = (H - ch) // 2
-    if (x0, y0) != (0, 0):
-        log.info("crop input image from %dx%d to %dx%d", W, H, cw, ch)
-    a = a[y0:y0 + ch, x0:x0 + cw]
-    log.info("resize input image from %dx%d to %dx%d", cw, ch, width, height)
-    from PIL import Image
-    im = Image.fromarray(a[:, :, 0] if a.shape[2] == 1 else a)
-    out = np.asarray(im.resize((width, height), Image.BOX), np.uint8)
-    return np.ascontiguousarray(out if out.ndim == 3 else out[:, :, None])
-
-
-def cfg_combine(cond, uncond=None, img_cond=None, cfg_scale=7.0, img_cfg_scale=7.0) -> np.ndarray:
-    """sd.cpp's guidance: uncond + img_cfg (img_cond - uncond) + cfg (cond - img_cond) (3-way),
-    uncond + cfg (cond - uncond), img_cond + cfg (cond - img_cond), or cond; float32, same order."""
-    cfg, icfg = F32(cfg_scale), F32(img_cfg_scale)
-    if uncond is not None:
-        if img_cond is not None:
-            return uncond + icfg * (img_cond - uncond) + cfg * (cond - img_cond)
-        return uncond + cfg * (cond - uncond)
-    if img_cond is not None:
-        return img_cond + cfg * (cond - img_cond)
-    return cond
-
-
-def img2img_sigmas(sigmas: np.ndarray, steps: int, strength: float) -> tuple[np.ndarray, int]:
-    """sd.cpp's img2img schedule: t_enc = int(steps * strength) (minus one when it is all of them);
-    keep sigmas[steps - t_enc - 1:]. Returns (sigmas, t_enc). strength 1 keeps everything."""
-    if strength >= 1.0:
-        return sigmas, steps
-    t_enc = int(F32(steps) * F32(strength))
-    if t_enc == steps:
-        t_enc -= 1
-    return sigmas[steps - t_enc - 1:], t_enc
-
-
-def decode_to_uint8(img01: np.ndarray) -> np.ndarray:
-    """[1, 3, H, W] float in [0, 1] (values outside are clamped) -> HxWx3 uint8, as sd.cpp's
-    preprocessing_float_to_u8: <= 0 -> 0, >= 1 -> 255, else (uint8)(v * 255 + 0.5)."""
-    v = np.asarray(img01, F32)[0].transpose(1, 2, 0)
-    out = (np.clip(v, 0.0, 1.0) * F32(255.0) + F32(0.5)).astype(np.uint8)
-    out[v <= 0] = 0
-    out[v >= 1] = 255
-    return np.ascontiguousarray(out)
 
 
 class ProgressBar:
@@ -274,22 +134,24 @@ class Pipeline:
 
     Build it with `Pipeline.load(ModelParams(...))` (from files), or `Pipeline(...)` with your own
     components (tests, other backends):
-      unet(x [N,C,h,w], t [N], context [N,L,D], y [N,adm] | None, c_concat [N,Cc,h,w] | None) -> [N,4,h,w]
-      vae: .decode(z [1,4,h,w]) -> [1,3,H,W] ~[-1,1]; .encode(img [1,3,H,W] in [-1,1]) -> moments [1,8,h,w]
+      diffusion_model: .predict(x [N,C,h,w], t [N], cond: Cond, backend=) -> [N,C,h,w]; or a plain
+          callable (x, t, context, y, c_concat) -> out (`unet=` is the same argument's old name)
+      vae: .decode(z [1,C,h,w]) -> [1,3,H,W] ~[-1,1]; .encode(img [1,3,H,W] in [-1,1]) -> moments [1,2C,h,w]
       tae: .decode(z) -> [1,3,H,W] ~[0,1]; .encode(img in [0,1]) -> latent (used instead of vae)
       conditioner: .encode(prompt, width, height, clip_skip=-1, zero_out_masked=False) -> Cond-like
+    `version` is a detected version ("sd1_inpaint"); `family` its Family record.
     """
 
-    def __init__(self, *, version: str, prediction: str | None, unet=None, vae=None, tae=None, conditioner=None,
-                 model_params: ModelParams | None = None, models=None, batch_cfg: bool = True):
-        from ..io.detect import family
-        self.version, self.family = version, family(version)
-        if self.family not in SUPPORTED_FAMILIES:
-            raise UnsupportedError(f"model version '{version}': sdrt generates images with SD 1.x, SD 2.x and "
-                                   f"SDXL UNets only (for now)")
+    def __init__(self, *, version: str, prediction: str | None, diffusion_model=None, unet=None, vae=None, tae=None,
+                 conditioner=None, model_params: ModelParams | None = None, models=None, batch_cfg: bool = True):
+        self.version = version
+        self.family: Family = family_of(version)
+        self.family.check_runnable(version)
+        self.variant = self.family.variant(version)
         self.model_params = model_params or ModelParams(model="")
         self.models = models
-        self._unet, self._vae, self._tae, self._cond = unet, vae, tae, conditioner
+        self._unet = diffusion_model if diffusion_model is not None else unet   # the diffusion model slot
+        self._vae, self._tae, self._cond = vae, tae, conditioner
         self.batch_cfg = batch_cfg
         self._prediction = prediction
         self._denoiser = None
@@ -314,13 +176,14 @@ class Pipeline:
         return pipe
 
     @property
-    def unet(self):
+    def diffusion_model(self):
         if self._unet is None:
-            from ..models.diffusion.unet import UNetModel
             from .model_manager import DM
-            self._unet = UNetModel(self.models.tensors, DM, source=self.models.paths.get(
+            self._unet = self.family.diffusion_model(self.models.tensors, DM, self.models.paths.get(
                 "diffusion_model", self.models.paths.get("model", "model")))
         return self._unet
+
+    unet = diffusion_model   # the old name (tests and tools reach the UNet through it)
 
     @property
     def vae(self):
@@ -348,37 +211,30 @@ class Pipeline:
     @property
     def conditioner(self):
         if self._cond is None:
-            from .conditioning import build_conditioner
-            self._cond = build_conditioner(self.models.tensors, self.version, embd_dir=self.model_params.embd_dir,
-                                           backend=self.executors.get("te", "cpu"))
+            from .conditioning import open_tensors
+            self._cond = self.family.conditioner(self.models.tensors, self.version, self.model_params.embd_dir,
+                                                 backend=self.executors.get("te", "cpu"), open_file=open_tensors)
         return self._cond
 
     @property
     def prediction(self) -> str:
         if self._prediction is None:
-            self._prediction = self._probe_sd2_prediction()
+            if self.family.probe_prediction is None:
+                raise SdrtError(f"model version '{self.version}': the prediction type is unknown; give --prediction")
+            t0 = time.time()
+            self._prediction = self.family.probe_prediction(self.diffusion_model, self.version, self._predict)
+            log.debug("check is_using_v_parameterization_for_sd2, taking %.2fs", time.time() - t0)
         return self._prediction
 
     @property
     def denoiser(self):
         if self._denoiser is None:
             from .denoisers import make_denoiser
-            self._denoiser = make_denoiser(self.prediction)
+            shift = self.family.flow_shift_of(self.version, self.models.tensors if self.models else None)
+            self._denoiser = make_denoiser(self.prediction, flow_shift=shift)
             log.info("running in %s mode", {"eps": "eps-prediction", "v": "v-prediction",
                                             "edm_v": "v-prediction EDM"}.get(self.prediction, self.prediction))
         return self._denoiser
-
-    def _probe_sd2_prediction(self) -> str:
-        """sd.cpp's is_using_v_parameterization_for_sd2: one UNet call on constants;
-        mean(out - x) < -1 means v-prediction."""
-        t0 = time.time()
-        x = np.full((1, 4, 8, 8), 0.5, F32)
-        ctx = np.full((1, 2, 1024), 0.5, F32)
-        cc = np.zeros((1, 5, 8, 8), F32) if self.version in INPAINT_VERSIONS else None
-        out = self.unet(x, np.array([999.0], F32), ctx, None, cc, **self._on("diffusion"))
-        v = float(np.mean((out - x).astype(F32), dtype=np.float64)) < -1
-        log.debug("check is_using_v_parameterization_for_sd2, taking %.2fs", time.time() - t0)
-        return "v" if v else "eps"
 
     # ---- one request ----------------------------------------------------------------------------
     @quiet_numerics
@@ -389,149 +245,99 @@ class Pipeline:
         `decode_progress(tile, tiles)` reports a tiled VAE decode (default: a bar like sampling's).
         `rng` / `sampler_rng` override the context's --rng / --sampler-rng for this request."""
         from .rng import make_rng
-        from .samplers import (
-            SAMPLERS,
-            default_sample_method,
-            default_scheduler,
-            resolve_eta,
-            sample,
-        )
-        from .schedulers import SCHEDULER_ALIASES, get_sigmas
         gp.validate()
         t_start = time.time()
         mp = self.model_params
         if rng is not None or sampler_rng is not None:
-            from dataclasses import replace
             mp = replace(mp, rng=rng or mp.rng, sampler_rng=sampler_rng if sampler_rng is not None else mp.sampler_rng)
             mp.validate_rngs()
-        # images first: a bad path fails before any compute
-        init_img = mask_img = None
-        if gp.init_image is not None:
-            init_img = load_image(gp.init_image, "-i/--init-img", 3)
-            if gp.mask_image is not None:
-                mask_img = load_image(gp.mask_image, "--mask", 1)
-                if mask_img.shape[:2] != init_img.shape[:2]:
-                    raise UsageError(f"--mask: the mask is {mask_img.shape[1]}x{mask_img.shape[0]}, the init image "
-                                     f"{init_img.shape[1]}x{init_img.shape[0]}; they must be the same size")
-            if gp.width > 0 and gp.height > 0:
-                init_img = fit_image(init_img, gp.width, gp.height)
-                mask_img = None if mask_img is None else fit_image(mask_img, gp.width, gp.height)
-            else:
-                gp = gp.replace(width=init_img.shape[1], height=init_img.shape[0])
-                log.info("set width x height to %d x %d", gp.width, gp.height)
-        meta_w, meta_h = gp.resolved_size()
-        mult = VAE_SCALE_FACTOR * UNET_DOWN_FACTOR
-        width, height, changed = align_size(meta_w, meta_h, mult)
-        if changed:
-            log.warning("align generation request up %dx%d to %dx%d (multiple=%d)", meta_w, meta_h, width, height,
-                        mult)
-        seed = gp.resolved_seed()
-        log.info("generate_image %dx%d", width, height)
-        # guidance (sd.cpp resolve_guidance)
-        cfg = F32(gp.cfg_scale)
-        icfg = F32(gp.img_cfg_scale) if math.isfinite(gp.img_cfg_scale) else cfg
-        if self.version not in INPAINT_VERSIONS + EDIT_VERSIONS:
-            icfg = cfg
-        use_uncond = cfg != 1
-        use_img_cond = icfg != cfg
-        use_uncond = use_uncond or use_img_cond
-        if cfg < 1:
-            log.warning("unconditioned mode, images won't follow the prompt (use cfg-scale=1 for distilled models)"
-                        if cfg == 0 else "cfg value out of expected range may produce unexpected results")
+        size = plan_size(gp, self.family)                                   # 1. size (images read first)
+        gp = size.gp
+        log.info("generate_image %dx%d", size.width, size.height)
+        guidance = plan_guidance(gp, self.variant)                          # 2. guidance
         # RNGs: one context RNG, the sampler's own only when --sampler-rng differs
-        ctx_rng = make_rng(mp.rng, seed)
-        smp_rng = make_rng(mp.sampler_rng, seed) if mp.sampler_rng and mp.sampler_rng != mp.rng else ctx_rng
-        # sample plan
-        den = self.denoiser
-        method = gp.sampling_method or default_sample_method(self.family)
-        scheduler = SCHEDULER_ALIASES.get(gp.scheduler, gp.scheduler) or default_scheduler(
-            method, self.family, self.prediction)
-        if gp.sigmas is not None:
-            sigmas = np.asarray(gp.sigmas, F32)
-            steps = len(sigmas) - 1
-        else:
-            steps = gp.steps
-            sigmas = get_sigmas(den, steps, scheduler, version=self.family,
-                                image_seq_len=(height // VAE_SCALE_FACTOR) * (width // VAE_SCALE_FACTOR))
-        eta = resolve_eta(None if not math.isfinite(gp.eta) else gp.eta, method)
-        log.info("sampling using %s method", SAMPLERS[method].label)
-        # latents
+        ctx_rng = make_rng(mp.rng, size.seed)
+        smp_rng = make_rng(mp.sampler_rng, size.seed) if mp.sampler_rng and mp.sampler_rng != mp.rng else ctx_rng
+        plan = plan_sampling(gp, self.family, self.prediction, self.denoiser, size.width, size.height,
+                             size.init_img is not None)                     # 3. sample plan
         t_prep = time.time()
-        h, w = height // VAE_SCALE_FACTOR, width // VAE_SCALE_FACTOR
-        init_t = None
-        if init_img is not None:
-            log.info("IMG2IMG")
-            sigmas, t_enc = img2img_sigmas(sigmas, len(sigmas) - 1, gp.strength)
-            if gp.strength < 1.0:
-                log.info("target t_enc is %d steps", t_enc)
-            init_t = image_to_tensor(init_img, width, height)
-        if mask_img is not None:
-            mask_t = np.round(image_to_tensor(mask_img, width, height)[:, :1])
-        else:
-            mask_t = np.ones((1, 1, height, width), F32)
-        latent_mask = latent_mask_from(mask_t, VAE_SCALE_FACTOR)
-        if init_t is None:
-            init_latent = np.zeros((1, LATENT_CHANNELS, h, w), F32)
-        else:
-            init_latent = self.encode_first_stage(init_t, ctx_rng, gp)
-        concat = uncond_concat = None
-        if self.version in INPAINT_VERSIONS:
-            if init_t is not None:
-                masked = (F32(1.0) - mask_t) * (init_t - F32(0.5)) + F32(0.5)
-                masked_latent = self.encode_first_stage(masked, ctx_rng, gp)
-            else:
-                log.warning("inpainting model requires both an init image and a mask image.")
-                masked_latent = np.zeros_like(init_latent)
-            concat = np.concatenate([latent_mask, masked_latent], axis=1)
-            uncond_concat = np.concatenate([latent_mask, np.zeros_like(masked_latent)], axis=1)
-        elif self.version in EDIT_VERSIONS:
-            # sd.cpp without -r: an empty (black) reference, and img_cfg falls back to cfg (the
-            # img-cond pass decided earlier still runs, as in sd.cpp)
-            log.warning("This model needs at least one reference image; using an empty reference")
-            concat = self.encode_first_stage(np.zeros((1, 3, height, width), F32), ctx_rng, gp)
-            uncond_concat = np.zeros_like(concat)
-            icfg = cfg
-        if init_t is not None:
+        latents = prepare_latents(size, self.family, self.variant,         # 4. latents and masks
+                                  lambda img: self.encode_first_stage(img, ctx_rng, gp))
+        if size.init_img is not None:
             log.info("encode_first_stage completed, taking %.2fs", time.time() - t_prep)
-        denoise_mask = max_pool3(latent_mask) if self.version in INPAINT_VERSIONS else latent_mask
-        if np.all(denoise_mask == 1):
-            denoise_mask = None   # all-ones: sd.cpp's blend is an exact no-op
-        # conditioning
+        if latents.img_cfg_follows_cfg:
+            guidance = replace(guidance, img_cfg=guidance.cfg)
         t_cond = time.time()
-        cond, uncond = self._conditions(gp, width, height, use_uncond)
-        cond.c_concat, img_cond = concat, None
-        if uncond is not None:
-            uncond.c_concat = uncond_concat
-            if use_img_cond:
-                img_cond = Cond(uncond.context, uncond.y, concat)
+        passes = self.conditions(gp, size.width, size.height, guidance, latents)   # 5. conditioning
         log.info("get_learned_condition completed, taking %.2fs", time.time() - t_cond)
         self.release_weight_pages("te", "vae")
-        # sampling, one image per seed
         bar = ProgressBar(progress, enabled=show_progress and log.isEnabledFor(logging.INFO))
         results, t_denoise = [], time.time()
-        for b in range(gp.batch_count):
-            cur = seed + b
+        for b in range(gp.batch_count):                                     # 6. sampling, one image per seed
+            cur = size.seed + b
             log.info("generating image: %d/%d - seed %d", b + 1, gp.batch_count, cur)
             t_b = time.time()
-            ctx_rng.manual_seed(cur)
-            if smp_rng is not ctx_rng:
-                smp_rng.manual_seed(cur)
-            noise = ctx_rng.randn(init_latent.shape)
-            x = den.noise_scaling(sigmas[0], noise, init_latent)
-            denoise = self._denoise_fn(den, cond, uncond, img_cond, cfg, icfg, init_latent, denoise_mask,
-                                       len(sigmas) - 1, bar)
-            if b == 0:  # start-up cost (README "Start-up"): imports, kernel cache, tokenizer, text encoder
-                age = process_age()
-                log.info("first sampling step after %s (%.2fs CPU)",
-                         "?" if age is None else f"{age:.2f}s since process start", time.process_time())
-            x0 = sample(method, denoise, x, sigmas, smp_rng, eta=eta, is_flow=den.is_flow)
-            x0 = den.inverse_noise_scaling(sigmas[-1], x0)
-            check_latent(x0, cur)  # NaN/Inf: stop with a clear error, never a black image
+            results.append((cur, self.sample_one(cur, ctx_rng, smp_rng, plan, guidance, latents, passes, bar,
+                                                 first=b == 0)))
             log.info("sampling completed, taking %.2fs", time.time() - t_b)
-            results.append((cur, np.asarray(x0, F32)))
         log.info("generating %d latent images completed, taking %.2fs", len(results), time.time() - t_denoise)
         self.release_weight_pages("diffusion")
-        # decode
+        out = self.decode_all(results, gp, size, plan, mp, bar, decode_progress)   # 7. decode
+        log.info("generate_image completed in %.2fs", time.time() - t_start)
+        return out
+
+    # ---- stages 5-7 -------------------------------------------------------------------------------
+    def conditions(self, gp: GenParams, width: int, height: int, guidance: GuidancePlan,
+                   latents: Latents) -> tuple[Cond, Cond | None, Cond | None]:
+        """Stage 5: (cond, uncond, img_cond) for the model calls: the prompt's and the negative
+        prompt's conditioning with the concat latents; img_cond is uncond's text with the
+        conditional concat latents. An empty negative prompt gives a zero context where the
+        family says so (SDXL; not with EDM v-prediction, as sd.cpp)."""
+        enc = self.conditioner.encode
+        accepts = _kwargs_of(enc)
+        dg = gp.guidance if self.family.distilled_guidance else None
+
+        def run(text, zero_out, concat):
+            kw = {"clip_skip": gp.clip_skip}
+            if "zero_out_masked" in accepts:
+                kw["zero_out_masked"] = zero_out
+            c = enc(text, width, height, **kw)
+            return Cond(np.asarray(c.context, F32), None if getattr(c, "y", None) is None else np.asarray(c.y, F32),
+                        concat, guidance=dg)
+
+        cond = run(gp.prompt, False, latents.concat)
+        uncond = img_cond = None
+        if guidance.use_uncond:
+            zero_out = self.family.zero_empty_negative and not gp.negative_prompt and self.prediction != "edm_v"
+            uncond = run(gp.negative_prompt, zero_out, latents.uncond_concat)
+            if guidance.use_img_cond:
+                img_cond = Cond(uncond.context, uncond.y, latents.concat, guidance=dg)
+        return cond, uncond, img_cond
+
+    def sample_one(self, seed: int, ctx_rng, smp_rng, plan: SamplePlan, guidance: GuidancePlan, latents: Latents,
+                   passes, bar, first: bool = False) -> np.ndarray:
+        """Stage 6, one image: reseed, draw the noise, sample; returns the final latent."""
+        from .samplers import sample
+        den = self.denoiser
+        ctx_rng.manual_seed(seed)
+        if smp_rng is not ctx_rng:
+            smp_rng.manual_seed(seed)
+        noise = ctx_rng.randn(latents.init.shape)
+        x = den.noise_scaling(plan.sigmas[0], noise, latents.init)
+        denoise = self._denoise_fn(den, *passes, guidance.cfg, guidance.img_cfg, latents.init, latents.denoise_mask,
+                                   plan.steps, bar)
+        if first:  # start-up cost (README "Start-up"): imports, kernel cache, tokenizer, text encoder
+            age = process_age()
+            log.info("first sampling step after %s (%.2fs CPU)",
+                     "?" if age is None else f"{age:.2f}s since process start", time.process_time())
+        x0 = sample(plan.method, denoise, x, plan.sigmas, smp_rng, eta=plan.eta, is_flow=den.is_flow)
+        x0 = np.asarray(den.inverse_noise_scaling(plan.sigmas[-1], x0), F32)
+        check_latent(x0, seed)  # NaN/Inf: stop with a clear error, never a black image
+        return x0
+
+    def decode_all(self, results, gp: GenParams, size: SizePlan, plan: SamplePlan, mp: ModelParams, bar,
+                   decode_progress=None) -> list[GeneratedImage]:
+        """Stage 7: each (seed, latent) through the VAE into a GeneratedImage with its infotext."""
         log.info("decoding %d latents", len(results))
         t_dec, out = time.time(), []
         for i, (cur, lat) in enumerate(results):
@@ -541,21 +347,21 @@ class Pipeline:
                 dec_progress = _tile_bar(bar, time.time())
             img = self.decode_first_stage(lat, gp, dec_progress)
             log.info("latent %d decoded, taking %.2fs", i + 1, time.time() - t_i)
-            info = {"width": meta_w, "height": meta_h, "method": method, "scheduler": scheduler, "seed": cur, "eta": eta}
-            out.append(GeneratedImage(img, cur, self.parameters_text(gp, cur, meta_w, meta_h, method, scheduler, mp),
-                                      lat, info))
+            info = {"width": size.meta_w, "height": size.meta_h, "method": plan.method, "scheduler": plan.scheduler,
+                    "seed": cur, "eta": plan.eta}
+            out.append(GeneratedImage(img, cur, self.parameters_text(gp, cur, size.meta_w, size.meta_h, plan.method,
+                                                                     plan.scheduler, mp), lat, info))
         log.info("decode_first_stage completed, taking %.2fs", time.time() - t_dec)
         self.release_weight_pages("vae")
-        log.info("generate_image completed in %.2fs", time.time() - t_start)
         return out
 
     # ---- pieces ---------------------------------------------------------------------------------
     def release_weight_pages(self, *components: str) -> int:
         """Drop this process's pages of the memory-mapped weights of `components` ("te",
         "diffusion", "vae") computing on the CPU, once a request is done with them; returns the
-        bytes covered. They are clean file pages, read again from the page cache on next use
-        (~0.2 s for SD1.5's 1.7 GB UNet), while keeping the UNet's pages through the VAE decode put
-        a 512x512 SD1.5 run ~0.7 GB above sd-cli's peak RSS (bench/bench_memory.py)."""
+        bytes covered. They are clean file pages, read again from the page cache on next use;
+        keeping them through the VAE decode raises the peak RSS well above sd-cli's (the
+        measurements: bench/README.md, "Facts moved out of the code")."""
         if self.models is None:
             return 0
         from ..ops.tensor import Tensor
@@ -573,26 +379,8 @@ class Pipeline:
                 total += o.span_bytes()
         return total
 
-    def _conditions(self, gp: GenParams, width: int, height: int, use_uncond: bool):
-        enc = self.conditioner.encode
-        accepts = _kwargs_of(enc)
-
-        def run(text, zero_out):
-            kw = {"clip_skip": gp.clip_skip}
-            if "zero_out_masked" in accepts:
-                kw["zero_out_masked"] = zero_out
-            c = enc(text, width, height, **kw)
-            return Cond(np.asarray(c.context, F32), None if getattr(c, "y", None) is None else np.asarray(c.y, F32))
-
-        cond = run(gp.prompt, False)
-        uncond = None
-        if use_uncond:
-            zero_out = self.family == "sdxl" and not gp.negative_prompt and self.prediction != "edm_v"
-            uncond = run(gp.negative_prompt, zero_out)
-        return cond, uncond
-
     def _denoise_fn(self, den, cond, uncond, img_cond, cfg, icfg, init_latent, denoise_mask, steps, bar):
-        """sd.cpp's denoise lambda: scalings, timestep, the UNet passes, CFG, the mask blend."""
+        """sd.cpp's denoise lambda: scalings, timestep, the model passes, CFG, the mask blend."""
         from .samplers import Guided
         passes = [c for c in (cond, uncond, img_cond) if c is not None]
         t0 = time.time()
@@ -601,7 +389,7 @@ class Pipeline:
             c_skip, c_out, c_in = den.get_scalings(sigma)
             t = F32(den.sigma_to_t(sigma))
             noised = (x * c_in).astype(F32)
-            outs = self._run_unet(noised, t, passes)
+            outs = self._run_model(noised, t, passes)
             res = dict(zip([id(c) for c in passes], outs))
             c_o = res[id(cond)]
             u_o = res.get(id(uncond)) if uncond is not None else None
@@ -618,24 +406,23 @@ class Pipeline:
 
         return denoise
 
-    def _run_unet(self, x: np.ndarray, t, passes: list[Cond]) -> list[np.ndarray]:
-        """The UNet outputs for each conditioning; one batched call (N = len(passes)) when the
-        contexts, ADM vectors and concat latents have equal shapes, else one call each."""
-        unet = self.unet
+    def _run_model(self, x: np.ndarray, t, passes: list[Cond]) -> list[np.ndarray]:
+        """The diffusion model's outputs for each conditioning; one batched call (N = len(passes))
+        when all their arrays have equal shapes, else one call each."""
         tt = np.full((1,), t, F32)
-
-        def shape(c):
-            return (c.context.shape, None if c.y is None else c.y.shape,
-                    None if c.c_concat is None else c.c_concat.shape)
-
-        if self.batch_cfg and len(passes) > 1 and len({shape(c) for c in passes}) == 1:
+        if self.batch_cfg and len(passes) > 1 and len({c.shape_key() for c in passes}) == 1:
             n = len(passes)
-            ctx = np.concatenate([c.context for c in passes], 0)
-            y = None if passes[0].y is None else np.concatenate([c.y for c in passes], 0)
-            cc = None if passes[0].c_concat is None else np.concatenate([c.c_concat for c in passes], 0)
-            out = unet(np.concatenate([x] * n, 0), np.repeat(tt, n), ctx, y, cc, **self._on("diffusion"))
+            out = self._predict(np.concatenate([x] * n, 0), np.repeat(tt, n), Cond.batch(passes))
             return [np.asarray(out[i:i + 1], F32) for i in range(n)]
-        return [np.asarray(unet(x, tt, c.context, c.y, c.c_concat, **self._on("diffusion")), F32) for c in passes]
+        return [np.asarray(self._predict(x, tt, c), F32) for c in passes]
+
+    def _predict(self, x: np.ndarray, t: np.ndarray, cond: Cond) -> np.ndarray:
+        """One diffusion-model call where the model lives (a plain callable takes the UNet's
+        positional (x, t, context, y, c_concat))."""
+        model = self.diffusion_model
+        if hasattr(model, "predict"):
+            return model.predict(x, t, cond, **self._on("diffusion"))
+        return model(x, t, cond.context, cond.y, cond.c_concat, **self._on("diffusion"))
 
     def _on(self, component: str) -> dict:
         """backend= for a component's model call (nothing for cpu: custom components need not take it)."""
@@ -643,8 +430,7 @@ class Pipeline:
         return {} if be == "cpu" else {"backend": be}
 
     def _latent_scale(self):
-        from ..models.vae.autoencoder_kl import latent_scale_shift
-        s, sh = latent_scale_shift(self.family)
+        s, sh = self.family.latent_scale_shift()
         return F32(s), F32(sh)
 
     def _tiling(self, gp: GenParams, lat_w: int, lat_h: int, encode: bool):
@@ -657,22 +443,23 @@ class Pipeline:
 
     def encode_first_stage(self, img01: np.ndarray, rng, gp: GenParams) -> np.ndarray:
         """[1, 3, H, W] in [0, 1] -> diffusion latent (sd.cpp encode_first_stage): VAE moments
-        sampled with the context RNG, then (z - shift) * scale; TAE: the latent as is; SD 1.x
-        instruct-pix2pix: the mean, unscaled (sd.cpp's VERSION_SD1_PIX2PIX special case)."""
+        sampled with the context RNG, then (z - shift) * scale; TAE: the latent as is; a variant
+        with vae_encode "mean" (SD 1.x instruct-pix2pix, sd.cpp's special case): the mean, unscaled."""
         from ..models.vae.autoencoder_kl import gaussian_sample
         model = self.vae
         tae = self._tae is not None
+        f = self.family.vae_scale_factor
         x = img01 if tae else (img01 * F32(2.0) - F32(1.0)).astype(F32)
         if gp.vae_tiling:
-            size, ov = self._tiling(gp, x.shape[3] // VAE_SCALE_FACTOR, x.shape[2] // VAE_SCALE_FACTOR, True)
+            size, ov = self._tiling(gp, x.shape[3] // f, x.shape[2] // f, True)
             from .vae_tiling import tiled_apply
-            out = tiled_apply(partial(model.encode, **self._on("vae")), x, -VAE_SCALE_FACTOR, size, ov)
+            out = tiled_apply(partial(model.encode, **self._on("vae")), x, -f, size, ov)
         else:
             out = model.encode(x, **self._on("vae"))
         out = np.asarray(out, F32)
         if tae:
             return out
-        if self.version == "sd1_pix2pix":
+        if self.variant.vae_encode == "mean":
             return gaussian_sample(out)
         C = out.shape[1] // 2
         lat = gaussian_sample(out, rng.randn((out.shape[0], C) + out.shape[2:]))
@@ -680,7 +467,7 @@ class Pipeline:
         return ((lat - shift) * scale).astype(F32)
 
     def decode_first_stage(self, latent: np.ndarray, gp: GenParams, progress=None) -> np.ndarray:
-        """Diffusion latent [1, 4, h, w] -> HxWx3 uint8 (sd.cpp decode_first_stage + tensor_to_sd_image)."""
+        """Diffusion latent [1, C, h, w] -> HxWx3 uint8 (sd.cpp decode_first_stage + tensor_to_sd_image)."""
         model = self.vae
         tae = self._tae is not None
         if tae:
@@ -691,7 +478,7 @@ class Pipeline:
         if gp.vae_tiling:
             from .vae_tiling import tiled_apply
             size, ov = self._tiling(gp, z.shape[3], z.shape[2], False)
-            img = tiled_apply(partial(model.decode, **self._on("vae")), z, VAE_SCALE_FACTOR, size, ov,
+            img = tiled_apply(partial(model.decode, **self._on("vae")), z, self.family.vae_scale_factor, size, ov,
                               progress=progress)
         else:
             img = model.decode(z, **self._on("vae"))

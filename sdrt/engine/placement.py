@@ -22,7 +22,6 @@ Nothing here imports numba, the models or a GPU driver unless a GPU name is reso
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 
 from ..errors import UnsupportedError, UsageError
@@ -65,12 +64,21 @@ def canonical_module(name: str, flag: str) -> str:
     return m
 
 
+def _device_entry(d: str):
+    """The registered compute-device backend (sdrt.ops.backend) a name belongs to, or None."""
+    from ..ops.backend import entry_of
+    e = entry_of(d)
+    return e if e is not None and e.device else None
+
+
 def check_device(name: str, flag: str, allow_disk: bool) -> str:
-    """A device name's syntax: cpu, cudaN, gpu, auto/default (empty), disk (params only)."""
+    """A device name's syntax: a registered device (cpu, cudaN, ...), gpu, auto/default (empty),
+    disk (params only)."""
+    from ..ops.backend import device_syntax, entries
     d = name.strip().lower()
     if d in ("", "auto", "default"):
         return "auto"
-    if d in ("cpu", "gpu") or re.fullmatch(r"cuda\d+", d):
+    if d == "gpu" or _device_entry(d) is not None:
         return d
     if d == "disk":
         if not allow_disk:
@@ -80,8 +88,10 @@ def check_device(name: str, flag: str, allow_disk: bool) -> str:
     if "&" in d:
         raise UnsupportedError(f"{flag}: layer split across devices ('{name}') is not supported by sdrt yet")
     if d.startswith(_OTHER_BACKENDS):
-        raise UnsupportedError(f"{flag}: device '{name}': sdrt has no such backend yet (cpu and cudaN only)")
-    valid = "cpu, cuda0, cuda1, ..., gpu, auto" + (", disk" if allow_disk else "")
+        raise UnsupportedError(f"{flag}: device '{name}': sdrt has no such backend yet "
+                               f"({' and '.join(device_syntax())} only)")
+    names = [f"{e.prefix}0, {e.prefix}1, ..." if e.indexed else e.prefix for e in entries() if e.device]
+    valid = ", ".join(names + ["gpu", "auto"] + (["disk"] if allow_disk else []))
     raise UsageError(f"{flag}: unknown device '{name}'; valid: {valid}")
 
 
@@ -113,7 +123,7 @@ def parse_max_vram(spec) -> dict[str, float]:
         key, val = part.split("=", 1) if "=" in part else ("*", part)
         key = key.strip().lower()
         key = "*" if key in DEFAULT_KEYS else key
-        if key != "*" and key != "cpu" and not re.fullmatch(r"cuda\d+", key):
+        if key != "*" and _device_entry(key) is None:
             raise UsageError(f"--max-vram: unknown device '{key}' in '{spec}'; e.g. 6 or cuda0=6,cuda1=4")
         try:
             out[key] = float(val)
@@ -253,17 +263,11 @@ def auto_fit(sizes: dict[str, tuple[int, int]], gpus: list[GpuInfo], max_vram: d
 
 
 def gpu_devices() -> list[GpuInfo]:
-    """The CUDA devices with their live free/total memory ([] without CUDA)."""
-    try:
-        from ..gpu import cuda
-    except ImportError:
-        return []
-    available = getattr(cuda, "available", None)
-    if available is None or not available():
-        return []
-    from ..ops.backend import get_backend
+    """The usable devices with their own memory (sdrt.ops.backend's registry), with their live
+    free/total memory ([] without any)."""
+    from ..ops.backend import get_backend, gpu_names
     out = []
-    for name, _ in cuda.devices():
+    for name in gpu_names():
         free, total = get_backend(name).memory.mem_get_info()
         out.append(GpuInfo(name, int(free), int(total)))
     return out
@@ -276,12 +280,12 @@ def check_devices(mp) -> None:
         resolve_placement(mp, dict.fromkeys(COMPONENTS, (0, 0)))
 
 
-def _cuda_reason() -> str:
-    try:
-        from ..gpu import cuda
-        return cuda.unavailable_reason() or "no CUDA device found"
-    except ImportError as e:
-        return str(e)
+def _unusable_reason(d: str) -> str:
+    """Why device `d` (a registered GPU name) is not usable: 'no CUDA device is usable: ...'."""
+    from ..ops.backend import unavailable_reason
+    e = _device_entry(d)
+    why = unavailable_reason(e.prefix) if e is not None else None
+    return f"no {e.prefix.upper() if e else 'such'} device is usable: {why or 'no device found'}"
 
 
 def resolve_placement(mp, sizes: dict[str, tuple[int, int]], gpus: list[GpuInfo] | None = None,
@@ -315,8 +319,9 @@ def resolve_placement(mp, sizes: dict[str, tuple[int, int]], gpus: list[GpuInfo]
                 raise UnsupportedError(f"{flag}: 'gpu' asks for a GPU, and this machine has none sdrt can use "
                                        f"(devices: cpu)")
             return names[0]
-        if d.startswith("cuda") and d not in names:
-            why = f"devices: {', '.join(['cpu'] + names)}" if names else f"no CUDA device is usable: {_cuda_reason()}"
+        e = _device_entry(d)
+        if e is not None and e.has_memory and d not in names:
+            why = f"devices: {', '.join(['cpu'] + names)}" if names else _unusable_reason(d)
             raise UnsupportedError(f"{flag}: device '{d}' not found; {why}")
         return d
 

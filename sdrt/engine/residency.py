@@ -699,6 +699,10 @@ class PlacedBackend:
         self.backend, self.residency = get_backend(backend), residency
         self.name = self.backend.name
 
+    @property
+    def memory(self):    # explicit: Python 3.12's Protocol isinstance check does not see __getattr__
+        return self.backend.memory
+
     def find(self, node):
         return self.backend.find(node)
 

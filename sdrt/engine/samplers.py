@@ -45,6 +45,7 @@ __all__ = [
     "Sampler",
     "default_sample_method",
     "default_scheduler",
+    "scheduler_for",
     "get_ancestral_step",
     "get_ancestral_step_flow",
     "resolve_eta",
@@ -917,42 +918,41 @@ def _get(name):
 
 
 def resolve_eta(eta, method: str, version: str = "") -> float:
-    """sd.cpp ``resolve_eta``: None/inf means the per-sampler default (8 for HiDream-O1)."""
+    """sd.cpp ``resolve_eta``: None/inf means the family's default eta (8 for HiDream-O1), else
+    the sampler's."""
     if eta is None or float(eta) == math.inf:
-        if version == "hidream_o1":
-            return 8.0
+        if version:
+            from ..models.families import family_of
+            fam_eta = family_of(version).default_eta
+            if fam_eta is not None:
+                return fam_eta
         return _get(method).default_eta
     return float(eta)
 
 
 def default_sample_method(version: str = "sd1") -> str:
-    """sd.cpp ``sd_get_default_sample_method``: lcm for PiD, euler for DiT models, else euler_a."""
-    v = (version or "").lower()
-    if v.startswith("pid"):
-        return "lcm"
-    if v.startswith(("sd1", "sd2", "sdxl", "svd", "ssd1b", "vega")) or not v:
-        return "euler_a"
-    return "euler"
+    """sd.cpp ``sd_get_default_sample_method``: the family's default (euler_a for the UNets,
+    lcm for PiD, euler for the DiTs; sdrt.models.families)."""
+    from ..models.families import family_of
+    return family_of(version or "sd1").default_sampler
 
 
 def default_scheduler(method: str, version: str = "sd1", prediction: str = "eps") -> str:
-    """sd.cpp ``sd_get_default_scheduler``."""
-    v = (version or "").lower()
+    """sd.cpp ``sd_get_default_scheduler``: exponential for EDM v-prediction, lcm for lcm/tcd,
+    simple for ddim_trailing, else the family's default (discrete; flux, flux2, ltx2 ...)."""
+    from ..models.families import family_of
+    return scheduler_for(method, prediction, family_of(version or "sd1").default_scheduler)
+
+
+def scheduler_for(method: str, prediction: str, family_default: str) -> str:
+    """The default scheduler given the method, prediction and the family's own default."""
     if prediction == "edm_v":
         return "exponential"
     if method in ("lcm", "tcd"):
         return "lcm"
     if method == "ddim_trailing":
         return "simple"
-    if v.startswith("flux2"):
-        return "flux2"
-    if v.startswith("flux"):
-        return "flux"
-    if v.startswith("ltxav"):
-        return "ltx2"
-    if v.startswith("ideogram4"):
-        return "logit_normal"
-    return "discrete"
+    return family_default
 
 
 def sample(method: str, denoise, x, sigmas, rng=None, *, eta=None, is_flow=False, extra_args=None,

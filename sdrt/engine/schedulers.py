@@ -122,7 +122,7 @@ class SchedulerContext:
     """What a scheduler may read besides the step count."""
 
     denoiser: Denoiser
-    version: str = "sd1"           # model family: sd1, sd2, sdxl, svd, flux, ... (AYS reads it)
+    family: str = "sd1"            # the model family's name (AYS reads its `ays_levels`)
     image_seq_len: int = 0         # latent tokens, for the flux/flux2/ltx2/logit_normal shifts
     extra_args: list = field(default_factory=list)  # parsed --extra-sample-args
 
@@ -235,24 +235,13 @@ AYS_NOISE_LEVELS = {
 }
 
 
-def _family(version: str) -> str:
-    v = (version or "").lower()
-    for fam in ("sdxl", "svd", "sd2", "sd1"):
-        if v.startswith(fam):
-            return fam
-    return v
-
-
 def ays(n, ctx):
     """Align Your Steps (NVIDIA): fixed 10-step levels for SD1.5 / SDXL / SVD, log-linearly stretched."""
-    fam = _family(ctx.version)
-    if fam == "sd2":
-        # sd.cpp warns "not designed for SD2.X" and (by a slip) then has no levels at all; we take
-        # the SD1.5 levels, which the "fallthrough" comment there intends.
-        fam = "sd1"
-    if fam not in AYS_NOISE_LEVELS:
-        raise UsageError(f"the ays scheduler has noise levels for SD1.x, SDXL and SVD only, not '{ctx.version}'")
-    inputs = [F32(v) for v in AYS_NOISE_LEVELS[fam]]
+    from ..models.families import get_family
+    levels = get_family(ctx.family).ays_levels      # SD 2.x: SD 1.5's (see sdrt.models.sd)
+    if levels not in AYS_NOISE_LEVELS:
+        raise UsageError(f"the ays scheduler has noise levels for SD1.x, SDXL and SVD only, not '{ctx.family}'")
+    inputs = [F32(v) for v in AYS_NOISE_LEVELS[levels]]
     if n + 1 != len(inputs):
         res = _log_linear_interpolation(inputs, n + 1)
     else:
@@ -764,13 +753,17 @@ def resolve_scheduler_name(name: str) -> str:
     return key
 
 
-def get_sigmas(denoiser: Denoiser, n: int, scheduler: str = "discrete", *, version: str = "sd1",
-               image_seq_len: int = 0, extra_args=None) -> np.ndarray:
-    """sd.cpp ``Denoiser::get_sigmas``: n steps of the named schedule (n + 1 sigmas, last 0)."""
+def get_sigmas(denoiser: Denoiser, n: int, scheduler: str = "discrete", *, family: str | None = None,
+               version: str | None = None, image_seq_len: int = 0, extra_args=None) -> np.ndarray:
+    """sd.cpp ``Denoiser::get_sigmas``: n steps of the named schedule (n + 1 sigmas, last 0).
+    `family`: the model family's name; or `version`, whose family is taken (default sd1)."""
+    if family is None:
+        from ..models.families import family_of
+        family = family_of(version or "sd1").name
     n = int(n)
     if n < 0:
         raise UsageError(f"the number of steps must be >= 0, got {n}")
     if hasattr(denoiser, "own_sigmas"):  # MiniT2I ignores the scheduler
         return denoiser.own_sigmas(n)
-    ctx = SchedulerContext(denoiser, version, int(image_seq_len), parse_key_value_args(extra_args))
+    ctx = SchedulerContext(denoiser, family, int(image_seq_len), parse_key_value_args(extra_args))
     return SCHEDULERS[resolve_scheduler_name(scheduler)].fn(n, ctx)

@@ -38,7 +38,7 @@ from ..errors import ModelFileError
 from .base import ModelFile
 from .ckpt import read_ckpt
 from .detect import UNKNOWN, detect_version, family
-from .names import VAE_ATTN_MATRICES, convert_names
+from ..models.names import VAE_ATTN_MATRICES, convert_names
 
 __all__ = ["read_diffusers_folder", "COMPONENTS", "find_component_file"]
 

@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from .cases import Case, In
 from .registry import FLOATS, defop, fail, make_node
 
 __all__ = ["attention"]
@@ -65,28 +66,45 @@ def _infer(srcs, p):
 
 
 def _ref(node, xs):
-    """softmax(q k^T * scale + mask) v per (batch, head), with the whole score matrix."""
-    q, k, v = (x.reshape((1,) * (4 - x.ndim) + x.shape).astype(np.float64) for x in xs[:3])
+    """softmax(q k^T * scale + mask) v per (batch, head), with the whole score matrix of one
+    (batch, head) at a time (so checking a 4096-token attention needs 134 MB, not GBs)."""
+    q, k, v = (x.reshape((1,) * (4 - x.ndim) + x.shape) for x in xs[:3])
     N, H, Lq, _ = q.shape
     rh, rn = H // k.shape[1], N // k.shape[0]
-    k = np.repeat(np.repeat(k, rh, axis=1), rn, axis=0)
-    v = np.repeat(np.repeat(v, rh, axis=1), rn, axis=0)
-    s = q @ np.swapaxes(k, -1, -2) * node.params["scale"]
+    m = None
     if len(xs) == 4:
         m = xs[3].astype(np.float64)
         m = m.reshape((1,) * (4 - m.ndim) + m.shape)
         m = m[:, :, :Lq] if m.shape[2] != 1 else m
-        s = s + np.tile(m, (N // m.shape[0], H // m.shape[1], 1, 1))
-    mx = s.max(axis=-1, keepdims=True)
-    dead = ~np.isfinite(mx)  # fully masked rows -> 0, as ggml_flash_attn_ext
-    e = np.exp(s - np.where(dead, 0.0, mx))
-    tot = e.sum(axis=-1, keepdims=True)
-    p = e / np.where(tot > 0, tot, 1.0)
-    return (p @ v).reshape(node.shape)
+    out = np.empty((N, H, Lq, v.shape[3]))
+    for n in range(N):
+        for h in range(H):
+            s = q[n, h].astype(np.float64) @ k[n // rn, h // rh].astype(np.float64).T * node.params["scale"]
+            if m is not None:
+                s = s + m[n % m.shape[0], h % m.shape[1]]
+            mx = s.max(axis=-1, keepdims=True)
+            dead = ~np.isfinite(mx)  # fully masked rows -> 0, as ggml_flash_attn_ext
+            e = np.exp(s - np.where(dead, 0.0, mx))
+            tot = e.sum(axis=-1, keepdims=True)
+            out[n, h] = (e / np.where(tot > 0, tot, 1.0)) @ v[n // rn, h // rh].astype(np.float64)
+    return out.reshape(node.shape)
+
+
+def _cases():
+    q, kv, m = In((16, 9, 4, 2)), In((16, 11, 4, 2)), In((11, 9), lo=-2, hi=0)
+    return [Case((In((16, 9, 4, 2), t), In((16, 11, 4, 2), t), In((16, 11, 4, 2), t)), {"scale": 0.25})
+            for t in FLOATS] + [
+        Case((q, kv, kv, m), {"scale": 0.25}, label="mask"),
+        Case((q, In((16, 11, 2, 2)), In((16, 11, 2, 2))), {"scale": 0.3}, label="gqa"),
+        Case((q, kv, In((8, 11, 4, 2)), In((11, 1), "F16", lo=-2, hi=0)), {"scale": 0.25}, label="dv8-row-mask"),
+        Case((In((16, 9, 4, 2), view="p"), In((16, 11, 4, 2), view="p"), In((16, 11, 4, 2), view="p")),
+             {"scale": 0.25}, label="permuted-views"),
+        Case((In((64, 40, 2, 1), "F16"), In((64, 77, 2, 1), "F16"), In((64, 77, 2, 1), "F16")), {"scale": 0.125},
+             label="d64-cross")]
 
 
 defop("attention", _infer, _ref,
-      "softmax(q k^T * scale + mask) v over ne [D, L, H, N] heads, GQA, tiled on CPU")
+      "softmax(q k^T * scale + mask) v over ne [D, L, H, N] heads, GQA, tiled on CPU", nmse=5e-4, cases=_cases)
 
 
 def attention(q, k, v, mask=None, scale: float | None = None):

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import OpError
 from . import dtypes
+from .cases import Case, In
 from .registry import FLOATS, defop, fail, make_node
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose2d", "pool1d", "pool2d"]
@@ -283,12 +284,58 @@ def _pool_ref(nsp):
     return ref
 
 
-defop("conv2d", _conv_infer("conv2d", 2), _conv2d_ref, "2-D convolution (ggml_conv_2d / ggml_ext_conv_2d_grouped)")
-defop("conv1d", _conv_infer("conv1d", 1), _conv1d_ref, "1-D convolution (ggml_ext_conv_1d)")
-defop("conv3d", _conv3d_infer, _conv3d_ref, "3-D convolution (ggml_conv_3d, channels*batch in dim 3)")
-defop("conv_transpose2d", _convt_infer, _convt_ref, "transposed 2-D convolution (ggml_conv_transpose_2d_p0 + padding)")
-defop("pool2d", _pool_infer("pool2d", 2), _pool_ref(2), "2-D avg/max pooling (ggml_pool_2d)")
-defop("pool1d", _pool_infer("pool1d", 1), _pool_ref(1), "1-D avg/max pooling (ggml_pool_1d)")
+def _conv2d_cases():
+    x, w, b = In((9, 7, 4, 2)), In((3, 3, 4, 6)), In((6,))
+    return [Case((x, w, b), build=lambda x, w, b: conv2d(x, w, b, padding=1)),
+            Case((x, w), build=lambda x, w: conv2d(x, w, stride=2, dilation=(2, 1)), label="stride2-dilation"),
+            Case((x, In((3, 3, 2, 6))), build=lambda x, w: conv2d(x, w, padding=1, groups=2), label="groups2"),
+            Case((x, w, b), build=lambda x, w, b: conv2d(x, w, b, padding=1, circular=(True, False)),
+                 label="circular-x"),
+            Case((In((5, 4, 32, 1)), In((32, 8))), build=lambda x, w: conv2d(x, w), label="1x1-2d-weight"),
+            Case((In((5, 4, 32, 1)), In((32, 8), "Q8_0")), build=lambda x, w: conv2d(x, w), label="1x1-q8_0"),
+            Case((In((9, 7, 4, 2), view="s"), w), build=lambda x, w: conv2d(x, w, padding=1), label="x-view")] + [
+        Case((In((9, 7, 4, 2), t), In((3, 3, 4, 6), wt), In((6,), t)), build=lambda x, w, b: conv2d(x, w, b, padding=1))
+        for t, wt in (("F16", "F16"), ("BF16", "BF16"), ("F32", "F16"), ("F32", "F8_E4M3"))]
+
+
+def _conv1d_cases():
+    return [Case((In((17, 4, 2)), In((3, 4, 5)), In((5,))), build=lambda x, w, b: conv1d(x, w, b, padding=1)),
+            Case((In((17, 4, 2)), In((3, 2, 6))), build=lambda x, w: conv1d(x, w, stride=2, dilation=2, groups=2),
+                 label="stride2-dilation2-groups2"),
+            Case((In((17, 4, 2), "F16"), In((3, 4, 5), "F16")), build=lambda x, w: conv1d(x, w, padding=2))]
+
+
+def _conv3d_cases():
+    return [Case((In((6, 5, 4, 3)), In((3, 3, 3, 6)), In((2,))), build=lambda x, w, b: conv3d(x, w, b, padding=1, ic=3)),
+            Case((In((6, 5, 4, 6)), In((3, 3, 2, 6), "F16")), build=lambda x, w: conv3d(x, w, stride=(2, 1, 1), ic=3),
+                 label="batch2-stride")]
+
+
+def _convt_cases():
+    return [Case((In((5, 4, 3, 2)), In((3, 3, 4, 3)), In((4,))),
+                 build=lambda x, w, b: conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1)),
+            Case((In((5, 4, 3)), In((4, 4, 2, 3), "F16")), build=lambda x, w: conv_transpose2d(x, w, stride=2),
+                 label="p0-f16-weight")]
+
+
+def _pool_cases(fn, ne):
+    return lambda: [Case((In(ne, t),), build=lambda x, k=kind: fn(x, k)) for t in FLOATS for kind in ("avg", "max")] + [
+        Case((In(ne),), build=lambda x: fn(x, "max", kernel=3, stride=2, padding=1), label="k3-s2-p1"),
+        Case((In(ne, view="s"),), build=lambda x: fn(x, "avg", kernel=3, stride=1, padding=1), label="view-k3-p1")]
+
+
+defop("conv2d", _conv_infer("conv2d", 2), _conv2d_ref, "2-D convolution (ggml_conv_2d / ggml_ext_conv_2d_grouped)",
+      nmse=5e-4, cases=_conv2d_cases)
+defop("conv1d", _conv_infer("conv1d", 1), _conv1d_ref, "1-D convolution (ggml_ext_conv_1d)", nmse=5e-4,
+      cases=_conv1d_cases)
+defop("conv3d", _conv3d_infer, _conv3d_ref, "3-D convolution (ggml_conv_3d, channels*batch in dim 3)", nmse=5e-4,
+      cases=_conv3d_cases)
+defop("conv_transpose2d", _convt_infer, _convt_ref, "transposed 2-D convolution (ggml_conv_transpose_2d_p0 + padding)",
+      nmse=5e-4, cases=_convt_cases)
+defop("pool2d", _pool_infer("pool2d", 2), _pool_ref(2), "2-D avg/max pooling (ggml_pool_2d)",
+      cases=_pool_cases(lambda *a, **k: pool2d(*a, **k), (9, 7, 3, 2)))
+defop("pool1d", _pool_infer("pool1d", 1), _pool_ref(1), "1-D avg/max pooling (ggml_pool_1d)",
+      cases=_pool_cases(lambda *a, **k: pool1d(*a, **k), (17, 3, 2)))
 
 
 # ---- builders --------------------------------------------------------------------------------

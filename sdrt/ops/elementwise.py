@@ -10,7 +10,8 @@ import math
 import numpy as np
 
 from . import dtypes
-from .registry import defop, fail, make_node, require_float
+from .cases import Case, In, floats
+from .registry import FLOATS, defop, fail, make_node, require_float
 
 __all__ = ["add", "sub", "mul", "div", "neg", "abs", "sqr", "sqrt", "exp", "log", "sin", "cos", "step",
            "relu", "leaky_relu", "silu", "sigmoid", "tanh", "gelu", "gelu_quick", "clamp", "scale",
@@ -43,9 +44,21 @@ def _binary_infer(op):
     return infer
 
 
+def _binary_cases():
+    b = dict(lo=0.5, hi=2.0)   # div's divisor away from 0; the same values for every op
+    return floats(lambda t: Case((In((7, 5, 3), t), In((7, 5, 3), t, **b)))) + [
+        Case((In((33, 4, 2, 3)), In((33, 1, 2), **b)), label="broadcast"),
+        Case((In((5, 4)), In((1, 4), **b)), label="broadcast-dim0"),
+        Case((In((7, 5), "F16"), In((7, 5), "F32", **b))),
+        Case((In((7, 5), "F32"), In((7, 5), "BF16", **b))),
+        Case((In((6, 5), view="t"), In((6, 5), view="s", **b))),
+        Case((In((300, 3), view="s"), In((300, 1), **b)), label="row-bias"),
+    ]
+
+
 for _name, _f in BINARY.items():
     defop(_name, _binary_infer(_name), (lambda f: lambda node, xs: f(xs[0], xs[1]))(_f),
-          f"element-wise {_name} with broadcasting", inplace=True)
+          f"element-wise {_name} with broadcasting", inplace=True, kind="binary", cases=_binary_cases)
 
 
 def add(a, b): return make_node("add", (a, b))
@@ -91,10 +104,22 @@ def _unary_infer(op):
     return infer
 
 
+UNARY_PARAMS = {"leaky_relu": {"slope": 0.1}, "clamp": {"min": -0.5, "max": 0.5}, "scale": {"s": 1.5, "b": 0.25}}
+
+
+def _unary_cases(name):
+    r = dict(lo=0.1, hi=4.0) if name in ("sqrt", "log") else dict(lo=-3.0, hi=3.0)
+    p = UNARY_PARAMS.get(name, {})
+    return floats(lambda t: Case((In((37, 3, 2), t, **r),), p)) + [
+        Case((In((9, 7), view="t", **r),), p), Case((In((9, 7, 2), view="s", **r),), p),
+        Case((In((300, 2, 2), view="p", **r),), p)]
+
+
 for _name, _f in UNARY.items():
     defop(_name, _unary_infer(_name),
           (lambda f: lambda node, xs: f(xs[0].astype(np.float64), node.params))(_f),
-          f"element-wise {_name}", inplace=True)
+          f"element-wise {_name}", inplace=True, kind="unary",
+          cases=(lambda n: lambda: _unary_cases(n))(_name))
 
 
 def neg(x): return make_node("neg", (x,))
@@ -141,9 +166,15 @@ def _geglu_reference(node, xs):
     return x[..., :h] * UNARY[GELU_FORMS[node.params["approximate"]]](x[..., h:], node.params)
 
 
+def _geglu_cases():
+    return [Case((In((16, 5, 2), t, lo=-3, hi=3),), {"approximate": a}) for t in FLOATS for a in ("tanh", "none")] + [
+        Case((In((8, 6), view="t", lo=-3, hi=3),), {"approximate": "none"}),
+        Case((In((640, 3), view="s", lo=-3, hi=3),), {"approximate": "tanh"})]
+
+
 defop("geglu", _geglu_infer, _geglu_reference,
       "GEGLU (ggml_geglu swapped, diffusers' GEGLU): x[:h] * gelu(x[h:]) along ne[0] = 2h; "
-      "approximate='tanh' | 'none' picks the GELU form")
+      "approximate='tanh' | 'none' picks the GELU form", cases=_geglu_cases)
 
 
 def geglu(x, approximate: str = "none"):
@@ -167,9 +198,26 @@ def _cast_infer(srcs, params):
     return src.ne, dt
 
 
-defop("cast", _cast_infer, lambda node, xs: xs[0], "copy into a new contiguous tensor of another dtype (ggml_cpy)")
+def _cast_cases():
+    pairs = [("F32", "F16"), ("F32", "BF16"), ("F16", "F32"), ("BF16", "F32"), ("F16", "BF16"),
+             ("F8_E4M3", "F32"), ("F8_E5M2", "F16"), ("F32", "F8_E4M3"), ("F32", "Q8_0"), ("Q4_0", "F32"),
+             ("Q8_0", "Q8_0"), ("F32", "F32")]
+    return [Case((In((64, 3), a),), {"dtype": b}) for a, b in pairs] + [
+        Case((In((9, 7), "F32", view="t"),), {"dtype": "F16"}),
+        Case((In((9, 7, 3), "F16", view="p"),), {"dtype": "F32"})]
+
+
+def _cont_cases():
+    return [Case((In((9, 7), "F32", view="t"),)), Case((In((9, 7, 3), "F16", view="p"),)),
+            Case((In((9, 7), "BF16", view="s"),)), Case((In((9, 7), "I32", view="t", lo=-50, hi=50),)),
+            Case((In((64, 3), "Q8_0", view="s"),)), Case((In((64, 5), "F8_E4M3", view="s"),)),
+            Case((In((300, 4, 3), "F32", view="p"),))]
+
+
+defop("cast", _cast_infer, lambda node, xs: xs[0], "copy into a new contiguous tensor of another dtype (ggml_cpy)",
+      cases=_cast_cases)
 defop("cont", lambda srcs, p: (srcs[0].ne, srcs[0].dtype), lambda node, xs: xs[0],
-      "contiguous copy of a view")
+      "contiguous copy of a view", cases=_cont_cases)
 
 
 def cast(x, dtype):

@@ -3,12 +3,15 @@
 A forward builds Tensors whose `op`/`src` make a DAG (see api.py). `Graph(outputs)` orders the
 nodes, `plan()` gives each computed node a slot in one arena by liveness (a node's bytes are
 reused once its last consumer — or the last consumer of any view of it — has run), and
-`run(backend)` executes node by node and returns the named outputs as leaf Tensors.
+`run(backend)` hands the planned graph to the backend's `run_graph` (host backends: `run_on_host`,
+node by node over numpy views) and returns the named outputs as leaf Tensors. `check_graph` (and
+`run` under SDRT_CHECK=1) runs any backend node by node against the reference backend.
 
 Named cut points (`mark_cut(t, "model.blocks.3")`) split the graph into segments, in the order
 the cut nodes are reached: segment k holds what cut k needs that earlier segments did not
 compute. Each segment is planned on its own; tensors crossing a boundary live in a second
-arena planned by liveness over the whole run (freed after their last consumer). A runner can bring weights in segment by segment (see `on_segment`).
+arena planned by liveness over the whole run (freed after their last consumer). A runner can
+bring weights in segment by segment (see `on_segment`).
 """
 from __future__ import annotations
 
@@ -240,65 +243,77 @@ class Graph:
 
     # ---- running ------------------------------------------------------------------------
     def run(self, backend="cpu", on_segment=None, residency=None) -> dict[str, Tensor]:
-        """Execute; returns {name: leaf Tensor with data}. `on_segment(index, name, nodes)` is
-        called before each segment runs. `residency` (sdrt.engine.residency) gets
-        begin_segment(index, name, leaf srcs) before and end_segment(index) after each segment.
-        A backend with `run_graph` (a device backend) runs the whole graph itself."""
+        """Execute on `backend` (a name or a Backend, see ops/backend.py); returns {name: leaf
+        Tensor with data}. `on_segment(index, name, nodes)` is called before each segment runs.
+        `residency` (sdrt.engine.residency; the SegmentHooks protocol, a device backend needs the
+        whole Residency one) gets begin_segment(index, name, leaf srcs) before and
+        end_segment(index) after each segment. With SDRT_CHECK=1 in the environment every node
+        is also run on the reference backend and compared (check_graph): a node that differs
+        raises NodeMismatch naming it."""
         from .backend import get_backend
         be = get_backend(backend)
         plan = self.__dict__.get("_plan")
         if plan is None:  # planning the SD1.5 UNet's 765 nodes takes ~23 ms: once per graph
             plan = self._plan = self.plan()
-        run_graph = getattr(be, "run_graph", None)
-        if run_graph is not None:
-            return run_graph(self, plan, on_segment, residency)
-        debug = int(os.environ.get("SDRT_DEBUG", "0") or 0)
-        arena = np.empty(plan.arena_bytes, np.uint8)
-        cross = np.empty(plan.cross_bytes, np.uint8)
-        storage: dict[int, np.ndarray] = {}
-        for n in plan.outputs:
-            storage[id(n)] = np.empty(_align(n.nbytes), np.uint8)
-        if debug:
-            log.info("plan: %d nodes, %d segments, arena %.1f MB, cross-segment %.1f MB, outputs %.1f MB "
-                     "(naive %.1f MB)", len(self.nodes), len(plan.segments), plan.arena_bytes / 2**20,
-                     plan.cross_bytes / 2**20, plan.output_bytes / 2**20, plan.naive_bytes / 2**20)
+        if not _CHECKING and os.environ.get("SDRT_CHECK", "0") not in ("", "0"):
+            return _check_run(self, plan, be, on_segment, residency)[0]
+        return be.run_graph(self, plan, on_segment, residency)
 
-        def np_view(t: Tensor) -> np.ndarray:
-            o = t.owner
-            st = o.storage if o.op is None else storage[id(o)]
-            return t.numpy_from(st)
 
-        for k, seg in enumerate(plan.segments):
-            if on_segment is not None:
-                on_segment(k, seg.name, seg.nodes)
-            if residency is not None:
-                residency.begin_segment(k, seg.name, [s for n in seg.nodes for s in n.src if s.owner.op is None])
-            for n in seg.nodes:
-                if id(n) in seg.offsets:
-                    off = seg.offsets[id(n)]
-                    storage[id(n)] = arena[off:off + _align(n.nbytes)]
-                elif id(n) in plan.cross_offsets:
-                    off = plan.cross_offsets[id(n)]
-                    storage[id(n)] = cross[off:off + _align(n.nbytes)]
-                kern = be.find(n)
-                if kern is None:
-                    srcs = ", ".join(s.dtype.name for s in n.src)
-                    raise UnsupportedError(f"backend {be.name!r} has no kernel for {n.op}({srcs}) -> {n.dtype.name}")
-                xs = [np_view(s) for s in n.src]
-                out = np_view(n)
-                t0 = time.perf_counter() if debug >= 2 else 0.0
-                kern.fn(n, xs, out)
-                if debug >= 2:
-                    log.info("%-16s %-28s %s %8.3f ms", n.op, n.name or "", list(n.ne),
-                             (time.perf_counter() - t0) * 1e3)
-            if residency is not None:
-                residency.end_segment(k)
-        result = {}
-        for name, t in self.outputs.items():
-            o = t.owner
-            st = o.storage if o.op is None else storage[id(o)]
-            result[name] = Tensor(t.dtype, t.ne, t.nb, storage=st, offset=t.offset, name=t.name or name)
-        return result
+def run_on_host(graph: Graph, plan: Plan, be, on_segment=None, residency=None) -> dict[str, Tensor]:
+    """The host backends' runner: every node's kernel (be.find) on numpy views of one arena."""
+    debug = int(os.environ.get("SDRT_DEBUG", "0") or 0)
+    arena = np.empty(plan.arena_bytes, np.uint8)
+    cross = np.empty(plan.cross_bytes, np.uint8)
+    storage: dict[int, np.ndarray] = {}
+    for n in plan.outputs:
+        storage[id(n)] = np.empty(_align(n.nbytes), np.uint8)
+    if debug:
+        log.info("plan: %d nodes, %d segments, arena %.1f MB, cross-segment %.1f MB, outputs %.1f MB "
+                 "(naive %.1f MB)", len(graph.nodes), len(plan.segments), plan.arena_bytes / 2**20,
+                 plan.cross_bytes / 2**20, plan.output_bytes / 2**20, plan.naive_bytes / 2**20)
+
+    def np_view(t: Tensor) -> np.ndarray:
+        o = t.owner
+        st = o.storage if o.op is None else storage[id(o)]
+        return t.numpy_from(st)
+
+    for k, seg in enumerate(plan.segments):
+        if on_segment is not None:
+            on_segment(k, seg.name, seg.nodes)
+        if residency is not None:
+            residency.begin_segment(k, seg.name, [s for n in seg.nodes for s in n.src if s.owner.op is None])
+        for n in seg.nodes:
+            if id(n) in seg.offsets:
+                off = seg.offsets[id(n)]
+                storage[id(n)] = arena[off:off + _align(n.nbytes)]
+            elif id(n) in plan.cross_offsets:
+                off = plan.cross_offsets[id(n)]
+                storage[id(n)] = cross[off:off + _align(n.nbytes)]
+            kern = be.find(n)
+            if kern is None:
+                srcs = ", ".join(s.dtype.name for s in n.src)
+                raise UnsupportedError(f"backend {be.name!r} has no kernel for {n.op}({srcs}) -> {n.dtype.name}")
+            xs = [np_view(s) for s in n.src]
+            out = np_view(n)
+            t0 = time.perf_counter() if debug >= 2 else 0.0
+            kern.fn(n, xs, out)
+            if debug >= 2:
+                log.info("%-16s %-28s %s %8.3f ms", n.op, n.name or "", list(n.ne),
+                         (time.perf_counter() - t0) * 1e3)
+        if residency is not None:
+            residency.end_segment(k)
+    return _results(graph, storage)
+
+
+def _results(graph: Graph, storage: dict) -> dict[str, Tensor]:
+    """The graph's outputs as leaf Tensors over host storages (id(node) -> uint8 array)."""
+    result = {}
+    for name, t in graph.outputs.items():
+        o = t.owner
+        st = o.storage if o.op is None else storage[id(o)]
+        result[name] = Tensor(t.dtype, t.ne, t.nb, storage=st, offset=t.offset, name=t.name or name)
+    return result
 
 
 def evaluate(*tensors: Tensor, backend="cpu"):
@@ -317,33 +332,73 @@ class NodeMismatch(OpError):
     """check_graph found a node whose backend result differs from the reference."""
 
 
-def check_graph(outputs, backend="cpu", rtol=1e-4, atol=1e-4) -> int:
-    """Run the graph on `backend`, rerunning every node on the reference backend with the same
-    inputs; raises NodeMismatch naming the first node that differs. Returns the node count."""
-    from .backend import ReferenceBackend, get_backend
-    from .convert import raw_to_f32
-    from .registry import Kernel
-    be, ref = get_backend(backend), ReferenceBackend()
+_CHECKING = False   # a check run is under way: the graph runs it makes run plainly
 
-    class Checked:
-        name = f"check({be.name})"
 
-        def find(self, node):
-            k = be.find(node)
-            if k is None:
-                return None
-
-            def fn(n, xs, out):
-                want = np.empty_like(out)
-                ref.find(n).fn(n, xs, want)  # first: an in-place node's kernel overwrites an input
-                k.fn(n, xs, out)
-                a, b = raw_to_f32(out, n.dtype), raw_to_f32(want, n.dtype)
-                if not np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
-                    err = float(np.nanmax(np.abs(a - b)))
-                    raise NodeMismatch(f"node {n.op} {n.name or ''} ne={list(n.ne)}: {be.name} differs from "
-                                       f"the reference by up to {err:.3g}")
-            return Kernel(node.op, fn, None)
-
-    g = Graph(outputs)
-    g.run(Checked())
+def check_graph(outputs, backend="cpu", on_segment=None, residency=None) -> int:
+    """Run the graph of `outputs` on `backend` node by node, each node also on the reference
+    backend with the same inputs (the backend's results of the nodes before it), and raise
+    NodeMismatch naming the first node whose result differs by more than its op's tolerance
+    (registry.max_nmse). Works on any backend (a device one runs one-node graphs). Returns the
+    number of nodes checked. SDRT_CHECK=1 does this inside every Graph.run."""
+    g = outputs if isinstance(outputs, Graph) else Graph(outputs)
+    from .backend import get_backend
+    plan = g.__dict__.get("_plan") or g.plan()
+    _check_run(g, plan, get_backend(backend), on_segment, residency)
     return len(g.nodes)
+
+
+def _check_run(graph: Graph, plan: Plan, be, on_segment, residency) -> tuple[dict, int]:
+    global _CHECKING
+    from .backend import get_backend
+    from .registry import compare, max_nmse
+    ref = get_backend("reference")
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    last_use = dict(pos)
+    for i, n in enumerate(graph.nodes):
+        for s in n.src:
+            if s.owner.op is not None:
+                last_use[id(s.owner)] = i
+    keep = {id(t.owner) for t in graph.outputs.values()}
+    host: dict[int, np.ndarray] = {}
+
+    def leaf(s: Tensor) -> Tensor:
+        o = s.owner
+        if o.op is None:
+            return s
+        return Tensor(s.dtype, s.ne, s.nb, storage=host[id(o)], offset=s.offset, name=s.name)
+
+    _CHECKING, was = True, _CHECKING
+    try:
+        for k, seg in enumerate(plan.segments):
+            if on_segment is not None:
+                on_segment(k, seg.name, seg.nodes)
+            for n in seg.nodes:
+                one = Tensor(n.dtype, n.ne, op=n.op, src=tuple(leaf(s) for s in n.src), params=n.params,
+                             name=n.name)
+                g1 = Graph(one)
+                got = be.run_graph(g1, g1.plan(), None, residency)["out"]
+                want = Graph(one).run(ref)["out"]
+                err, tol = compare(got, want), max_nmse(n)
+                if not err <= tol:
+                    srcs = ", ".join(f"{s.dtype.name}{list(s.ne)}" for s in n.src)
+                    raise NodeMismatch(
+                        f"node {n.op}{' ' + repr(n.name) if n.name else ''} (#{pos[id(n)] + 1} of {len(graph.nodes)}), "
+                        f"({srcs}) -> "
+                        f"{n.dtype.name}{list(n.ne)}: {be.name} differs from the reference, NMSE {err:.3g} > "
+                        f"{tol:.3g} (max |diff| {_max_diff(got, want):.3g})")
+                host[id(n)] = got.storage
+                for s in n.src:
+                    o = s.owner
+                    if o.op is not None and last_use[id(o)] == pos[id(n)] and id(o) not in keep:
+                        host.pop(id(o), None)
+    finally:
+        _CHECKING = was
+    log.info("check: the %d nodes of the graph agree with the reference on %s", len(graph.nodes), be.name)
+    return _results(graph, host), len(graph.nodes)
+
+
+def _max_diff(a: Tensor, b: Tensor) -> float:
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a.to_f32().astype(np.float64) - b.to_f32())
+    return float(np.nanmax(d)) if d.size and not np.isnan(d).all() else float("nan")

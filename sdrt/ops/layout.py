@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .cases import Case, In
 from .registry import FLOATS, defop, fail, make_node
 from .tensor import MAX_DIMS, Tensor
 
@@ -149,9 +150,22 @@ def _upscale_reference(node, xs):
     return np.einsum("abyixj,yi,xj->abyx", g, wy, wx)
 
 
+def _upscale_cases():
+    x = In((7, 5, 3, 2))
+    return [Case((In((7, 5, 3), t),), build=lambda x: upscale(x, scale_factor=2), label="nearest-x2") for t in FLOATS] + [
+        Case((In((7, 5, 3), "I32", lo=-9, hi=9),), build=lambda x: upscale(x, ne=(11, 9)), label="nearest-i32"),
+        Case((x,), build=lambda x: upscale(x, ne=(11, 9), mode="bilinear"), label="bilinear"),
+        Case((x,), build=lambda x: upscale(x, ne=(11, 9), mode="bilinear", align_corners=True), label="bilinear-ac"),
+        Case((In((13, 11, 3)),), build=lambda x: upscale(x, ne=(6, 5), mode="bilinear", antialias=True),
+             label="bilinear-antialias-down"),
+        Case((x,), build=lambda x: upscale(x, ne=(11, 9), mode="bicubic"), label="bicubic"),
+        Case((In((7, 5, 3), "F16"),), build=lambda x: upscale(x, ne=(14, 10, 6), mode="bilinear"), label="bilinear-f16"),
+        Case((In((7, 5, 3), view="t"),), build=lambda x: upscale(x, scale_factor=2), label="nearest-view")]
+
+
 defop("upscale", _upscale_infer, _upscale_reference,
       "resample dims 0/1 (nearest, bilinear, bicubic; align_corners; bilinear antialias), "
-      "nearest on dims 2/3 (ggml_interpolate)")
+      "nearest on dims 2/3 (ggml_interpolate)", cases=_upscale_cases)
 
 
 def upscale(x: Tensor, ne=None, scale_factor=None, mode: str = "nearest",
@@ -216,9 +230,19 @@ def _pad_reference(node, xs):
     return np.pad(x, width, mode={"circular": "wrap", "reflect": "reflect", "replicate": "edge"}[mode])
 
 
+def _pad_cases():
+    x = In((7, 5, 3))
+    return [Case((x,), build=lambda x, m=m: pad(x, [(1, 2), (2, 1)], mode=m), label=m)
+            for m in ("constant", "circular", "reflect", "replicate")] + [
+        Case((In((7, 5, 3), t),), build=lambda x: pad(x, [(1, 2), (0, 1), (1, 0), (0, 2)], value=0.5), label="4d-value")
+        for t in ("F16", "BF16")] + [
+        Case((In((7, 5), "I32", lo=-9, hi=9),), build=lambda x: pad(x, [3, 1]), label="right-i32"),
+        Case((In((7, 5, 3), view="t"),), build=lambda x: pad(x, [(1, 1), (1, 1)], mode="reflect"), label="view")]
+
+
 defop("pad", _pad_infer, _pad_reference,
       "pad each of the 4 dims by (left, right): zero/constant (ggml_pad_ext), circular "
-      "(ggml_pad_ext_circular), reflect (no edge repeat) or replicate")
+      "(ggml_pad_ext_circular), reflect (no edge repeat) or replicate", cases=_pad_cases)
 
 
 def pad(x: Tensor, pads, mode: str = "constant", value: float = 0.0) -> Tensor:
@@ -267,7 +291,15 @@ def _concat_reference(node, xs):
     return np.concatenate(xs, axis=_np_axis(4, node.params["dim"]))
 
 
-defop("concat", _concat_infer, _concat_reference, "join tensors along one ggml dim (ggml_concat)")
+def _concat_cases():
+    return [Case((In((4, 3, 2, 2)), In(tuple(5 if i == d else n for i, n in enumerate((4, 3, 2, 2))))), {"dim": d})
+            for d in range(4)] + [
+        Case((In((6, 3), t), In((6, 2), t), In((6, 4), t)), {"dim": 1}) for t in ("F16", "BF16", "I32")] + [
+        Case((In((6, 5), view="t"), In((6, 5), view="s")), {"dim": 0})]
+
+
+defop("concat", _concat_infer, _concat_reference, "join tensors along one ggml dim (ggml_concat)",
+      cases=_concat_cases)
 
 
 def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
@@ -305,7 +337,14 @@ def _repeat_reference(node, xs):
     return np.tile(x, reps)
 
 
-defop("repeat", _repeat_infer, _repeat_reference, "tile to a shape whose dims are multiples (ggml_repeat)")
+def _repeat_cases():
+    return [Case((In((3, 2), t),), build=lambda x: repeat(x, (6, 4, 2))) for t in ("F32", "F16", "I32")] + [
+        Case((In((1, 5)),), build=lambda x: repeat(x, (7, 5, 1, 2)), label="broadcast"),
+        Case((In((3, 2), view="t"),), build=lambda x: repeat(x, (9, 2, 2)), label="view")]
+
+
+defop("repeat", _repeat_infer, _repeat_reference, "tile to a shape whose dims are multiples (ggml_repeat)",
+      cases=_repeat_cases)
 
 
 def repeat(x: Tensor, ne) -> Tensor:

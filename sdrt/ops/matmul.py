@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import OpError
 from . import dtypes
+from .cases import Case, In
 from .registry import defop, fail, make_node
 
 X_TYPES = ("F32", "F16", "BF16")
@@ -51,8 +52,27 @@ def _mul_mat_reference(node, xs):
     return np.matmul(x4.astype(np.float64), np.swapaxes(w4, -1, -2).astype(np.float64)).reshape(node.shape)
 
 
+def _block_types():
+    from . import quant
+    return [t.name for t in quant.supported_dequant_types()]
+
+
+def _mul_mat_cases():
+    return [Case((In((32, 16), w), In((32, 7), x))) for w in ("F32", "F16", "BF16") for x in ("F32", "F16", "BF16")] + [
+        Case((In((32, 16, 1, 2)), In((32, 7, 3, 2))), label="batch-broadcast"),
+        Case((In((32, 16), "F16"), In((32, 1))), label="mat-vec"),
+        Case((In((32, 16)), In((32, 7), view="t")), label="x-view"),
+        Case((In((32, 16), "F16", view="s"), In((32, 7), view="s")), label="views"),
+        Case((In((32, 16), "F8_E4M3"), In((32, 5))), label="f8-weight"),
+        Case((In((32, 16), "F8_E5M2"), In((32, 5))), label="f8-weight")] + [
+        Case((In((256, 8), q), In((256, 5)))) for q in _block_types()] + [
+        Case((In((256, 8), "Q4_K"), In((256, 1))), label="mat-vec"),
+        Case((In((64, 8, 2), "Q8_0"), In((64, 3, 4))), label="batch-broadcast")]
+
+
 defop("mul_mat", _mul_mat_infer, _mul_mat_reference,
-      "ggml_mul_mat: out[N, M, b2, b3] = x @ w^T per batch, w batches broadcast by repetition")
+      "ggml_mul_mat: out[N, M, b2, b3] = x @ w^T per batch, w batches broadcast by repetition", nmse=5e-4,
+      cases=_mul_mat_cases)
 
 
 def mul_mat(w, x):
@@ -107,8 +127,16 @@ def _get_rows_reference(node, xs):
     return out.reshape(node.shape)
 
 
+def _get_rows_cases():
+    return [Case((In((8, 10), t), In((5,), "I32", lo=0, hi=10))) for t in ("F32", "F16", "BF16", "F8_E4M3")] + [
+        Case((In((8, 10)), In((5,), "I64", lo=0, hi=10))),
+        Case((In((8, 10, 2)), In((4, 2), "I32", lo=0, hi=10)), label="batched"),
+        Case((In((8, 10), view="s"), In((5,), "I32", lo=0, hi=10)), label="table-view")] + [
+        Case((In((256, 6), q), In((4,), "I32", lo=0, hi=6))) for q in ("Q8_0", "Q4_0", "Q4_K", "Q6_K", "IQ4_NL")]
+
+
 defop("get_rows", _get_rows_infer, _get_rows_reference,
-      "ggml_get_rows: gather rows of a (possibly quantized) table by I32/I64 ids into F32")
+      "ggml_get_rows: gather rows of a (possibly quantized) table by I32/I64 ids into F32", cases=_get_rows_cases)
 
 
 def get_rows(table, ids):

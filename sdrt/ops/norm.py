@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .cases import Case, In, floats
 from .registry import defop, fail, make_node, require_float
 
 __all__ = ["softmax", "layer_norm", "layer_norm_affine", "rms_norm", "l2_norm", "group_norm",
@@ -77,7 +78,17 @@ def _softmax_ref(node, xs):
         return (e / e.sum(axis=-1, keepdims=True)).reshape(x.shape)
 
 
-defop("softmax", _softmax_infer, _softmax_ref, "ggml_soft_max_ext: softmax(x*scale + mask) over dim 0")
+def _softmax_cases():
+    m = dict(lo=-2.0, hi=0.0)
+    return floats(lambda t: Case((In((37, 5, 3), t, lo=-3, hi=3),), {"scale": 1.0})) + [
+        Case((In((19, 6, 2)), In((19, 6), **m)), {"scale": 0.5}),
+        Case((In((19, 6, 2)), In((19, 8, 2), "F16", **m)), {"scale": 0.5}, label="mask-padded"),
+        Case((In((19, 6, 4)), In((19, 1, 2), "BF16", **m)), {"scale": 2.0}, label="mask-row"),
+        Case((In((19, 6, 2), view="s"),), {"scale": 1.0}), Case((In((700, 3), lo=-5, hi=5),), {"scale": 1.0})]
+
+
+defop("softmax", _softmax_infer, _softmax_ref, "ggml_soft_max_ext: softmax(x*scale + mask) over dim 0",
+      cases=_softmax_cases)
 
 
 def softmax(x, mask=None, scale: float = 1.0):
@@ -132,12 +143,26 @@ def _l2_norm_ref(node, xs):
     return x / np.maximum(np.sqrt((x * x).sum(axis=-1, keepdims=True)), node.params["eps"])
 
 
+def _row_cases(eps):
+    return lambda: floats(lambda t: Case((In((65, 4, 3), t, lo=-2, hi=3),), {"eps": eps})) + [
+        Case((In((9, 7), view="t"),), {"eps": eps}), Case((In((1030, 3), view="s"),), {"eps": eps})]
+
+
+def _layer_norm_affine_cases():
+    x = In((65, 4, 3), lo=-2, hi=3)
+    return [Case((x, In((65,)), In((65,))), {"eps": 1e-5, "has_w": True, "has_b": True}),
+            Case((x, In((65,))), {"eps": 1e-5, "has_w": True, "has_b": False}),
+            Case((x, In((65,))), {"eps": 1e-5, "has_w": False, "has_b": True})] + floats(
+        lambda t: Case((In((40, 6), t), In((40,), t), In((40,), t)), {"eps": 1e-6, "has_w": True, "has_b": True}))
+
+
 defop("layer_norm", _row_infer("layer_norm"), lambda node, xs: _layer_norm_np(xs[0], node.params["eps"]),
-      "ggml_norm: (x - mean) / sqrt(var + eps) over dim 0")
+      "ggml_norm: (x - mean) / sqrt(var + eps) over dim 0", cases=_row_cases(1e-5))
 defop("layer_norm_affine", _row_infer("layer_norm_affine"), _layer_norm_affine_ref,
-      "ggml_norm then * w + b (w, b ne=[ne0], each optional)")
-defop("rms_norm", _row_infer("rms_norm"), _rms_norm_ref, "ggml_rms_norm: x / sqrt(mean(x^2) + eps)")
-defop("l2_norm", _row_infer("l2_norm"), _l2_norm_ref, "ggml_l2_norm: x / max(||x||, eps)")
+      "ggml_norm then * w + b (w, b ne=[ne0], each optional)", cases=_layer_norm_affine_cases)
+defop("rms_norm", _row_infer("rms_norm"), _rms_norm_ref, "ggml_rms_norm: x / sqrt(mean(x^2) + eps)",
+      cases=_row_cases(1e-6))
+defop("l2_norm", _row_infer("l2_norm"), _l2_norm_ref, "ggml_l2_norm: x / max(||x||, eps)", cases=_row_cases(1e-12))
 
 
 def layer_norm(x, eps: float = 1e-5):
@@ -207,11 +232,24 @@ def _group_norm_affine_ref(node, xs):
     return y4.reshape(y.shape)
 
 
+def _group_norm_cases():
+    return floats(lambda t: Case((In((5, 4, 8, 2), t, lo=-2, hi=3),), {"n_groups": 4, "eps": 1e-6})) + [
+        Case((In((5, 4, 6, 2)),), {"n_groups": 4, "eps": 1e-6}, label="uneven-groups"),
+        Case((In((5, 4, 8, 2), view="s"),), {"n_groups": 2, "eps": 1e-5})]
+
+
+def _group_norm_affine_cases():
+    return [Case((In((5, 4, 8, 2), t), In((8,), t), In((8,), t)), {"n_groups": 4, "eps": 1e-6, "silu": silu})
+            for t in ("F32", "F16", "BF16") for silu in (False, True)] + [
+        Case((In((7, 3, 6)), In((1, 1, 6, 1)), In((1, 1, 6, 1))), {"n_groups": 3, "eps": 1e-5, "silu": True},
+             label="sdcpp-weights")]
+
+
 defop("group_norm", _group_infer("group_norm"),
       lambda node, xs: _group_norm_np(xs[0], node.params["n_groups"], node.params["eps"]),
-      "ggml_group_norm over groups of dim 2 (each normalizes W*H*C/G values)")
+      "ggml_group_norm over groups of dim 2 (each normalizes W*H*C/G values)", cases=_group_norm_cases)
 defop("group_norm_affine", _group_infer("group_norm_affine"), _group_norm_affine_ref,
-      "group_norm then * w[c] + b[c], optionally SiLU (fused)")
+      "group_norm then * w[c] + b[c], optionally SiLU (fused)", cases=_group_norm_affine_cases)
 
 
 def group_norm(x, n_groups: int = 32, eps: float = 1e-6):

@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-from .registry import defop, fail, make_node, require_float
+from .cases import Case, In
+from .registry import FLOATS, defop, fail, make_node, require_float
 from .tensor import Tensor
 
 __all__ = [
@@ -51,7 +52,9 @@ def _arange_reference(node, xs):
     return np.float32(p["start"]) + np.float32(p["step"]) * np.arange(node.ne[0], dtype=np.float64)
 
 
-defop("arange", _arange_infer, _arange_reference, "F32 [n]: start + step*i (ggml_arange)")
+defop("arange", _arange_infer, _arange_reference, "F32 [n]: start + step*i (ggml_arange)",
+      cases=lambda: [Case((), {"start": 0.0, "stop": 10.0, "step": 1.0}),
+                     Case((), {"start": 1.5, "stop": -7.0, "step": -0.25})])
 
 
 def arange(start: float, stop: float | None = None, step: float = 1.0) -> Tensor:
@@ -86,7 +89,9 @@ def _tsemb_reference(node, xs):
 
 defop("timestep_embedding", _tsemb_infer, _tsemb_reference,
       "F32 [dim, n]: cos(t*f_j) then sin(t*f_j), f_j = exp(-ln(max_period) j/half), "
-      "0 in the last column of an odd dim (ggml_timestep_embedding)")
+      "0 in the last column of an odd dim (ggml_timestep_embedding)",
+      cases=lambda: [Case((In((3,), t, lo=0, hi=1000),), {"dim": d, "max_period": 10000})
+                     for t in FLOATS for d in (32, 33)])
 
 
 def timestep_embedding(t: Tensor, dim: int, max_period: int = 10000) -> Tensor:
@@ -129,8 +134,14 @@ def _rope_reference(node, xs):
     return y.transpose(0, 2, 1, 3).reshape(N * H, L, D)
 
 
+def _rope_cases():
+    return [Case((In((8, 3, 5, 2), t), In((2, 2, 4, 5))), {"interleaved": il}) for t in FLOATS for il in (True, False)] + [
+        Case((In((8, 3, 5, 2)), In((2, 2, 2, 5))), {"interleaved": True}, label="partial"),
+        Case((In((8, 3, 5, 2), view="p"), In((2, 2, 4, 5))), {"interleaved": False}, label="x-view")]
+
+
 defop("rope", _rope_infer, _rope_reference,
-      "sd.cpp ggml_ext_rope_apply: x [D, H, L, N] by pe [2, 2, R, L] -> [D, L, H*N]")
+      "sd.cpp ggml_ext_rope_apply: x [D, H, L, N] by pe [2, 2, R, L] -> [D, L, H*N]", cases=_rope_cases)
 
 
 def rope(x: Tensor, pe: Tensor, interleaved: bool = True) -> Tensor:
@@ -260,8 +271,24 @@ def _rope_ext_reference(node, xs):
     return y
 
 
+def _rope_ext_cases():
+    pos, pos4 = In((5,), "I32", lo=0, hi=100), In((20,), "I32", lo=0, hi=100)
+    x = In((8, 3, 5))
+    return [Case((In((8, 3, 5), t), pos), build=lambda x, p, m=m: rope_ext(x, p, 8, mode=m), label=m)
+            for t in FLOATS for m in ("normal", "neox")] + [
+        Case((In((12, 3, 5)), pos), build=lambda x, p: rope_ext(x, p, 6, n_offs=2, freq_base=500.0), label="partial"),
+        Case((x, pos, In((4,), lo=1, hi=2)), build=lambda x, p, f: rope_ext(x, p, 8, mode="neox", freq_factors=f),
+             label="freq-factors"),
+        Case((x, pos), build=lambda x, p: rope_ext(x, p, 8, ext_factor=1.0, freq_scale=0.25, n_ctx_orig=64),
+             label="yarn"),
+        Case((x, pos4), build=lambda x, p: rope_multi(x, p, 8, (2, 1, 1, 0)), label="mrope"),
+        Case((x, pos4), build=lambda x, p: rope_multi(x, p, 8, (2, 1, 1, 0), mode="imrope"), label="imrope"),
+        Case((x, pos4), build=lambda x, p: rope_multi(x, p, 4, (1, 1, 0, 0), mode="vision"), label="vision"),
+        Case((In((8, 3, 5), view="s"), pos), build=lambda x, p: rope_ext(x, p, 8), label="x-view")]
+
+
 defop("rope_ext", _rope_ext_infer, _rope_ext_reference,
-      "ggml_rope_ext / ggml_rope_multi: rotate n_dims channels of x [D, H, L, N] by positions")
+      "ggml_rope_ext / ggml_rope_multi: rotate n_dims channels of x [D, H, L, N] by positions", cases=_rope_ext_cases)
 
 
 def rope_ext(x: Tensor, positions, n_dims: int, mode: str = "normal", freq_base: float = 10000.0,

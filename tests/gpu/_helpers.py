@@ -48,8 +48,8 @@ def run_f32(backend, node) -> np.ndarray:
 
 
 def assert_on_cuda(family, *nodes):
-    """Each node has a CUDA kernel (no silent CPU fallback); sdrt.gpu.cuda.<family> registers them."""
-    importlib.import_module(f"sdrt.gpu.cuda.{family}")
+    """Each node has a CUDA kernel (no silent CPU fallback); sdrt.gpu.cuda.ops.<family> registers them."""
+    importlib.import_module(f"sdrt.gpu.cuda.ops.{family}")
     from sdrt.gpu.cuda.table import CUDA
     for n in nodes:
         assert CUDA.find(n) is not None, f"no CUDA kernel for {n.op}({[s.dtype.name for s in n.src]})"

@@ -1,6 +1,8 @@
-"""GPU tests: each one skips itself on a machine without a usable CUDA device (CI has none).
-
-Use the `cuda` fixture (the cuda0 backend) in every GPU test module; `cuda_rt` is its runtime.
+"""GPU tests: a test that asks for the `cuda` fixture (the cuda0 backend) or `cuda_rt` (its
+runtime) is a GPU test: tests/conftest.py marks it `gpu`, the default run deselects it and
+`python -m pytest --gpu` runs it (an error without a device). Selected by `-m gpu` on a machine
+without a usable CUDA device, each one skips itself. Tests here that need no device (kernel
+tables, fatbin contents, host-side decoders) take neither fixture and run in the default run.
 """
 import pytest
 

@@ -15,7 +15,7 @@ from ._helpers import assert_within_scale, quant_tensor, randn
 @pytest.fixture
 def spy(monkeypatch):
     """Records what each fused call did: True for one bias-epilogue GEMM, False for the fallback."""
-    import sdrt.gpu.cuda.matmul as G
+    import sdrt.gpu.cuda.ops.matmul as G
     calls = []
     real = G._gemm_with_bias
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from opcheck import leaf
 
-from sdrt.gpu.cuda import attention as GA
+from sdrt.gpu.cuda.ops import attention as GA
 from sdrt.ops import api as F
 from sdrt.ops.convert import f32_to_raw, raw_to_f32
 from sdrt.ops.graph import Graph
@@ -28,7 +28,7 @@ from ._helpers import assert_on_cuda, randn, run_f32
 PATHS = ["flash", "wmma", "gemm16", "gemm32"]
 TOL = {"flash": 2e-3, "wmma": 2e-3, "gemm16": 2e-3, "gemm32": 1e-5}
 HALF_TOL = {"flash": 3e-2, "wmma": 3e-2, "gemm16": 3e-2, "gemm32": 2e-3}
-KERNELS = Path(GA.__file__).parent / "kernels"
+KERNELS = Path(GA.__file__).parent.parent / "kernels"
 
 
 # ---- harness (the `cuda` fixture is tests/gpu/conftest.py's: the cuda0 backend, or skip) ----

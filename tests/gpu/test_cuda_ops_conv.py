@@ -22,7 +22,7 @@ FLOATS = ["F32", "F16", "BF16"]
 @pytest.fixture
 def cols(monkeypatch):
     """Set the CUDA conv column-chunk cap (bytes) for one test."""
-    import sdrt.gpu.cuda.conv as G
+    import sdrt.gpu.cuda.ops.conv as G
 
     def set_cap(nbytes):
         monkeypatch.setattr(G, "COL_BYTES", nbytes)

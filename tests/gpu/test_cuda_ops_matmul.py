@@ -26,7 +26,7 @@ X_TYPES = ["F32", "F16", "BF16"]
 # ---- harness (the `cuda` fixture is tests/gpu/conftest.py's: the cuda0 backend, or skip) ----
 def mm_tol(w: Tensor, x: Tensor) -> float:
     """The tolerance of the path mul_mat(w, x) takes on CUDA (see the module docstring)."""
-    from sdrt.gpu.cuda import matmul as G
+    from sdrt.gpu.cuda.ops import matmul as G
     name = w.dtype.name
     K, M, w2, w3 = w.ne4
     _, N, b2, b3 = x.ne4
@@ -111,7 +111,7 @@ def test_mul_mat_strided_float_weights(cuda, rng, wdt):
 
 @pytest.mark.parametrize("wdt", ["Q8_0", "Q4_K", "F8_E4M3"])
 def test_mul_mat_chunked_dequant(cuda, rng, monkeypatch, wdt):
-    from sdrt.gpu.cuda import matmul as G
+    from sdrt.gpu.cuda.ops import matmul as G
     k = 256
     monkeypatch.setattr(G, "DEQUANT_CHUNK_BYTES", 48 * k * 2)  # 48-row chunks of the F16 weight
     x = randn(rng, 3, 4, 40, k)

@@ -290,6 +290,12 @@ class FakeResidency:
     def end_segment(self, index):
         self.calls.append(("end", index))
 
+    def begin_graph(self, plan, extra_bytes=0):
+        return True          # no budget: every graph may run
+
+    def make_room(self, nbytes):
+        return 0             # holds nothing it could drop
+
     def close(self):
         for p, _ in self.ptrs.values():
             self.memory.free(p)

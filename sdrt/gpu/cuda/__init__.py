@@ -1,13 +1,17 @@
 """The CUDA backend (NVIDIA GPUs through PyCUDA, cuBLAS by ctypes, CUDA graphs); docs/cuda.md.
 
 This package's __init__ imports nothing heavy: `available()` and `devices()` probe the driver
-through ctypes and import pycuda only when a driver and a device exist. The backend itself is
-`sdrt.ops.backend.get_backend("cuda0")` (sdrt.gpu.cuda.backend).
+through ctypes and import pycuda only when a driver and a device exist. Importing it registers
+the backend ("cuda0", "cuda1", ...) with sdrt.ops.backend, whose `get_backend("cuda0")` makes
+it (sdrt.gpu.cuda.backend). Layout: infrastructure here (driver, runtime, cublas, cudagraph,
+devtensor, fuse, quant decoding, table, naming), op families in ops/, kernel sources in kernels/.
 """
 from __future__ import annotations
 
 import ctypes
 import importlib.util
+
+from ...ops.backend import register_backend
 
 _REASON: list = []   # [reason or None], probed once
 
@@ -57,3 +61,18 @@ def devices() -> list[tuple[str, str]]:
         major, minor = d.compute_capability()
         out.append((f"cuda{i}", f"{d.name()}, {d.total_memory() / 2**30:.1f} GiB, sm_{major}{minor}"))
     return out
+
+
+def _make(index: int):
+    from .backend import get
+    return get(index)
+
+
+def _kernels():
+    from .backend import import_families
+    from .table import CUDA
+    import_families()
+    return CUDA
+
+
+register_backend("cuda", _make, devices, unavailable_reason=unavailable_reason, kernels=_kernels)

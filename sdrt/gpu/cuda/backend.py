@@ -37,6 +37,7 @@ import weakref
 import numpy as np
 
 from ...errors import DeviceOutOfMemoryError, UnsupportedError
+from ...ops.backend import Residency
 from ...ops.graph import ALIGN
 from . import cudagraph, fuse
 from .devtensor import DevTensor
@@ -46,28 +47,17 @@ from .table import CUDA
 
 log = logging.getLogger("sdrt.cuda")
 
-# modules of this package that are infrastructure, not op families
-_INFRA = {"backend", "cublas", "cudagraph", "devtensor", "driver", "fuse", "runtime", "table"}
-
-
 def import_families() -> list[str]:
-    """Import every op-family module of sdrt.gpu.cuda (each registers its kernels into CUDA)."""
-    pkg = importlib.import_module(__package__)
-    names = [m.name for m in pkgutil.iter_modules(pkg.__path__)
-             if not m.name.startswith("_") and m.name not in _INFRA]
+    """Import every op-family module (sdrt.gpu.cuda.ops.*; each registers its kernels into CUDA)."""
+    from . import ops
+    names = [m.name for m in pkgutil.iter_modules(ops.__path__) if not m.name.startswith("_")]
     for name in names:
-        importlib.import_module(f"{__package__}.{name}")
+        importlib.import_module(f"{ops.__name__}.{name}")
     return names
 
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def _manages(residency, leaf) -> bool:
-    """Whether the residency object places this weight (all weights when it cannot say)."""
-    m = getattr(residency, "manages", None)
-    return True if m is None else bool(m(leaf))
 
 
 def _span(leaf) -> tuple[int, int]:
@@ -166,14 +156,14 @@ class _GraphState:
                 ks.append(k.fn)
             kernels.append(ks)
         # and the F32 results stored as F16 (fuse.half_nodes; seen through DevTensor.half_of)
-        fusing = getattr(backend, "fuse", True)
+        fusing = backend.fuse
         if fusing:
             self.kernels = fuse.launch_lists(graph, plan, kernels, self.node_ptr)
         else:
             self.kernels = [[(fn, tuple(n.src)) for fn, n in zip(ks, seg.nodes)]
                             for ks, seg in zip(kernels, plan.segments)]
         self.half = fuse.half_nodes(graph, plan, self.kernels, self.node_ptr) \
-            if fusing and getattr(backend, "store_half", True) else set()
+            if fusing and backend.store_half else set()
         self.launches: list | None = None    # [(fn, node, xs, out)] once weights have fixed addresses
         self.captured: cudagraph.CapturedGraph | None = None
         self.capture_ok = True
@@ -193,7 +183,7 @@ class _GraphState:
             return self.node_ptr[id(o)] + t.offset
         base = self.input_ptr.get(id(o))
         if base is None:
-            if residency is not None and _manages(residency, t):
+            if residency is not None and residency.manages(t):
                 return residency.device_ptr(t)
             base = self.weight_ptr.get(id(o))
             if base is None:
@@ -226,7 +216,11 @@ class _GraphState:
 
 
 class CudaBackend:
-    """The CUDA backend of one device; `get_backend("cudaN")` makes one per device."""
+    """The CUDA backend of one device (the ops.backend.Backend protocol); `get_backend("cudaN")`
+    makes one per device. A residency object it runs with follows ops.backend.Residency."""
+
+    fuse = True         # fuse.py's fused runs (SDRT_CUDA_FUSE=0: every node alone)
+    store_half = True   # fuse.half_nodes (SDRT_CUDA_HALF=0: every result as typed)
 
     def __init__(self, index: int = 0):
         self.name = f"cuda{index}"
@@ -240,8 +234,8 @@ class CudaBackend:
         self._states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._lock = threading.RLock()
         self._pending_upload = None   # event of the last weight upload on the copy stream
-        self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"   # fuse.py's fused runs (0: every node alone)
-        self.store_half = os.environ.get("SDRT_CUDA_HALF", "1") != "0"  # fuse.half_nodes (0: every result as typed)
+        self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"
+        self.store_half = os.environ.get("SDRT_CUDA_HALF", "1") != "0"
 
     def __repr__(self):
         return f"CudaBackend({self.name}: {self.device.info.describe()})"
@@ -309,6 +303,9 @@ class CudaBackend:
 
     # ---- running -------------------------------------------------------------------------------
     def run_graph(self, graph, plan, on_segment=None, residency=None) -> dict:
+        if residency is not None and not isinstance(residency, Residency):
+            raise UnsupportedError(f"{self.name}: the residency object {type(residency).__name__} lacks the "
+                                   f"sdrt.ops.backend.Residency methods (manages, device_ptr, begin_graph, make_room)")
         with self._lock:
             self.device.activate()
             return self._run(graph, plan, on_segment, residency)
@@ -316,7 +313,7 @@ class CudaBackend:
     def _run(self, graph, plan, on_segment, residency):
         debug = int(os.environ.get("SDRT_DEBUG", "0") or 0)
         t0 = time.perf_counter()
-        if residency is not None and hasattr(residency, "begin_graph"):
+        if residency is not None:
             residency.begin_graph(plan, self.rt.scratch_capacity)
         state = self._states.get(graph)
         if state is None or state.plan is not plan:
@@ -440,10 +437,9 @@ class CudaBackend:
         try:
             return self.device.allocator.alloc(nbytes)
         except DeviceOutOfMemoryError:
-            make_room = getattr(residency, "make_room", None)
-            if make_room is None:
+            if residency is None:
                 raise
-            make_room(nbytes)
+            residency.make_room(nbytes)
             self.device.activate()       # runs the frees deferred meanwhile
             return self.device.allocator.alloc(nbytes)
 

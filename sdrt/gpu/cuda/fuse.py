@@ -8,7 +8,7 @@ to call and the tensors it reads (`kernels`: each segment's kernel functions in 
   where the add directly follows the product, is the product's only consumer and writes over
   the product's buffer (the planner's in-place rule): the product's slot does nothing and the
   add's runs `matmul.mul_mat_add_bias` on (w, x, b), one GEMM with the bias in cuBLAS's epilogue
-  (the separate add read and wrote the whole F32 output again: 15 of SDXL's 100 ms of kernels).
+  (the separate add read and wrote the whole F32 output again).
 
 - `add(add(mul_mat(w, x), b), r)` (r on either side), the same pair followed directly by the
   residual add of a transformer block, which writes over the same buffer and reads r of the
@@ -32,16 +32,16 @@ feed-forward's first product, F16 before its gelu, as in PyTorch); and whose own
 write F16 (layer and group norms, geglu, cont/cast, whose kernels go by the device tensors'
 dtypes, and a GEMM on dense F16 weights, its bias fused or not). Each store halves the node's
 traffic and drops the packing pass of the GEMM or attention reading it (convert_f32_f16 and
-attn_pack: 6.5 of SDXL's 60 ms of kernels); a norm or cont writing F16 gives the very bits the
+attn_pack); a norm or cont writing F16 gives the very bits the
 packing did. No reader may write over the node's buffer (different element sizes at one address).
 """
 from __future__ import annotations
 
-from .attention import attention_into_cont, wants_f32
-from .attention import plan as attention_plan
-from .conv import gemm_dtype as conv_gemm_dtype
+from .ops.attention import attention_into_cont, wants_f32
+from .ops.attention import plan as attention_plan
+from .ops.conv import gemm_dtype as conv_gemm_dtype
 from .devtensor import padded_nb
-from .matmul import gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_residual
+from .ops.matmul import gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_residual
 
 
 def _skip(node, xs, out, rt) -> None:

@@ -456,6 +456,13 @@ class UNetModel:
         return self.out_conv(self.out_norm(h, silu=True))                          # [W, H, out, N]
 
     # ---- numpy ------------------------------------------------------------------------------
+    def predict(self, x_np, t_np, cond, backend: str = "cpu") -> np.ndarray:
+        """The diffusion-model interface (sdrt.models.families): `cond` a Cond record; the UNet
+        takes its context, y and c_concat and refuses reference latents and distilled guidance."""
+        if cond.ref_latents or cond.guidance is not None:
+            raise UsageError("UNet: this model takes no reference-image latents and no distilled guidance")
+        return self(x_np, t_np, cond.context, cond.y, cond.c_concat, backend=backend)
+
     def __call__(self, x_np, t_np, context_np=None, y_np=None, c_concat_np=None, backend: str = "cpu") -> np.ndarray:
         """Torch-order numpy in and out: x [N, C, H, W], t [N], context [N, L, Cctx], y [N, adm],
         c_concat [N, Cc, H, W] -> float32 [N, out_channels, H, W] (eps or v). The graph of each

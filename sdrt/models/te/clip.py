@@ -1,7 +1,7 @@
 """CLIP text encoders of SD1 (OpenAI CLIP-L/14), SD2 (OpenCLIP ViT-H/14) and SDXL (CLIP-L +
 OpenCLIP ViT-bigG/14), as stable-diffusion.cpp's clip.hpp builds them.
 
-Weights are read under a prefix with HF CLIP names (the canonical layout; sdrt.io.names turns
+Weights are read under a prefix with HF CLIP names (the canonical layout; sdrt.models.names turns
 OpenCLIP's `model.transformer.resblocks.N.*` into these and keeps its fused `in_proj`):
     SD1, SDXL CLIP-L      cond_stage_model.transformer.text_model.
     SD2 OpenCLIP-H        cond_stage_model.transformer.text_model.
@@ -37,8 +37,9 @@ from ...errors import ModelFileError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
 from ..common import LayerNorm, Linear, Weights, multihead_attention
+from .spec import TextEncoderSpec
 
-__all__ = ["ACTS", "PREFIX_CLIP_G", "PREFIX_CLIP_L", "CLIPConfig", "CLIPTextModel", "causal_mask"]
+__all__ = ["ACTS", "PREFIX_CLIP_G", "PREFIX_CLIP_L", "CLIPConfig", "CLIPTextModel", "TextEncoderSpec", "causal_mask"]
 
 ACTS = ("quick_gelu", "gelu_tanh", "gelu")
 PREFIX_CLIP_L = "cond_stage_model.transformer.text_model."

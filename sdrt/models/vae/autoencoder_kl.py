@@ -1,7 +1,7 @@
 """AutoencoderKL: the VAE of SD 1.x / 2.x / SDXL (ldm.models.autoencoder.AutoencoderKL, sd.cpp's
 auto_encoder_kl.hpp), with the weights named as the original checkpoints name them:
 `first_stage_model.encoder.*`, `first_stage_model.decoder.*`, `quant_conv`, `post_quant_conv`
-(a diffusers `vae/` folder is converted to these names by sdrt.io.names.diffusers_vae_to_ldm).
+(a diffusers `vae/` folder is converted to these names by sdrt.models.names.diffusers_vae_to_ldm).
 
 Architecture (shapes in ne order, x ne=[W, H, C, N]):
     encoder: conv_in -> per level i: num_res_blocks ResnetBlocks (+ Downsample: pad (0,1,0,1),
@@ -18,7 +18,8 @@ checkpoints and [C, C] linears in some conversions: both are run as one linear o
 channels (a 1x1 conv *is* that linear), so both layouts build the same graph.
 
 The scale factor between the VAE's latents and the diffusion model's (x / scale + shift) is
-the engine's business: LATENT_SCALE_SHIFT holds sd.cpp's constants per model family.
+the engine's business: each model family's record (sdrt.models.families) holds sd.cpp's constants;
+`latent_scale_shift(family)` reads them.
 """
 from __future__ import annotations
 
@@ -38,23 +39,23 @@ __all__ = ["AutoencoderKL", "AutoencoderKLConfig", "LATENT_SCALE_SHIFT", "SD_SCA
 # sd.cpp's AutoEncoderKL constructor: diffusion latent = (vae latent - shift) * scale
 SD_SCALE_FACTOR = 0.18215
 SDXL_SCALE_FACTOR = 0.13025
-LATENT_SCALE_SHIFT = {
-    "sd1": (SD_SCALE_FACTOR, 0.0),
-    "sd2": (SD_SCALE_FACTOR, 0.0),
-    "sdxl": (SDXL_SCALE_FACTOR, 0.0),
-    "sd3": (1.5305, 0.0609),
-    "flux": (0.3611, 0.1159),
-    "z_image": (0.3611, 0.1159),
-}
+
+
+def __getattr__(name):
+    if name == "LATENT_SCALE_SHIFT":     # {family: (scale, shift)}, derived from the registry
+        from ..families import families
+        return {f.name: (f.latent_scale, f.latent_shift) for f in families() if f.latent_scale is not None}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def latent_scale_shift(family: str) -> tuple[float, float]:
     """(scale, shift) for a model family ('sd1', 'sd2', 'sdxl', ... as sdrt.io.detect.family)."""
-    try:
-        return LATENT_SCALE_SHIFT[family]
-    except KeyError:
-        raise UsageError(f"no VAE latent scale for model family {family!r}; "
-                         f"known: {', '.join(LATENT_SCALE_SHIFT)}") from None
+    from ..families import families, get_family
+    f = get_family(family)
+    if f.latent_scale is None:
+        known = ", ".join(f.name for f in families() if f.latent_scale is not None)
+        raise UsageError(f"no VAE latent scale for model family {family!r}; known: {known}")
+    return f.latent_scale_shift()
 
 
 def gaussian_sample(moments: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:
@@ -243,8 +244,8 @@ def _fold_taps() -> np.ndarray:
 def upsample_conv3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None, folded: bool = True) -> Tensor:
     """conv3x3(nearest2x(x)), padding 1. `folded`: one stride-2 transposed conv with a 4x4 kernel
     folded from the 3x3 one (see _fold_taps) on the small input — 16 instead of 36 multiply-adds
-    per output pixel and channel pair and no upscaled copy (measured 1.7-2.2x faster per layer,
-    lower peak memory). The fold runs inside the graph (one small mul_mat) so weights stay lazy
+    per output pixel and channel pair and no upscaled copy (faster and lower peak memory:
+    bench/README.md, "Facts moved out of the code"). The fold runs inside the graph (one small mul_mat) so weights stay lazy
     leaves; block-quantized or strided weights take the literal path."""
     if not folded or weight.dtype.is_quantized or not weight.is_contiguous():
         return F.conv2d(F.upscale(x, scale_factor=2, mode="nearest"), weight, bias, padding=1)

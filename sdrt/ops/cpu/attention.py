@@ -12,21 +12,14 @@ O = S @ V straight into the output. The score tile is the only large buffer, nev
 
 Tile size: the score tile makes three trips per block (written by the first GEMM, rewritten by
 the softmax, packed by the second GEMM), so it is kept L2-sized: SCORE_ELEMS = 256K floats
-(1 MB; this machine's L2 is 2 MB per core), key blocks of at most 512, query blocks of up to
-1024 filling the rest. At SD1.5's 40-wide heads (4096 tokens, 8 heads, batch 2, two threads,
-quiet, 2026-12-01) the op took 291 ms with 512x512 tiles, 302 with 256x512, 303 with 512x1024,
-317 with 1024x256, 330 with 1024x512; cross-attention (77 keys) runs 1024-query blocks.
-The exp is _util.exp2_32 (all float32, 16 lanes with full-width AVX-512: the exp pass costs
-0.26 ns per score; ops/numba_target.py).
+(1 MB), key blocks of at most 512, query blocks of up to 1024 filling the rest (the fastest of
+the tile shapes timed, bench/README.md); cross-attention (77 keys) runs 1024-query blocks.
+The exp is _util.exp2_32 (all float32, full-width AVX-512; ops/numba_target.py).
 
 Threads: the tasks go to a pool of `get_threads()` Python threads, each running single-thread
 BLAS and `nogil` Numba; a free worker takes the next task, so a core stolen by another process
-delays one tile, not a whole fork-join region. Measured on this 2-core machine (4096 tokens,
-64 dims, 8 heads): quiet, 0.31 s with the pool vs 0.33 s for tasks in turn with 2-thread BLAS
-(the softmax then runs on one core); with other processes on the cores, the 2-thread-BLAS
-variant took 2.6 s while the pool's medians stayed at 0.6-1.3 s (thin K=64 GEMMs split over two
-threads stall whenever either thread is descheduled). So BLAS is held at 1 thread for the
-duration of the op.
+delays one tile, not a whole fork-join region (thin K=64 GEMMs split over two BLAS threads
+stall whenever either thread is descheduled). So BLAS is held at 1 thread for the op.
 """
 from __future__ import annotations
 

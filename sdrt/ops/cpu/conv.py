@@ -12,13 +12,11 @@ GEMM with one row per group would be all overhead.
 Small outputs (<= MERGE_MAX_P positions per item: SD's 8x8..32x32 levels with batch 2 for CFG)
 run as ONE GEMM over the whole batch, columns of every item side by side, regrouped into
 [N, OC, P] afterwards with the bias added on the way: a GEMM per item re-packs the whole weight
-(59 MB of float32 at 1280 channels) for only 64..1024 columns. Measured on a quiet 2-core Xeon
-slot against the per-item GEMMs (F16 weights, medians of interleaved runs): 8x8x1280 0.87,
-8x8x2560 0.86-0.91, 16x16x1280 0.97, the whole UNet's convs 0.95-0.96.
+(59 MB of float32 at 1280 channels) for only 64..1024 columns.
 
 Stride-1 convs whose output is as wide as the input (SD's 3x3 padding-1 convs) build each
-column row with one contiguous copy (_im2col_same) instead of one per output row: 2.2-2.8x
-faster at 16x16 and 8x8 (one thread), no different at 64x64.
+column row with one contiguous copy (_im2col_same) instead of one per output row (faster at
+SD's small levels; bench/README.md has both measurements).
 
 conv_transpose2d is the adjoint: cols = W2d^T[OC*KH*KW, C] @ x[C, rows*W] (one GEMM per chunk
 of input rows), then a parallel col2im scatter-adds into the output, one output channel per
@@ -28,8 +26,8 @@ Non-F32 weights are widened (or dequantized) to float32 with mul_mat's row fille
 the hardware conversion) in tiles of output channels of at most WEIGHT_TILE_BYTES (32 MiB, as
 mul_mat), one GEMM per tile writing its slice of output channels: the widened scratch of
 SD1.5's largest conv weight (1280x2560x3x3, 112.5 MiB whole) is 28.1 MiB (4 tiles of 320
-channels). Tiles are this tall because every GEMM re-packs all its columns: 4 MB tiles were
-4.4x slower at 8x8x1280 (loaded machine). The per-item path loops tiles outside items, so a
+channels). Tiles are this tall because every GEMM re-packs all its columns (4 MB tiles were
+much slower). The per-item path loops tiles outside items, so a
 weight of several tiles widens once per tile and redoes the im2col per tile. F16/BF16
 activations are widened whole.
 """

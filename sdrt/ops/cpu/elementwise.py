@@ -11,15 +11,24 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .. import elementwise as _defs  # noqa: F401  (registers the ops whose codes follow)
+from ..registry import ops_of_kind
 from . import CPU
 from ._util import as4d, f32_input, f32_output, store
 from ._util import _bits_as_f32, _f32_as_bits, exp32
 from .norm import FM
 
-BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3}
-UNARY_CODES = {"neg": 0, "abs": 1, "sqr": 2, "sqrt": 3, "exp": 4, "log": 5, "sin": 6, "cos": 7,
-               "step": 8, "relu": 9, "leaky_relu": 10, "silu": 11, "sigmoid": 12, "tanh": 13,
-               "gelu": 14, "gelu_tanh": 15, "gelu_quick": 16, "clamp": 17, "scale": 18}
+# The codes the kernels switch on, from the op registry (OPS order). Numba freezes these globals
+# into the compiled (and cached) kernels; each formula below names its op through them.
+BINARY_CODES = {name: i for i, name in enumerate(ops_of_kind("binary"))}
+UNARY_CODES = {name: i for i, name in enumerate(ops_of_kind("unary"))}
+ADD, SUB, MUL = BINARY_CODES["add"], BINARY_CODES["sub"], BINARY_CODES["mul"]
+NEG, ABS, SQR, SQRT, EXP, LOG, SIN, COS = (UNARY_CODES[n] for n in ("neg", "abs", "sqr", "sqrt", "exp", "log",
+                                                                    "sin", "cos"))
+STEP, RELU, LEAKY_RELU, SILU, SIGMOID, TANH = (UNARY_CODES[n] for n in ("step", "relu", "leaky_relu", "silu",
+                                                                        "sigmoid", "tanh"))
+GELU, GELU_TANH, GELU_QUICK, CLAMP, SCALE = (UNARY_CODES[n] for n in ("gelu", "gelu_tanh", "gelu_quick",
+                                                                      "clamp", "scale"))
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -32,13 +41,13 @@ def _binary4(a, b, out, op):
         ra = a[i3, i2, i1]
         rb = b[i3, i2, i1]
         ro = out[i3, i2, i1]
-        if op == 0:
+        if op == ADD:
             for i in range(n0):
                 ro[i] = ra[i] + rb[i]
-        elif op == 1:
+        elif op == SUB:
             for i in range(n0):
                 ro[i] = ra[i] - rb[i]
-        elif op == 2:
+        elif op == MUL:
             for i in range(n0):
                 ro[i] = ra[i] * rb[i]
         else:
@@ -60,13 +69,13 @@ def _binary_rows(a, sa3, sa2, sa1, sa0, b, sb3, sb2, sb1, sb0, out, n3, n2, n1, 
         pb = np.uint64(i3 * sb3 + i2 * sb2 + i1 * sb1)
         po = np.uint64(r * n0)
         if sa0 == 1 and sb0 == 1:
-            if op == 0:
+            if op == ADD:
                 for i in range(n0):
                     out[po + np.uint64(i)] = a[pa + np.uint64(i)] + b[pb + np.uint64(i)]
-            elif op == 1:
+            elif op == SUB:
                 for i in range(n0):
                     out[po + np.uint64(i)] = a[pa + np.uint64(i)] - b[pb + np.uint64(i)]
-            elif op == 2:
+            elif op == MUL:
                 for i in range(n0):
                     out[po + np.uint64(i)] = a[pa + np.uint64(i)] * b[pb + np.uint64(i)]
             else:
@@ -74,13 +83,13 @@ def _binary_rows(a, sa3, sa2, sa1, sa0, b, sb3, sb2, sb1, sb0, out, n3, n2, n1, 
                     out[po + np.uint64(i)] = a[pa + np.uint64(i)] / b[pb + np.uint64(i)]
         elif sa0 == 1:  # b one value per row
             bv = b[pb]
-            if op == 0:
+            if op == ADD:
                 for i in range(n0):
                     out[po + np.uint64(i)] = a[pa + np.uint64(i)] + bv
-            elif op == 1:
+            elif op == SUB:
                 for i in range(n0):
                     out[po + np.uint64(i)] = a[pa + np.uint64(i)] - bv
-            elif op == 2:
+            elif op == MUL:
                 for i in range(n0):
                     out[po + np.uint64(i)] = a[pa + np.uint64(i)] * bv
             else:
@@ -90,11 +99,11 @@ def _binary_rows(a, sa3, sa2, sa1, sa0, b, sb3, sb2, sb1, sb0, out, n3, n2, n1, 
             for i in range(n0):
                 av = a[pa + np.uint64(i * sa0)]
                 bv = b[pb + np.uint64(i * sb0)]
-                if op == 0:
+                if op == ADD:
                     out[po + np.uint64(i)] = av + bv
-                elif op == 1:
+                elif op == SUB:
                     out[po + np.uint64(i)] = av - bv
-                elif op == 2:
+                elif op == MUL:
                     out[po + np.uint64(i)] = av * bv
                 else:
                     out[po + np.uint64(i)] = av / bv
@@ -113,43 +122,45 @@ def _flat(x4):
 
 @njit(fastmath=True, inline="always")
 def _apply(v, op, p0, p1):
-    if op == 0:
+    if op == NEG:
         return -v
-    if op == 1:
+    if op == ABS:
         return abs(v)
-    if op == 2:
+    if op == SQR:
         return v * v
-    if op == 3:
+    if op == SQRT:
         return math.sqrt(v)
-    if op == 4:
+    if op == EXP:
         return math.exp(v)
-    if op == 5:
+    if op == LOG:
         return math.log(v)
-    if op == 6:
+    if op == SIN:
         return math.sin(v)
-    if op == 7:
+    if op == COS:
         return math.cos(v)
-    if op == 8:
+    if op == STEP:
         return 1.0 if v > 0 else 0.0
-    if op == 9:
+    if op == RELU:
         return v if v > 0 else 0.0
-    if op == 10:
+    if op == LEAKY_RELU:
         return v if v > 0 else v * p0
-    if op == 11:
+    if op == SILU:
         return v / (1.0 + math.exp(-v))
-    if op == 12:
+    if op == SIGMOID:
         return 1.0 / (1.0 + math.exp(-v))
-    if op == 13:
+    if op == TANH:
         return math.tanh(v)
-    if op == 14:
+    if op == GELU:
         return 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
-    if op == 15:
+    if op == GELU_TANH:
         return 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
-    if op == 16:
+    if op == GELU_QUICK:
         return v / (1.0 + math.exp(-1.702 * v))
-    if op == 17:
+    if op == CLAMP:
         return min(max(v, p0), p1)
-    return v * p0 + p1
+    if op == SCALE:
+        return v * p0 + p1
+    return math.nan  # an op without a formula here: test-backend-ops fails on it
 
 
 @njit(parallel=True, fastmath=False, cache=True)
@@ -335,7 +346,7 @@ def _geglu(node, xs, out):
     if node.params["approximate"] == "tanh":
         _geglu_tanh_rows(flat, s3, s2, s1, flat_o, n3, n2, n1, h, rnd)
     else:
-        _geglu_erf_rows(flat, s3, s2, s1, flat_o, n3, n2, n1, h, rnd, UNARY_CODES["gelu"], 0.0, 0.0)
+        _geglu_erf_rows(flat, s3, s2, s1, flat_o, n3, n2, n1, h, rnd, GELU, 0.0, 0.0)
     store(node, out, o)
 
 

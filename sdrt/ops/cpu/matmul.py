@@ -8,27 +8,18 @@ rows of x that use that weight batch, so the widening cost is amortised over M.
 
 Tile height: every BLAS call re-packs all of x (M*K) for its N_tile columns, an overhead of
 about 1/N_tile of the GEMM, so tiles are as tall as TILE_BYTES (32 MiB of float32, the L3
-size) allows: 2048 rows at K=4096, the whole weight at SD's K=320..1280. Measured at 4096^3
-with Q8_0 weights against one untiled numpy GEMM (interleaved medians, loaded machine):
-256-row tiles 0.76, 512 0.88, 1024 0.91, 2048 0.98.
+size) allows: 2048 rows at K=4096, the whole weight at SD's K=320..1280.
 
 The widening kernels are serial Numba loops (the hardware half -> float conversion for F16,
-falling back to bit arithmetic and one multiply; a shift for BF16, a 256-entry table for F8): on this 2-core machine a tile widens in well under 1% of its GEMM
-time, and Numba's thread pool was measured 10-20x slower than the serial loop for these
-memory-bound tiles while BLAS and other processes hold the cores. No second thread widens
-the next tile while BLAS multiplies this one: a whole 4096x4096 weight widens/dequantizes in
-~3 ms (BF16, Q8_0, Q4_0, Q4_K) to ~8 ms (F16) on one thread, against >= 570 ms of GEMM at
-full BLAS speed, so overlap could win at most ~3%.
+falling back to bit arithmetic and one multiply; a shift for BF16, a 256-entry table for F8):
+a tile widens in well under 1% of its GEMM time, and Numba's thread pool was slower for these
+memory-bound tiles while BLAS holds the cores. No second thread widens the next tile while BLAS
+multiplies this one: overlap could win at most a few percent.
 
-Small GEMMs run BLAS on one thread: with few activation rows (CLIP's 77 tokens, cross-attention
-K/V at 154, the time embedding at 2) OpenBLAS's second thread has gone to sleep between calls and
-waking it on this loaded 2-core machine costs up to a scheduler quantum. Measured (768/1280 wide
-square F32 weight, 3 ms idle before each call, interleaved medians), 1 vs 2 threads in ms:
-  768:  M=2 0.54/1.38, 77 1.28/24.9, 154 2.23/25.3, 256 7.5/24.9, 512 10.3/24.9, 1024 24.2/11.8
-  1280: M=2 1.34/8.98, 77 3.70/4.52, 154 10.1/11.1, 256 17.3/16.6, 512 34.1/28.9, 1024 53.4/48.9
-so up to SMALL_GEMM_ROWS rows one thread wins or ties; above it two threads win at 1280 wide.
-(Back-to-back calls with the worker still spinning favour 2 threads ~1.5x even at M=2, but
-the graph interleaves GEMMs with Numba kernels, so that is not the case that runs.)
+Small GEMMs (up to SMALL_GEMM_ROWS activation rows: CLIP's 77 tokens, cross-attention K/V, the
+time embedding) run BLAS on one thread: OpenBLAS's second thread has gone to sleep between calls
+and waking it costs up to a scheduler quantum. The measurements behind all three choices are in
+bench/README.md.
 """
 from __future__ import annotations
 

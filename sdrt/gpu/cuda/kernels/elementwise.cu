@@ -7,6 +7,7 @@
 // adjacent dims that every operand walks through as one (a contiguous tensor is one dim), so
 // the common cases index without any division.
 #include "common.cuh"
+#include "elementwise_ops.cuh"  // SDRT_UNARY_OPS / SDRT_BINARY_OPS: generated from the op registry
 
 #include <type_traits>
 
@@ -104,16 +105,16 @@ __device__ __forceinline__ void map_index(T* __restrict__ out, int64_t n, int64_
 }
 
 // ---- binary -----------------------------------------------------------------------------------
-enum { ADD, SUB, MUL, DIV };
+// One functor per binary op of the registry (elementwise_ops.cuh lists them; a listed op without
+// one here fails to compile).
+#define BINARY_OP(name, expr) \
+    struct binary_##name { __device__ __forceinline__ float operator()(float a, float b) const { return expr; } };
+BINARY_OP(add, a + b)
+BINARY_OP(sub, a - b)
+BINARY_OP(mul, a * b)
+BINARY_OP(div, a / b)  // IEEE division (the build never passes -use_fast_math)
 
-template <int OP> __device__ __forceinline__ float binary_op(float a, float b) {
-    if (OP == ADD) return a + b;
-    if (OP == SUB) return a - b;
-    if (OP == MUL) return a * b;
-    return a / b;  // IEEE division (the build never passes -use_fast_math)
-}
-
-template <int OP, typename TA, typename TB>
+template <typename F, typename TA, typename TB>
 __device__ __forceinline__ void binary(const char* a, const char* b, TA* out, int64_t n,
                                        int64_t ne0, int64_t ne1, int64_t ne2,
                                        int64_t sa0, int64_t sa1, int64_t sa2, int64_t sa3,
@@ -121,56 +122,57 @@ __device__ __forceinline__ void binary(const char* a, const char* b, TA* out, in
     map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
         return make_float2(load_f<TA>(a, i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3),
                            load_f<TB>(b, i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3));
-    }, [](float2 v) { return from_f32<TA>(binary_op<OP>(v.x, v.y)); });
+    }, [](float2 v) { return from_f32<TA>(F()(v.x, v.y)); });
 }
 
 // ---- unary ------------------------------------------------------------------------------------
-enum { NEG, ABS, SQR, SQRT, EXP, LOG, SIN, COS, STEP, RELU, LEAKY_RELU, SILU, SIGMOID, TANH,
-       GELU, GELU_TANH, GELU_QUICK, CLAMP, SCALE };
+// One functor per unary op of the registry (elementwise_ops.cuh lists them), value v, params p0, p1.
+#define UNARY_OP(name, expr)                                                                          \
+    struct unary_##name {                                                                             \
+        __device__ __forceinline__ float operator()(float v, float p0, float p1) const { return expr; } \
+    };
 
 // v / (1 + e^t) with the hardware's exp (ex2.approx) and a correctly rounded reciprocal: the
 // accurate expf and IEEE division made the sigmoid-shaped activations compute-bound, at a third
-// of the memory speed (bench_cuda_elementwise.py). Within ~2e-6 relative of the CPU's expf form;
+// of the memory speed (bench/README.md). Within ~2e-6 relative of the CPU's expf form;
 // infinities, NaNs and underflow come out as there (inf * 0 = NaN as -inf/inf).
 __device__ __forceinline__ float over_one_plus_exp(float v, float t) { return v * __frcp_rn(1.0f + __expf(t)); }
 
-template <int OP> __device__ __forceinline__ float unary_op(float v, float p0, float p1) {
-    if (OP == NEG) return -v;
-    if (OP == ABS) return fabsf(v);
-    if (OP == SQR) return v * v;
-    if (OP == SQRT) return sqrtf(v);
-    if (OP == EXP) return expf(v);
-    if (OP == LOG) return logf(v);
-    if (OP == SIN) return sinf(v);
-    if (OP == COS) return cosf(v);
-    if (OP == STEP) return v > 0.0f ? 1.0f : 0.0f;
-    if (OP == RELU) return v > 0.0f ? v : 0.0f;             // NaN -> 0, as the CPU kernel
-    if (OP == LEAKY_RELU) return v > 0.0f ? v : v * p0;
-    if (OP == SILU) return over_one_plus_exp(v, -v);
-    if (OP == SIGMOID) return over_one_plus_exp(1.0f, -v);
-    if (OP == TANH) return tanhf(v);
-    if (OP == GELU) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    // 0.5 v (1 + tanh(y)) = v / (1 + exp(-2y)), y = sqrt(2/pi) (v + 0.044715 v^3): the CPU's form;
-    // -inf gives -inf/inf = NaN as the tanh form does
-    if (OP == GELU_TANH) return over_one_plus_exp(v, -1.5957691216057308f * (v + 0.044715f * v * v * v));
-    if (OP == GELU_QUICK) return over_one_plus_exp(v, -1.702f * v);
-    if (OP == CLAMP) return fminf(fmaxf(v, p0), p1);
-    return v * p0 + p1;  // SCALE
-}
+UNARY_OP(neg, -v)
+UNARY_OP(abs, fabsf(v))
+UNARY_OP(sqr, v * v)
+UNARY_OP(sqrt, sqrtf(v))
+UNARY_OP(exp, expf(v))
+UNARY_OP(log, logf(v))
+UNARY_OP(sin, sinf(v))
+UNARY_OP(cos, cosf(v))
+UNARY_OP(step, v > 0.0f ? 1.0f : 0.0f)
+UNARY_OP(relu, v > 0.0f ? v : 0.0f)  // NaN -> 0, as the CPU kernel
+UNARY_OP(leaky_relu, v > 0.0f ? v : v * p0)
+UNARY_OP(silu, over_one_plus_exp(v, -v))
+UNARY_OP(sigmoid, over_one_plus_exp(1.0f, -v))
+UNARY_OP(tanh, tanhf(v))
+UNARY_OP(gelu, 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)))
+// 0.5 v (1 + tanh(y)) = v / (1 + exp(-2y)), y = sqrt(2/pi) (v + 0.044715 v^3): the CPU's form;
+// -inf gives -inf/inf = NaN as the tanh form does
+UNARY_OP(gelu_tanh, over_one_plus_exp(v, -1.5957691216057308f * (v + 0.044715f * v * v * v)))
+UNARY_OP(gelu_quick, over_one_plus_exp(v, -1.702f * v))
+UNARY_OP(clamp, fminf(fmaxf(v, p0), p1))
+UNARY_OP(scale, v * p0 + p1)
 
-template <int OP, typename T>
+template <typename F, typename T>
 __device__ __forceinline__ void unary(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
                                       int64_t s0, int64_t s1, int64_t s2, int64_t s3, float p0, float p1) {
     map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
         return load_f<T>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3);
-    }, [&](float v) { return from_f32<T>(unary_op<OP>(v, p0, p1)); });
+    }, [&](float v) { return from_f32<T>(F()(v, p0, p1)); });
 }
 
 // ---- geglu -------------------------------------------------------------------------------------
 // out (h, ne1, ne2, ne3) = x[i0] * gelu(x[h + i0]) per row of x (2h wide); the gate half starts
 // gate_off bytes after the value half. GELU is the tanh form or the erf one, as the op's param.
 // TX is x's dtype, TO the output's (the CUDA backend stores some F32 results as F16, fuse.py).
-template <int GELU, typename TX, typename TO>
+template <typename GELU, typename TX, typename TO>
 __device__ __forceinline__ void geglu(const char* x, TO* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
                                       int64_t s0, int64_t s1, int64_t s2, int64_t s3, int64_t gate_off) {
     map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
@@ -180,7 +182,7 @@ __device__ __forceinline__ void geglu(const char* x, TO* out, int64_t n, int64_t
         // rounded between the gelu and the product as the CPU's unfused mul(a, gelu(gate)) in
         // the op's dtype (F32 stored as F16: the F32 op's value, rounded once at the end)
         using TR = typename std::conditional<sizeof(TX) == 4 || sizeof(TO) == 4, float, TO>::type;
-        const float g = to_f32(from_f32<TR>(unary_op<GELU>(v.y, 0.0f, 0.0f)));
+        const float g = to_f32(from_f32<TR>(GELU()(v.y, 0.0f, 0.0f)));
         return from_f32<TO>(v.x * g);
     });
 }
@@ -225,49 +227,29 @@ __device__ __forceinline__ void copy_rows(const char* x, U* out, int64_t units, 
                                     int64_t ne1, int64_t ne2, STRIDES4(sa), STRIDES4(sb)) {          \
         binary<OP, TA, TB>(a, b, out, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sb0, sb1, sb2, sb3);     \
     }
-#define BINARY_TYPES(op, OP)                                  \
-    BINARY_ENTRY(binary_##op##_f32_f32, OP, float, float)     \
-    BINARY_ENTRY(binary_##op##_f32_f16, OP, float, __half)    \
-    BINARY_ENTRY(binary_##op##_f32_bf16, OP, float, bf16_t)   \
-    BINARY_ENTRY(binary_##op##_f16_f32, OP, __half, float)    \
-    BINARY_ENTRY(binary_##op##_f16_f16, OP, __half, __half)   \
-    BINARY_ENTRY(binary_##op##_f16_bf16, OP, __half, bf16_t)  \
-    BINARY_ENTRY(binary_##op##_bf16_f32, OP, bf16_t, float)   \
-    BINARY_ENTRY(binary_##op##_bf16_f16, OP, bf16_t, __half)  \
-    BINARY_ENTRY(binary_##op##_bf16_bf16, OP, bf16_t, bf16_t)
-BINARY_TYPES(add, ADD)
-BINARY_TYPES(sub, SUB)
-BINARY_TYPES(mul, MUL)
-BINARY_TYPES(div, DIV)
+// kernel names: sdrt.gpu.cuda.naming.kernel_name(op, dtypes)
+#define BINARY_TYPES(op)                                                   \
+    BINARY_ENTRY(binary_##op##_f32_f32, binary_##op, float, float)     \
+    BINARY_ENTRY(binary_##op##_f32_f16, binary_##op, float, __half)    \
+    BINARY_ENTRY(binary_##op##_f32_bf16, binary_##op, float, bf16_t)   \
+    BINARY_ENTRY(binary_##op##_f16_f32, binary_##op, __half, float)    \
+    BINARY_ENTRY(binary_##op##_f16_f16, binary_##op, __half, __half)   \
+    BINARY_ENTRY(binary_##op##_f16_bf16, binary_##op, __half, bf16_t)  \
+    BINARY_ENTRY(binary_##op##_bf16_f32, binary_##op, bf16_t, float)   \
+    BINARY_ENTRY(binary_##op##_bf16_f16, binary_##op, bf16_t, __half)  \
+    BINARY_ENTRY(binary_##op##_bf16_bf16, binary_##op, bf16_t, bf16_t)
+SDRT_BINARY_OPS(BINARY_TYPES)
 
 #define UNARY_ENTRY(name, OP, T)                                                                      \
     extern "C" __global__ void name(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1,      \
                                     int64_t ne2, STRIDES4(s), float p0, float p1) {                  \
         unary<OP, T>(x, out, n, ne0, ne1, ne2, s0, s1, s2, s3, p0, p1);                               \
     }
-#define UNARY_TYPES(op, OP)                         \
-    UNARY_ENTRY(unary_##op##_f32, OP, float)        \
-    UNARY_ENTRY(unary_##op##_f16, OP, __half)       \
-    UNARY_ENTRY(unary_##op##_bf16, OP, bf16_t)
-UNARY_TYPES(neg, NEG)
-UNARY_TYPES(abs, ABS)
-UNARY_TYPES(sqr, SQR)
-UNARY_TYPES(sqrt, SQRT)
-UNARY_TYPES(exp, EXP)
-UNARY_TYPES(log, LOG)
-UNARY_TYPES(sin, SIN)
-UNARY_TYPES(cos, COS)
-UNARY_TYPES(step, STEP)
-UNARY_TYPES(relu, RELU)
-UNARY_TYPES(leaky_relu, LEAKY_RELU)
-UNARY_TYPES(silu, SILU)
-UNARY_TYPES(sigmoid, SIGMOID)
-UNARY_TYPES(tanh, TANH)
-UNARY_TYPES(gelu, GELU)
-UNARY_TYPES(gelu_tanh, GELU_TANH)
-UNARY_TYPES(gelu_quick, GELU_QUICK)
-UNARY_TYPES(clamp, CLAMP)
-UNARY_TYPES(scale, SCALE)
+#define UNARY_TYPES(op)                                  \
+    UNARY_ENTRY(unary_##op##_f32, unary_##op, float)     \
+    UNARY_ENTRY(unary_##op##_f16, unary_##op, __half)    \
+    UNARY_ENTRY(unary_##op##_bf16, unary_##op, bf16_t)
+SDRT_UNARY_OPS(UNARY_TYPES)
 
 #define GEGLU_ENTRY(name, GELU, TX, TO)                                                               \
     extern "C" __global__ void name(const char* x, TO* out, int64_t n, int64_t ne0, int64_t ne1,     \
@@ -281,8 +263,8 @@ UNARY_TYPES(scale, SCALE)
     GEGLU_ENTRY(geglu_##gelu##_bf16, GELU, bf16_t, bf16_t)           \
     GEGLU_ENTRY(geglu_##gelu##_f32_to_f16, GELU, float, __half)      \
     GEGLU_ENTRY(geglu_##gelu##_f16_to_f32, GELU, __half, float)
-GEGLU_TYPES(erf, GELU)
-GEGLU_TYPES(tanh, GELU_TANH)
+GEGLU_TYPES(erf, unary_gelu)
+GEGLU_TYPES(tanh, unary_gelu_tanh)
 
 #define CAST_ENTRY(name, TS, TD)                                                                      \
     extern "C" __global__ void name(const char* x, TD* out, int64_t n, int64_t ne0, int64_t ne1,     \

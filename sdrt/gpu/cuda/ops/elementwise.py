@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from functools import cache
 
-from ...ops.cpu.elementwise import BINARY_CODES, UNARY_CODES
-from .devtensor import SUFFIX as FLOAT
-from .devtensor import kernel_dtypes
-from .table import CUDA
+from ....ops import elementwise as _defs  # noqa: F401  (defines the ops registered below)
+from ....ops.registry import ops_of_kind
+from ..devtensor import SUFFIX as FLOAT
+from ..devtensor import kernel_dtypes
+from ..naming import kernel_name
+from ..table import CUDA
 
 MODULE = "elementwise"
 BLOCK = 256
@@ -92,11 +94,11 @@ def binary(node, xs, out, rt):
     ne, (sa, sb) = merge_dims(out.ne, operand_strides(a, out.ne), operand_strides(b, out.ne))
     n = out.nelements
     grid, block = grid_for(ne[0], n)
-    kernel = f"binary_{node.op}_{FLOAT[a.dtype.name]}_{FLOAT[b.dtype.name]}"
+    kernel = kernel_name(node.op, (a.dtype, b.dtype))
     _fn(rt, kernel, "PPPqqqq" + "q" * 8)(grid, block, a.ptr, b.ptr, out.ptr, n, *ne, *sa, *sb)
 
 
-for _op in BINARY_CODES:
+for _op in ops_of_kind("binary"):
     CUDA.register(_op, supports=_float_srcs)(binary)
 
 
@@ -112,10 +114,10 @@ def unary_params(node) -> tuple[float, float]:
 
 def _unary(node, xs, out, rt):
     x, = xs
-    _launch_strided(rt, f"unary_{node.op}_{FLOAT[x.dtype.name]}", x, out, *unary_params(node), extra_types="ff")
+    _launch_strided(rt, kernel_name(node.op, (x.dtype,)), x, out, *unary_params(node), extra_types="ff")
 
 
-for _op in UNARY_CODES:
+for _op in ops_of_kind("unary"):
     CUDA.register(_op, supports=_float_srcs)(_unary)
 
 

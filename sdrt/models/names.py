@@ -29,9 +29,13 @@ from __future__ import annotations
 import re
 
 from ..errors import ModelFileError
-from .detect import family, is_unet
+from .families import UNKNOWN, family_of
 
-__all__ = ["convert_tensor_name", "convert_names", "diffusers_unet_to_ldm", "diffusers_vae_to_ldm",
+
+def _family(version):
+    return family_of(version)   # each family says how its names convert
+
+__all__ = ["convert_tensor_name", "convert_names", "convert_unet_name", "dit_to_original", "diffusers_unet_to_ldm", "diffusers_vae_to_ldm",
            "open_clip_to_hf_clip", "lora_target", "kohya_to_dotted", "UnetLayout", "LORA_ROLES"]
 
 DM, VAE = "model.diffusion_model.", "first_stage_model."
@@ -50,7 +54,7 @@ class UnetLayout:
 
     @classmethod
     def for_version(cls, version: str | None) -> "UnetLayout":
-        return cls(2, (0, 1) if family(version or "") == "sdxl" else (1, 2, 3))
+        return cls(*(_family(version).unet_layout or (2, (1, 2, 3))))
 
     @classmethod
     def from_names(cls, names, default: "UnetLayout") -> "UnetLayout":
@@ -71,6 +75,15 @@ _RE_UNET_SAMPLER = re.compile(r"(down_blocks|up_blocks)\.(\d+)\.(downsamplers|up
 _RE_UNET_MID = re.compile(r"mid_block\.(resnets|attentions)\.(\d+)\.(.+)")
 _UNET_HEADS = ("down_blocks.", "up_blocks.", "mid_block.", "conv_in.", "conv_out.", "conv_norm_out.",
                "time_embedding.", "add_embedding.")
+
+
+def convert_unet_name(rest: str, version: str | None = None, layout: UnetLayout | None = None) -> str:
+    """A UNet tensor name after `model.diffusion_model.`: diffusers -> LDM (others unchanged)."""
+    if rest.startswith(_UNET_HEADS):
+        rest = diffusers_unet_to_ldm(rest, layout or UnetLayout.for_version(version))
+        if rest.endswith((".to_out.weight", ".to_out.bias")):      # old diffusers LoRA targets
+            rest = rest[: rest.rindex(".")] + ".0" + rest[rest.rindex("."):]
+    return rest
 
 
 def _resnet_rest(rest: str) -> str:
@@ -311,7 +324,8 @@ _SD3_TOP = {"time_text_embed.timestep_embedder.linear_1.": "t_embedder.mlp.0.",
 _RE_BLOCK = re.compile(r"(single_transformer_blocks|transformer_blocks)\.(\d+)\.")
 
 
-def _dit_to_original(name: str, fam: str) -> str:
+def dit_to_original(name: str, fam: str) -> str:
+    """A diffusers Flux / SD3 transformer name -> the original (BFL / SAI) name."""
     m = _RE_BLOCK.match(name)
     if m:
         i = int(m.group(2))
@@ -330,11 +344,11 @@ def _dit_to_original(name: str, fam: str) -> str:
 # ---- the canonical prefix, then the per-component conversion ------------------------------------
 
 def _prefix_map(version: str | None) -> list[tuple[str, str]]:
-    unet = is_unet(version or "") or version is None
-    fam = family(version or "")
+    unet = family_of(version or "").te_layout == "unet" or version is None
+    over = _family(version).diffusers_te_prefixes
     clip_l = "cond_stage_model.transformer." if unet else "text_encoders.clip_l.transformer."
     clip_g = "cond_stage_model.1.transformer." if unet else "text_encoders.clip_g.transformer."
-    te1 = "text_encoders.clip_l.transformer." if fam == "flux" else "cond_stage_model.transformer."
+    te1 = over.get("te1.", "cond_stage_model.transformer.")
     # longest first: a name takes the first prefix it starts with
     return [("conditioner.embedders.0.open_clip.", "cond_stage_model."),
             ("conditioner.embedders.0.", "cond_stage_model."), ("conditioner.embedders.1.", "cond_stage_model.1."),
@@ -358,16 +372,11 @@ def convert_tensor_name(name: str, version: str | None = None, *, unet_layout: U
             if name.startswith(a):
                 name = b + name[len(a):]
                 break
-    fam = family(version or "")
     if name.startswith(DM):
+        fam = _family(version)
+        conv = convert_unet_name if fam.name == UNKNOWN else fam.convert_diffusion_name
         rest = name[len(DM):]
-        if rest.startswith(_UNET_HEADS) and fam in ("sd1", "sd2", "sdxl", "svd", "unknown"):
-            rest = diffusers_unet_to_ldm(rest, unet_layout or UnetLayout.for_version(version))
-            if rest.endswith((".to_out.weight", ".to_out.bias")):      # old diffusers LoRA targets
-                rest = rest[: rest.rindex(".")] + ".0" + rest[rest.rindex("."):]
-        elif fam in ("sd3", "flux", "flux2", "longcat", "sefi_image"):
-            rest = _dit_to_original(rest, fam)
-        return DM + rest
+        return DM + (conv(rest, version, unet_layout) if conv is not None else rest)
     if name.startswith(VAE):
         rest = name[len(VAE):]
         return VAE + (diffusers_vae_to_ldm(rest, vae_up_blocks) if _looks_diffusers_vae(rest) or

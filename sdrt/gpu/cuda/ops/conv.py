@@ -27,12 +27,12 @@ any view (read through byte strides) in F32/F16/BF16; outputs are F32.
 """
 from __future__ import annotations
 
-from ...ops.conv import conv2d_weight_ne
-from .devtensor import SUFFIX as _SUFFIX
+from ....ops.conv import conv2d_weight_ne
+from ..devtensor import SUFFIX as _SUFFIX
 from .layout import launch_1d
 from .matmul import MAX_GRID_Y, weight_as
-from .quant import decodable
-from .table import CUDA
+from ..quant import decodable
+from ..table import CUDA
 
 MODULE = "conv"
 # cap of one chunk's column matrix (and of a packed transposed-conv input). One size for every

@@ -32,13 +32,13 @@ by get_rows_<type>; an id outside [0, V) yields a NaN row (the CPU op raises; a 
 """
 from __future__ import annotations
 
-from ...errors import UnsupportedError
-from ...ops.registry import FLOATS
-from . import quant
-from .devtensor import DevTensor
+from ....errors import UnsupportedError
+from ....ops.registry import FLOATS
+from .. import quant
+from ..devtensor import DevTensor
 from .elementwise import binary
-from .quant import weight_as  # noqa: F401  (public: other families import it from here)
-from .table import CUDA
+from ..quant import weight_as  # noqa: F401  (public: other families import it from here)
+from ..table import CUDA
 
 MODULE = "matmul"
 MMV_MAX_COLS = 16          # columns per weight batch up to which block weights use mmv_<type>

@@ -13,9 +13,9 @@ from functools import cache
 
 import numpy as np
 
-from ...ops.position import ROPE_MODES, _corr_dims
-from .devtensor import SUFFIX as FLOAT
-from .table import CUDA
+from ....ops.position import ROPE_MODES, _corr_dims
+from ..devtensor import SUFFIX as FLOAT
+from ..table import CUDA
 
 MODULE = "position"
 BLOCK = 128

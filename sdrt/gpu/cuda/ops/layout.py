@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops.convert import f32_to_raw
-from .devtensor import SUFFIX as _FLOAT
-from .table import CUDA
+from ....ops.convert import f32_to_raw
+from ..devtensor import SUFFIX as _FLOAT
+from ..table import CUDA
 
 MODULE = "layout"
 BLOCK = 256

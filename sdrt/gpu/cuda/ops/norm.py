@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from functools import cache
 
-from ...ops.norm import group_bounds
-from .devtensor import SUFFIX as FLOAT
-from .devtensor import kernel_dtypes
-from .table import CUDA
+from ....ops.norm import group_bounds
+from ..devtensor import SUFFIX as FLOAT
+from ..devtensor import kernel_dtypes
+from ..table import CUDA
 
 MODULE = "norm"
 TYPE_CODE = {"F32": 0, "F16": 1, "BF16": 2}  # load_any() in norm.cu

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import math
 
-from ...errors import UnsupportedError
-from ...ops.dtypes import BY_NAME
-from ...ops.registry import FLOATS
-from .devtensor import SUFFIX as _SUFFIX
-from .devtensor import DevTensor
+from ....errors import UnsupportedError
+from ....ops.dtypes import BY_NAME
+from ....ops.registry import FLOATS
+from ..devtensor import SUFFIX as _SUFFIX
+from ..devtensor import DevTensor
 from .elementwise import cast_or_copy
-from .table import CUDA
+from ..table import CUDA
 
 MODULE = "attention"
 DTYPE_CODE = {"F32": 0, "F16": 1, "BF16": 2}  # kernels/attention.cu DT_*

@@ -1,0 +1,74 @@
+"""CUDA kernel names from (op, dtypes), and what the op registry says the fatbins must hold.
+
+The element-wise families' kernels are named by their op and operand dtypes alone
+(`unary_silu_f16`, `binary_add_f32_bf16`); their op lists come from the registry (OpDef.kind)
+into kernels/elementwise_ops.cuh, which tools/build_cuda_kernels.py writes before compiling
+and `--check` compares. The same check finds every registered (op, dtypes) kernel in the
+shipped fatbins (`missing_symbols`, no GPU needed).
+"""
+from __future__ import annotations
+
+from itertools import product
+from pathlib import Path
+
+from ...ops.registry import FLOATS, OPS, ops_of_kind
+from .devtensor import SUFFIX
+
+KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
+OPS_HEADER = KERNELS_DIR / "elementwise_ops.cuh"
+NAMED = {"unary": ("elementwise", 1), "binary": ("elementwise", 2)}   # kind -> (module, operands)
+
+
+def _load_ops() -> None:
+    from ...ops import api  # noqa: F401  (defines every op)
+
+
+def kernel_name(op: str, dtypes) -> str:
+    """The kernel of element-wise `op` on operands of these dtypes: ("add", ("F32", "F16")) ->
+    "binary_add_f32_f16"; ("silu", ("BF16",)) -> "unary_silu_bf16"."""
+    _load_ops()
+    kind = OPS[op].kind
+    if kind not in NAMED or len(dtypes) != NAMED[kind][1]:
+        raise KeyError(f"{op}{tuple(dtypes)}: not a kernel named by (op, dtypes)")
+    return f"{kind}_{op}_" + "_".join(SUFFIX[getattr(d, 'name', d)] for d in dtypes)
+
+
+def ops_header() -> str:
+    """The text of kernels/elementwise_ops.cuh: the X-macro op lists, from OPS."""
+    _load_ops()
+    lines = ["// Generated from the op registry (sdrt.ops.registry.OPS, OpDef.kind) by",
+             "// tools/build_cuda_kernels.py: do not edit. elementwise.cu instantiates X(op) for each.",
+             "#pragma once"]
+    for kind in NAMED:
+        lines.append(f"#define SDRT_{kind.upper()}_OPS(X) " + " ".join(f"X({n})" for n in ops_of_kind(kind)))
+    return "\n".join(lines) + "\n"
+
+
+def registered_kernels() -> dict[str, list[str]]:
+    """{module: [kernel names]}: every (op, dtypes) the CUDA table registers for a named family
+    (the float dtypes its element-wise kernels take)."""
+    from .backend import import_families
+    from .table import CUDA
+    _load_ops()
+    import_families()
+    out: dict[str, list[str]] = {}
+    for kind, (module, arity) in NAMED.items():
+        for op in ops_of_kind(kind):
+            if op in CUDA.ops():
+                out.setdefault(module, []).extend(kernel_name(op, ds) for ds in product(FLOATS, repeat=arity))
+    return out
+
+
+def fatbin_symbols(fatbin: Path, name: str) -> int:
+    """How many of the fatbin's cubins define kernel `name` (its `.text.<name>` section)."""
+    return fatbin.read_bytes().count(b".text." + name.encode() + b"\0")
+
+
+def missing_symbols(archs) -> list[str]:
+    """'module: kernel' for every registered kernel some shipped arch's cubin lacks."""
+    bad = []
+    for module, names in registered_kernels().items():
+        fat = KERNELS_DIR / f"{module}.fatbin"
+        data = fat.read_bytes() if fat.exists() else b""
+        bad += [f"{module}: {n}" for n in names if data.count(b".text." + n.encode() + b"\0") < len(archs)]
+    return bad

@@ -1,0 +1,77 @@
+"""The backend registry (sdrt/ops/backend.py): a backend registers itself with a prefix, a
+factory and a device list, and get_backend, --list-devices and placement see it — the way a
+Vulkan backend will plug in, shown here with a stand-in device backend."""
+import pytest
+
+from sdrt import UnsupportedError
+from sdrt.ops import backend as B
+
+
+class StandInMemory:
+    name = "fake0"
+
+    def mem_get_info(self):
+        return 3 << 30, 4 << 30
+
+
+class StandIn:
+    """A device backend: CPU kernels, its own 'device memory'."""
+
+    def __init__(self, index):
+        self.name, self.memory = f"fake{index}", StandInMemory()
+
+    def find(self, node):
+        from sdrt.ops.cpu import CPU
+        return CPU.find(node)
+
+    def run_graph(self, graph, plan, on_segment=None, residency=None):
+        from sdrt.ops.graph import run_on_host
+        return run_on_host(graph, plan, self, on_segment, residency)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    B.entries()     # the known backend packages register first, into the real registry
+    monkeypatch.setattr(B, "_REGISTRY", dict(B._REGISTRY))
+    monkeypatch.setattr(B, "_BACKENDS", {})
+    B.register_backend("fake", StandIn, lambda: [("fake0", "stand-in GPU, 4.0 GiB")],
+                       kernels=lambda: __import__("sdrt.ops.cpu", fromlist=["CPU"]).CPU)
+
+
+def test_registered_backend_is_found_listed_and_placed(fake):
+    from sdrt.cli.main import list_devices
+    from sdrt.engine.placement import check_device, gpu_devices
+    be = B.get_backend("fake0")
+    assert isinstance(be, B.Backend) and be is B.get_backend("fake0") and be.name == "fake0"
+    assert ("fake0", "stand-in GPU, 4.0 GiB") in list_devices() and list_devices()[0][0] == "cpu"
+    assert "fake0" in B.available_backends() and "fake0" in B.gpu_names()
+    assert check_device("fake0", "--backend", False) == "fake0"
+    assert ("fake0", 4 << 30) in [(g.name, g.total) for g in gpu_devices()]
+    with pytest.raises(UnsupportedError, match="'fake1' is not available: no such device"):
+        B.get_backend("fake1")
+    assert "fakeN" in B.device_syntax()
+
+
+def test_graphs_run_on_a_registered_backend(fake, rng):
+    import numpy as np
+
+    from sdrt.ops import api as F
+    from sdrt.ops.tensor import Tensor
+    x = Tensor.from_numpy(rng.standard_normal((3, 5)).astype(np.float32))
+    np.testing.assert_array_equal(F.compute(F.silu(x), "fake0"), F.compute(F.silu(x), "cpu"))
+
+
+def test_host_backends_and_kernel_tables():
+    from sdrt.ops.cpu import CPU
+    cpu = B.get_backend("cpu")
+    assert cpu.name == "cpu" and cpu.memory is None and isinstance(cpu, B.Backend)
+    assert B.get_backend(CPU).table is CPU               # a bare kernel table runs on the host
+    assert B.backend_kernels("cpu") is CPU and "reference" not in [n for n, _ in B.list_devices()]
+    with pytest.raises(UnsupportedError, match="unknown backend 'tpu0'; available: cpu, reference"):
+        B.get_backend("tpu0")
+
+
+def test_residency_protocols():
+    from sdrt.engine.residency import HostPageRelease, ResidencyManager
+    assert isinstance(ResidencyManager.__new__(ResidencyManager), B.Residency)
+    assert isinstance(HostPageRelease(), B.SegmentHooks) and not isinstance(HostPageRelease(), B.Residency)

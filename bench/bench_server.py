@@ -53,7 +53,7 @@ def main():
     ap.add_argument("-p", "--prompt", default="a lovely cat")
     ap.add_argument("--extra", default="", help="more flags for both the CLI and the server")
     a = ap.parse_args()
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     tmp = tempfile.mkdtemp(prefix="bench_server_")
     if a.tiny:
         sys.path.insert(0, os.path.join(ROOT, "tests"))

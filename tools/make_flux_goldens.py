@@ -31,7 +31,7 @@ Each case: `w:<diffusers name>` (not for kontext), `x`, `t`, `context`, [`y`], [
 flux_vae.npz: diffusers AutoencoderKL in the Flux VAE's shape, scaled down (block_out_channels
 (32, 32, 64) instead of (128, 256, 512, 512), 1 res block per level instead of 2, 32 GroupNorm groups,
 16 latent channels, no quant_conv/post_quant_conv, scaling 0.3611, shift 0.1159). Weights
-`w:<LDM name>` (first_stage_model.*, converted with sdrt.io.names.diffusers_vae_to_ldm, mid
+`w:<LDM name>` (first_stage_model.*, converted with sdrt.models.names.diffusers_vae_to_ldm, mid
 attention kept as [C, C] linears), f16 values. `x` [1, 3, 32, 32] in [-1, 1]; `moments` =
 encoder(x) (mean ++ logvar: no quant_conv); `latent` = FluxPipeline's (mode - shift) * scale;
 `z` [2, 16, 8, 8] a diffusion-space latent and `dec` = vae.decode(z / scale + shift) as
@@ -179,7 +179,7 @@ VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels
 def make_vae():
     from diffusers import AutoencoderKL
     import diffusers
-    from sdrt.io.names import diffusers_vae_to_ldm
+    from sdrt.models.names import diffusers_vae_to_ldm
     g = torch.Generator().manual_seed(310)
     vae = AutoencoderKL(**VAE).eval()
     randomize(vae, g)

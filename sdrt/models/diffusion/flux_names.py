@@ -7,7 +7,7 @@ Diffusers splits what BFL fuses and reorders one tensor; the conversion is a pla
 - `final_layer.adaLN_modulation.1` = norm_out.linear with its two halves swapped: diffusers'
   AdaLayerNormContinuous splits (scale, shift), BFL's LastLayer (shift, scale) — diffusers'
   own single-file loader swaps them (convert_flux_transformer_checkpoint_to_diffusers'
-  swap_scale_shift). stable-diffusion.cpp's name map (and sdrt.io.names, which follows it) only
+  swap_scale_shift). stable-diffusion.cpp's name map (and sdrt.models.names, which follows it) only
   renames this tensor, which runs the final layer with scale and shift exchanged.
 - everything else is a rename (see _BLOCK, _SINGLE, _TOP); Chroma's ChromaTransformer2DModel
   (no per-block modulation, `distilled_guidance_layer` with `layers.N.linear_1/2` and

@@ -1,6 +1,7 @@
-"""The package layering DESIGN.md draws (cli -> engine -> models -> ops <- gpu; io used by
-engine): sdrt.ops imports nothing from sdrt.gpu, and no two packages import each other, even
-through others. Every import counts, also those inside functions, read with `ast`."""
+"""The package layering (cli -> engine -> io -> models -> ops <- gpu: DESIGN.md's, with io reading
+the model-family registry to detect and name files): sdrt.ops imports nothing from sdrt.gpu, and no
+two packages import each other, even through others. Every import counts, also those inside
+functions, read with `ast`."""
 import ast
 import os
 

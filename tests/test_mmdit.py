@@ -260,3 +260,81 @@ def test_errors_name_the_tensor():
         m(x[:, :4], t, ctx, y)
     with pytest.raises(UsageError, match="does not fit the 10x10 position embedding"):
         m(np.zeros((1, 16, 22, 8), np.float32), t[:1], ctx[:1], y[:1])
+
+
+def test_quantized_qk_norm_weight_is_dequantized():
+    """sd-cli's convert quantizes the 64-wide ln_q/ln_k weights (1-D, whole 32-blocks, not a bias or
+    scale); the norm runs on their dequantized values."""
+    quant = pytest.importorskip("sdrt.ops.quant")
+    from sdrt.models.common import Weights
+    from sdrt.models.diffusion.mmdit_blocks import QKNorm
+    from sdrt.ops import dtypes as D
+    rng = np.random.default_rng(5)
+    wv = (1 + 0.1 * rng.standard_normal(64)).astype(np.float32)
+    q8 = Tensor.from_numpy(quant.quantize(wv.reshape(1, 64), D.get("Q8_0")), "Q8_0").reshape(64)
+    x = rng.standard_normal((3, 2, 64)).astype(np.float32)
+    got = F.evaluate(QKNorm(Weights({"weight": q8}), "rms")(Tensor.from_numpy(x))).to_f32()
+    ref = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * q8.to_f32()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+# ---- the random-weight checkpoint maker ---------------------------------------------------------
+
+def _maker():
+    import importlib.util
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "tools"))
+    spec = importlib.util.spec_from_file_location("make_sd3_checkpoint", os.path.join(root, "tools", "make_sd3_checkpoint.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_checkpoint_layouts_have_the_released_sizes():
+    """Parameter counts of the released models (SD3 Medium 2.08 B, SD3.5 Large 8.15 B, SD3.5 Medium
+    2.47 B; CLIP-L 123.65 M and bigG 694.66 M with projections; T5-XXL encoder 4.76 B), and
+    reduced depths keep the widths and the pre-only last context block."""
+    mk = _maker()
+    count = lambda s: sum(int(np.prod(v)) for v in s.values())  # noqa: E731
+    assert count(mk.transformer_config("sd3-medium").weight_shapes()) == 2_084_951_104
+    assert count(mk.transformer_config("sd3.5-large").weight_shapes()) == 8_146_280_768
+    assert count(mk.transformer_config("sd3.5-medium").weight_shapes()) == 2_469_663_936
+    assert [count(mk.te_layout(t)) for t in ("clip_l", "clip_g", "t5xxl")] == [123_650_304, 694_659_840, 4_762_310_656]
+    small = mk.transformer_config("sd3.5-medium", depth=3)
+    assert small.dual_attention_layers == (0, 1, 2) and small.hidden_size == 1536
+    shapes = small.weight_shapes()
+    assert "joint_blocks.2.context_block.mlp.fc1.weight" not in shapes
+    assert shapes["joint_blocks.2.context_block.adaLN_modulation.1.weight"] == (2 * 1536, 1536)
+    table, key_of = mk.build_table("all+te", "sd3.5-large", 2)
+    assert "text_encoders.clip_g.transformer.text_projection.weight" in table
+    assert "text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight" in table
+    assert "first_stage_model.decoder.conv_in.weight" in table and key_of("x") == "x"
+    bare, key_of = mk.build_table("transformer", "sd3.5-large", 2)
+    assert "pos_embed" in bare and key_of("pos_embed") == "model.diffusion_model.pos_embed"
+    # the same values alone and in the combined file; QK norms near 1
+    v = mk.values("model.diffusion_model.joint_blocks.0.x_block.attn.ln_q.weight", (64,), 0)
+    assert abs(float(v.mean()) - 1) < 0.05
+
+
+def test_checkpoint_maker_writes_a_loadable_file(tmp_path, monkeypatch):
+    """A narrowed SD3.5 Medium (the maker's real code path, widths shrunk so the test is quick)
+    written as Q8_0 GGUF and as bf16 safetensors loads, is detected and runs."""
+    mk = _maker()
+    from sdrt.io import open_model
+    monkeypatch.setitem(mk.VARIANTS, "sd3.5-medium", dict(hidden_size=64, depth=24, num_heads=1, mlp_hidden=256,
+                                                          pos_embed_max_size=16, qk_norm="rms",
+                                                          dual_attention_layers=tuple(range(13))))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    ctx, y = rng.standard_normal((1, 4, 4096)).astype(np.float32), rng.standard_normal((1, 2048)).astype(np.float32)
+    outs = []
+    for kind, name in (("bf16", "m.safetensors"), ("q8_0", "m.gguf")):
+        path = str(tmp_path / name)
+        mk.main(["--variant", "sd3.5-medium", "--depth", "2", "--component", "transformer", "--type", kind, "-o", path])
+        tab = open_model(path).tensors
+        assert find_prefix(tab) == ""
+        m = MMDiTModel(tab, "")
+        assert (m.config.variant, m.config.depth, m.config.dual_attention_layers) == ("sd3.5-medium", 2, (0, 1))
+        outs.append(m(x, [700.0], ctx, y))
+    assert np.isfinite(outs[0]).all() and 1e-4 < rel_err(outs[1], outs[0]) < 5e-2

@@ -174,7 +174,7 @@ class MMDiTModel:
             t = table.get(prefix + name)
             if t is None:
                 raise ModelFileError(f"{source}: missing tensor {prefix + name!r} ({cfg.summary()})")
-            if tuple(t.shape) != shape and not (len(shape) == 1 and t.nelements == shape[0]):
+            if _squeeze(t.shape) != _squeeze(shape):   # GGUF drops pos_embed's leading 1
                 raise ModelFileError(f"{source}: tensor {prefix + name!r} has shape {list(t.shape)}, "
                                      f"this MMDiT layout needs {list(shape)}")
         w = Weights(table, prefix, source)
@@ -283,6 +283,14 @@ class MMDiTModel:
             if h is not None:
                 np.copyto(h, a)
         return graph.run(backend)["out"].to_f32()
+
+
+def _squeeze(shape) -> tuple[int, ...]:
+    """A torch shape without its leading 1s."""
+    shape = tuple(shape)
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
 
 
 def _batch(t: Tensor, N: int, what: str) -> Tensor:

@@ -19,11 +19,18 @@ from .flux_blocks import chunks, modulate, qkv_heads
 EPS = 1e-6
 
 
+def _float(t: Tensor | None) -> Tensor | None:
+    """A block-quantized 1-D weight as F32 (sd-cli's convert quantizes 64-wide ln_q weights; sd.cpp
+    dequantizes them into its F32 params at load)."""
+    return F.cast(t, "F32") if t is not None and t.dtype.is_quantized else t
+
+
 class QKNorm:
     """Per-head norm of q or k over D: RMSNorm * weight ("rms") or LayerNorm * weight + bias ("ln")."""
 
     def __init__(self, w: Weights, kind: str):
-        self.weight, self.bias, self.kind = w["weight"], w.get("bias"), kind
+        self.weight, self.bias = (_float(t) for t in (w["weight"], w.get("bias")))
+        self.kind = kind
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.kind == "ln":

@@ -117,6 +117,15 @@ def test_skip_layers_change_the_output_and_reuse_graphs():
         m(*args, skip_layers=[3])
 
 
+def test_predict_takes_a_cond():
+    from sdrt.models.families import Cond
+    (x, t, ctx, y), _, ref = inputs("sd35l_skip")
+    m = model("sd35l", "F32")
+    assert rel_err(m.predict(x, t, Cond(ctx, y), skip_layers=[1]), ref) <= 1e-4
+    with pytest.raises(UsageError, match="no concat latents"):
+        m.predict(x, t, Cond(ctx, y, c_concat=x))
+
+
 def test_batch1_conditioning_broadcasts_and_timestep_matters():
     (x, t, ctx, y), _, ref = inputs("sd3m")
     m = model("sd3m", "F32")

@@ -113,7 +113,6 @@ def torch_sd3(ml, mg, mt, ids, w, t_ids, t_w, clip_skip=2):
 
 
 def main():
-    from sdrt.models.prompt import parse_prompt_attention  # noqa: F401  (the conditioner's own parse)
     from sdrt.models.sd3_conditioning import SD3Conditioner
     from sdrt.ops.tensor import Tensor
     spec = Spec(1503)

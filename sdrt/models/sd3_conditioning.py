@@ -37,7 +37,7 @@ from .te.t5 import T5Encoder
 from .te.t5_tokenizer import CHUNK_LEN as T5_CHUNK_LEN, T5Tokenizer
 from .te.tokenizer import EOS_ID, CLIPTokenizer
 
-__all__ = ["SD3Conditioner", "PREFIX_SD3_CLIP_L", "PREFIX_SD3_CLIP_G", "PREFIX_SD3_T5", "CHUNK"]
+__all__ = ["SD3Conditioner", "build_sd3_conditioner", "PREFIX_SD3_CLIP_L", "PREFIX_SD3_CLIP_G", "PREFIX_SD3_T5", "CHUNK"]
 
 PREFIX_SD3_CLIP_L = "text_encoders.clip_l.transformer.text_model."
 PREFIX_SD3_CLIP_G = "text_encoders.clip_g.transformer.text_model."
@@ -175,3 +175,13 @@ def _clip_chunks(pieces: list[int], weights: list[float], tok: CLIPTokenizer) ->
         w[o + 1:o + 1 + take] = weights[s:s + take]
         ids[o + 1 + take] = tok.eos_id
     return ids, w
+
+
+def build_sd3_conditioner(table: Mapping[str, Tensor], version: str = "sd3", embd_dir: str | None = None,
+                          **kw) -> SD3Conditioner:
+    """The family-registry builder `(table, version, embd_dir, **kw)`. Textual-inversion files are
+    not used: sd.cpp's SD3 embedder runs its CLIPs without custom embeddings."""
+    if embd_dir:
+        import logging
+        logging.getLogger("sdrt.conditioning").debug("SD3: embeddings in %s are not used (as sd.cpp)", embd_dir)
+    return SD3Conditioner(table, **kw)

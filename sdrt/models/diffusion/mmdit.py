@@ -256,6 +256,14 @@ class MMDiTModel:
         return F.mark_cut(t, name) if self.cut_points else t
 
     # ---- numpy ------------------------------------------------------------------------------
+    def predict(self, x_np, t_np, cond, backend: str = "cpu", skip_layers: Iterable[int] | None = None) -> np.ndarray:
+        """The diffusion-model interface (sdrt.models.families): `cond` a families.Cond (context, y);
+        t = sigma * 1000 (the sd3_flow denoiser's sigma_to_t). Skip-layer guidance's extra pass
+        calls this with skip_layers. The MMDiT takes no c_concat, reference latents or guidance."""
+        if cond.c_concat is not None or cond.ref_latents or cond.guidance is not None:
+            raise UsageError("MMDiT: this model takes no concat latents, reference-image latents or distilled guidance")
+        return self(x_np, t_np, cond.context, cond.y, skip_layers=skip_layers, backend=backend)
+
     def __call__(self, x_np, t_np, context_np, y_np=None, skip_layers: Iterable[int] | None = None,
                  backend: str = "cpu") -> np.ndarray:
         """Torch-order numpy: x [N, C, h, w], t [N] (sigma * 1000), context [N, L, 4096], y [N, 2048]

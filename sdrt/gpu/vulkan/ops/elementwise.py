@@ -1,0 +1,120 @@
+"""Vulkan kernels for the element-wise ops (shaders/elementwise.comp; CPU: sdrt/ops/cpu/elementwise.py).
+
+Every input is read through its element strides (transposes, permutes, slices, broadcast dims
+with stride 0); the output is the node's contiguous buffer. Before a dispatch the host merges
+adjacent dims that every operand walks as one (as the CUDA backend does), so the shader's index
+walk is short. Dtypes: F32/F16/BF16 for every operand (binary: any pair, the result has the first
+operand's dtype); cast among F32/F16/BF16; cont of any 2- or 4-byte type bit for bit. Declined
+(CPU): F8 and block types, casts to them.
+"""
+from __future__ import annotations
+
+from ....ops import elementwise as _defs  # noqa: F401  (defines the ops registered below)
+from ....ops.registry import ops_of_kind
+from ..table import VULKAN
+
+SHADER = "elementwise"
+LOCAL = 256
+MAX_GROUPS = 65535
+DTYPE = {"F32": 0, "F16": 1, "BF16": 2}          # common.glsl's T<binding> codes
+UNARY = {"neg": 0, "abs": 1, "sqr": 2, "sqrt": 3, "exp": 4, "log": 5, "sin": 6, "cos": 7, "step": 8, "relu": 9,
+         "leaky_relu": 10, "silu": 11, "sigmoid": 12, "tanh": 13, "gelu": 14, "gelu_tanh": 15, "gelu_quick": 16,
+         "clamp": 17, "scale": 18}
+COPY, GEGLU_ERF, GEGLU_TANH, RAW32, RAW16 = 19, 20, 21, 22, 23
+BINARY = {"add": 100, "sub": 101, "mul": 102, "div": 103}
+
+
+def groups_for(n: int, per_group: int = LOCAL) -> tuple[int, int, int]:
+    """Workgroups covering n items (the shaders stride over what one 2-D grid does not reach)."""
+    g = max(1, -(-n // per_group))
+    return (min(g, MAX_GROUPS), max(1, min(-(-g // MAX_GROUPS), MAX_GROUPS)), 1)
+
+
+def operand_strides(x, out_ne) -> list[int]:
+    """x's element strides over the output's shape: 0 along the dims x broadcasts."""
+    st = x.strides()
+    return [st[k] if x.ne[k] == out_ne[k] else 0 for k in range(4)]
+
+
+def merge_dims(ne, *strides):
+    """(3 leading sizes, [4 strides per operand]) walking the same elements with size-1 dims
+    dropped and adjacent dims merged where every operand steps through them as one."""
+    dims: list[tuple[int, list[int]]] = []
+    for k in range(4):
+        if ne[k] == 1:
+            continue
+        st = [s[k] for s in strides]
+        if dims and all(st[j] == dims[-1][1][j] * dims[-1][0] for j in range(len(strides))):
+            dims[-1] = (dims[-1][0] * ne[k], dims[-1][1])
+        else:
+            dims.append((ne[k], st))
+    while len(dims) < 4:
+        dims.append((1, [0] * len(strides)))
+    return [d[0] for d in dims[:3]], [[d[1][j] for d in dims] for j in range(len(strides))]
+
+
+def _floats(node) -> bool:
+    return all(s.dtype.name in DTYPE for s in node.src) and node.dtype.name in DTYPE
+
+
+def walk(rec, op: int, a, out, b=None, params=(0.0, 0.0), a_strides=None, extra: int = 0, types=None) -> None:
+    """One strided element-wise dispatch: out[i] = op(a[walk(i)], b[walk(i)])."""
+    sa = a_strides if a_strides is not None else operand_strides(a, out.ne)
+    ops_ = [sa] + ([operand_strides(b, out.ne)] if b is not None else [])
+    ne, st = merge_dims(out.ne, *ops_)
+    sb = st[1] if b is not None else [0, 0, 0, 0]
+    offs = rec.bind([a, b, None, out])
+    t = types or (DTYPE[a.dtype.name], DTYPE[b.dtype.name] if b is not None else 0, 0, DTYPE[out.dtype.name])
+    n = out.nelements
+    rec.dispatch(SHADER, (*t, op), groups_for(n),
+                 u=[n, *ne, offs[0], offs[1], offs[3], *st[0], *sb, extra], f=params)
+
+
+def _binary(node, xs, out, rec):
+    walk(rec, BINARY[node.op], xs[0], out, xs[1])
+
+
+for _op in ops_of_kind("binary"):
+    if _op in BINARY:
+        VULKAN.register(_op, supports=_floats)(_binary)
+
+
+def unary_params(node) -> tuple[float, float]:
+    p = node.params
+    if node.op == "clamp":
+        return p["min"], p["max"]
+    if node.op == "scale":
+        return p["s"], p["b"]
+    return p.get("slope", 0.0), 0.0
+
+
+def _unary(node, xs, out, rec):
+    walk(rec, UNARY[node.op], xs[0], out, params=unary_params(node))
+
+
+for _op in ops_of_kind("unary"):
+    if _op in UNARY:
+        VULKAN.register(_op, supports=_floats)(_unary)
+
+
+@VULKAN.register("geglu", supports=_floats)
+def _geglu(node, xs, out, rec):
+    x, = xs
+    h = out.ne[0]
+    op = GEGLU_TANH if node.params["approximate"] == "tanh" else GEGLU_ERF
+    walk(rec, op, x, out, a_strides=x.strides(), extra=h * x.strides()[0])
+
+
+def _raw_copyable(node) -> bool:
+    s = node.src[0]
+    return s.dtype == node.dtype and not s.dtype.is_quantized and s.dtype.type_size in (2, 4)
+
+
+@VULKAN.register("cast", supports=lambda n: _floats(n) or _raw_copyable(n))
+@VULKAN.register("cont", supports=lambda n: _floats(n) or _raw_copyable(n))
+def _cast_or_copy(node, xs, out, rec):
+    x, = xs
+    if x.dtype.name in DTYPE and out.dtype.name in DTYPE:
+        walk(rec, COPY, x, out)
+    else:
+        walk(rec, RAW32 if x.dtype.type_size == 4 else RAW16, x, out, types=(0, 0, 0, 0))

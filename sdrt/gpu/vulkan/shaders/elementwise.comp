@@ -1,0 +1,78 @@
+#version 450
+// Element-wise ops over strided operands (sdrt/gpu/vulkan/ops/elementwise.py): unary, binary with
+// broadcasting (stride 0), geglu, cast and copies. Binding 0: x (a), 1: b, 3: out (contiguous).
+// The op is specialization constant 4 (ids below = elementwise.py's UNARY/BINARY tables).
+// u: 0 n, 1-3 merged ne0..ne2, 4 off a, 5 off b, 6 off out, 7-10 strides a, 11-14 strides b,
+//    15 geglu's gate offset; f: 0-1 the op's params (slope / min,max / s,b).
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+layout(local_size_x = 256) in;
+layout(constant_id = 4) const int OP = 0;
+
+const int NEG = 0, ABS = 1, SQR = 2, SQRT = 3, EXP = 4, LOG = 5, SIN = 6, COS = 7, STEP = 8, RELU = 9,
+    LEAKY_RELU = 10, SILU = 11, SIGMOID = 12, TANH = 13, GELU = 14, GELU_TANH = 15, GELU_QUICK = 16,
+    CLAMP = 17, SCALE = 18, COPY = 19, GEGLU_ERF = 20, GEGLU_TANH = 21, RAW32 = 22, RAW16 = 23,
+    ADD = 100, SUB = 101, MUL = 102, DIV = 103;
+
+float erf_(float x) {   // Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)
+    float t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    float y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
+                      + 0.254829592) * t * exp(-x * x);
+    return sign(x) * y;
+}
+float tanh_(float x) { return tanh(clamp(x, -15.0, 15.0)); }
+float gelu_erf(float x) { return 0.5 * x * (1.0 + erf_(x * 0.7071067811865476)); }
+float gelu_tanh(float x) { return 0.5 * x * (1.0 + tanh_(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+float unary(float x) {
+    switch (OP) {
+    case NEG: return -x;
+    case ABS: return abs(x);
+    case SQR: return x * x;
+    case SQRT: return sqrt(x);
+    case EXP: return exp(x);
+    case LOG: return log(x);
+    case SIN: return sin(x);
+    case COS: return cos(x);
+    case STEP: return x > 0.0 ? 1.0 : 0.0;
+    case RELU: return max(x, 0.0);
+    case LEAKY_RELU: return x > 0.0 ? x : x * pc.f[0];
+    case SILU: return x / (1.0 + exp(-x));
+    case SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case TANH: return tanh_(x);
+    case GELU: return gelu_erf(x);
+    case GELU_TANH: return gelu_tanh(x);
+    case GELU_QUICK: return x / (1.0 + exp(-1.702 * x));
+    case CLAMP: return min(max(x, pc.f[0]), pc.f[1]);
+    case SCALE: return x * pc.f[0] + pc.f[1];
+    }
+    return x;   // COPY
+}
+
+uint walk(uint i, uint s) {   // element offset of output index i in an operand with strides u[s..s+3]
+    uint i0 = i % pc.u[1]; uint r = i / pc.u[1];
+    uint i1 = r % pc.u[2]; r /= pc.u[2];
+    uint i2 = r % pc.u[3]; uint i3 = r / pc.u[3];
+    return i0 * pc.u[s] + i1 * pc.u[s + 1] + i2 * pc.u[s + 2] + i3 * pc.u[s + 3];
+}
+
+void main() {
+    uint n = pc.u[0];
+    uint step_ = gl_NumWorkGroups.x * 256u;
+    for (uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * step_; i < n; i += step_ * gl_NumWorkGroups.y) {
+        uint ia = pc.u[4] + walk(i, 7), io = pc.u[6] + i;
+        if (OP == RAW32) { w3[io] = w0[ia]; continue; }
+        if (OP == RAW16) { s3[io] = s0[ia]; continue; }
+        float x = ld0(ia), y;
+        if (OP >= ADD) {
+            float b = ld1(pc.u[5] + walk(i, 11));
+            y = OP == ADD ? x + b : OP == SUB ? x - b : OP == MUL ? x * b : x / b;
+        } else if (OP == GEGLU_ERF || OP == GEGLU_TANH) {
+            float g = ld0(ia + pc.u[15]);
+            y = x * (OP == GEGLU_ERF ? gelu_erf(g) : gelu_tanh(g));
+        } else {
+            y = unary(x);
+        }
+        st3(io, y);
+    }
+}

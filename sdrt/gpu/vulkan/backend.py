@@ -86,6 +86,10 @@ class VkTensor:
     def nrows(self) -> int:
         return self.ne[1] * self.ne[2] * self.ne[3]
 
+    @property
+    def span_bytes(self) -> int:
+        return sum((n - 1) * s for n, s in zip(self.ne, self.nb)) + self.dtype.type_size
+
     def strides(self) -> list[int]:
         """Strides in elements (views of float tensors always step whole elements)."""
         return [s // self.dtype.type_size for s in self.nb]
@@ -113,8 +117,8 @@ class Recorder:
             b, off = dev.resolve(t.ptr)
             base = off // dev.offset_align * dev.offset_align
             size = min(b.size - base, dev.max_range)
-            if off - base + t.tensor.span_bytes() > size:
-                raise UnsupportedError(f"{dev.name}: {t.tensor!r} spans {t.tensor.span_bytes() / 2**20:.0f} MiB, more "
+            if off - base + t.span_bytes > size:
+                raise UnsupportedError(f"{dev.name}: {t.tensor!r} spans {t.span_bytes / 2**20:.0f} MiB, more "
                                        f"than one storage binding reaches ({dev.max_range / 2**20:.0f} MiB)")
             ranges.append((b.buffer, base, size))
             offs.append((off - base) // t.dtype.type_size)

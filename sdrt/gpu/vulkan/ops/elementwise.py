@@ -118,3 +118,47 @@ def _cast_or_copy(node, xs, out, rec):
         walk(rec, COPY, x, out)
     else:
         walk(rec, RAW32 if x.dtype.type_size == 4 else RAW16, x, out, types=(0, 0, 0, 0))
+
+
+# ---- get_rows, concat --------------------------------------------------------------------------
+GET_ROWS = 24
+
+
+@VULKAN.register("get_rows", supports=lambda n: n.src[0].dtype.name in DTYPE)
+def _get_rows(node, xs, out, rec):
+    table, ids = xs
+    words = ids.dtype.type_size // 4          # I64 ids are read as their low 32-bit word
+    st = [s // 4 for s in ids.nb]
+    offs = rec.bind([table, ids, None, out])
+    if words == 2:
+        offs[1] = offs[1] * 2
+    n = out.nelements
+    rec.dispatch(SHADER, (DTYPE[table.dtype.name], 3, 0, DTYPE[out.dtype.name], GET_ROWS), groups_for(n),
+                 u=[n, out.ne[0], out.ne[1], out.ne[2], offs[0], offs[1], offs[3], *table.strides(),
+                    st[0], st[1], st[2], 0, 0, 0, 0, 0, 0, 0, table.ne[1]])
+
+
+def _concat_ok(node) -> bool:
+    return all(s.dtype == node.dtype for s in node.src) and (
+        node.dtype.name in DTYPE or (not node.dtype.is_quantized and node.dtype.type_size in (2, 4)))
+
+
+@VULKAN.register("concat", supports=_concat_ok)
+def _concat(node, xs, out, rec):
+    """One strided copy per part into its slice of the output."""
+    from .. import backend
+    dim = node.params["dim"]
+    ost = out.strides()
+    at = 0
+    for x in xs:
+        part = backend.VkTensor(out.ptr + at * out.nb[dim], out.dtype, x.ne, out.nb, out.tensor)
+        at += x.ne[dim]
+        ne, (sx, so) = merge_dims(x.ne, x.strides(), ost)
+        offs = rec.bind([x, None, None, part])
+        if x.dtype.name in DTYPE:
+            op, t = COPY, (DTYPE[x.dtype.name], 0, 0, DTYPE[out.dtype.name])
+        else:
+            op, t = (RAW32 if x.dtype.type_size == 4 else RAW16), (0, 0, 0, 0)
+        n = x.nelements
+        rec.dispatch(SHADER, (*t, op), groups_for(n),
+                     u=[n, *ne, offs[0], 0, offs[3], *sx, 0, 0, 0, 0, 0, *so, 1])

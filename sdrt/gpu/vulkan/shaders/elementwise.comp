@@ -3,7 +3,10 @@
 // broadcasting (stride 0), geglu, cast and copies. Binding 0: x (a), 1: b, 3: out (contiguous).
 // The op is specialization constant 4 (ids below = elementwise.py's UNARY/BINARY tables).
 // u: 0 n, 1-3 merged ne0..ne2, 4 off a, 5 off b, 6 off out, 7-10 strides a, 11-14 strides b,
-//    15 geglu's gate offset; f: 0-1 the op's params (slope / min,max / s,b).
+//    15 geglu's gate offset, 16-19 out strides (used when u20 is 1: a strided output, as concat
+//    writes its parts), 20 strided-out flag; f: 0-1 the op's params (slope / min,max / s,b).
+// GET_ROWS: dims are not merged; binding 1 holds the ids (I32, or I64 read as its low word:
+//    strides u11-14 in 32-bit words), a row id outside [0, u21) writes zeros.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(local_size_x = 256) in;
@@ -11,7 +14,7 @@ layout(constant_id = 4) const int OP = 0;
 
 const int NEG = 0, ABS = 1, SQR = 2, SQRT = 3, EXP = 4, LOG = 5, SIN = 6, COS = 7, STEP = 8, RELU = 9,
     LEAKY_RELU = 10, SILU = 11, SIGMOID = 12, TANH = 13, GELU = 14, GELU_TANH = 15, GELU_QUICK = 16,
-    CLAMP = 17, SCALE = 18, COPY = 19, GEGLU_ERF = 20, GEGLU_TANH = 21, RAW32 = 22, RAW16 = 23,
+    CLAMP = 17, SCALE = 18, COPY = 19, GEGLU_ERF = 20, GEGLU_TANH = 21, RAW32 = 22, RAW16 = 23, GET_ROWS = 24,
     ADD = 100, SUB = 101, MUL = 102, DIV = 103;
 
 float erf_(float x) {   // Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)
@@ -60,7 +63,16 @@ void main() {
     uint n = pc.u[0];
     uint step_ = gl_NumWorkGroups.x * 256u;
     for (uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * step_; i < n; i += step_ * gl_NumWorkGroups.y) {
-        uint ia = pc.u[4] + walk(i, 7), io = pc.u[6] + i;
+        uint io = pc.u[6] + (pc.u[20] != 0u ? walk(i, 16) : i);
+        if (OP == GET_ROWS) {
+            uint i0 = i % pc.u[1], r = i / pc.u[1], i1 = r % pc.u[2], i2 = (r / pc.u[2]) % pc.u[3];
+            uint i3 = r / (pc.u[2] * pc.u[3]);
+            int id = int(w1[pc.u[5] + i1 * pc.u[11] + i2 * pc.u[12] + i3 * pc.u[13]]);
+            bool ok = id >= 0 && uint(id) < pc.u[21];
+            st3(io, ok ? ld0(pc.u[4] + i0 * pc.u[7] + uint(id) * pc.u[8] + i2 * pc.u[9] + i3 * pc.u[10]) : 0.0);
+            continue;
+        }
+        uint ia = pc.u[4] + walk(i, 7);
         if (OP == RAW32) { w3[io] = w0[ia]; continue; }
         if (OP == RAW16) { s3[io] = s0[ia]; continue; }
         float x = ld0(ia), y;

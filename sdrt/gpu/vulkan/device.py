@@ -20,7 +20,7 @@ log = logging.getLogger("sdrt.vulkan")
 SLOT_SHIFT = 40
 OFFSET_MASK = (1 << SLOT_SHIFT) - 1
 PUSH_BYTES = 128        # the minimum maxPushConstantsSize every driver gives
-BINDINGS = 4            # storage buffers every pipeline's layout has (unused ones get a dummy)
+BINDINGS = 5            # storage buffers every pipeline's layout has (unused ones get a dummy)
 
 
 def vk():

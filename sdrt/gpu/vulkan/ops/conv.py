@@ -45,5 +45,5 @@ def _conv2d(node, xs, out, rec):
     t = (DTYPE[w.dtype.name], DTYPE[x.dtype.name], DTYPE[b.dtype.name] if b is not None else 0, DTYPE[out.dtype.name])
     rec.dispatch(SHADER, t, (-(-OCg // TILE), -(-(OW * OH) // TILE), G * N),
                  u=[OW, OH, OCg, Cg, x.ne[0], x.ne[1], _pair(KW, KH), _pair(*p["stride"]), _pair(*p["padding"]),
-                    _pair(*p["dilation"]), flags, *offs, *w_st, *x.strides(),
+                    _pair(*p["dilation"]), flags, *offs[:4], *w_st, *x.strides(),
                     _vector_stride(b) if b is not None else 0])

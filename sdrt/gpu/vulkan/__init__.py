@@ -73,4 +73,7 @@ def _kernels():
     return VULKAN
 
 
-register_backend("vulkan", _make, devices, unavailable_reason=unavailable_reason, kernels=_kernels)
+# has_memory=False: placement never picks a Vulkan device on its own (lavapipe is a CPU driver,
+# and weights streamed per segment are not supported here yet); `--backend vulkan0` names it
+register_backend("vulkan", _make, devices, unavailable_reason=unavailable_reason, kernels=_kernels,
+                 has_memory=False)

@@ -12,7 +12,10 @@ import sys
 import numpy as np
 import pytest
 
-from sdrt.gpu.vulkan import shaders
+from sdrt.ops.backend import entries
+
+entries()   # the registry imports the backend packages in BACKEND_PACKAGES order (docs/ops.md's columns)
+from sdrt.gpu.vulkan import shaders  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -116,7 +119,7 @@ def test_a_node_without_a_vulkan_kernel_runs_on_the_cpu_between_batches(rng):
     from sdrt.ops.registry import compare
     from sdrt.ops.tensor import Tensor
     x = Tensor.from_numpy(rng.standard_normal((2, 3, 5, 6)).astype(np.float32))
-    node = F.upscale(F.silu(x), scale_factor=2)     # upscale has no Vulkan kernel (yet): the CPU computes it
+    node = F.upscale(F.silu(x), scale_factor=2, mode="bilinear")   # no Vulkan kernel (yet): on the CPU
     assert be.find(node) is None
     g = Graph(F.add(node, F.scale(node, 0.5)))
     got = g.run(be)["out"]
@@ -134,7 +137,7 @@ def test_fallback_can_be_refused(monkeypatch, rng):
     monkeypatch.setenv("SDRT_VULKAN_FALLBACK", "0")
     x = Tensor.from_numpy(rng.standard_normal((1, 2, 3, 4)).astype(np.float32))
     with pytest.raises(UnsupportedError, match="no kernel for upscale"):
-        Graph(F.upscale(x, scale_factor=2)).run(be)
+        Graph(F.upscale(x, scale_factor=2, mode="bilinear")).run(be)
 
 
 @pytest.mark.vulkan

@@ -162,3 +162,69 @@ def _concat(node, xs, out, rec):
         n = x.nelements
         rec.dispatch(SHADER, (*t, op), groups_for(n),
                      u=[n, *ne, offs[0], 0, offs[3], *sx, 0, 0, 0, 0, 0, *so, 1])
+
+
+# ---- upscale (nearest), pad, repeat, timestep_embedding ---------------------------------------
+UPSCALE, PAD, TSEMB = 25, 26, 27
+PAD_MODES = {"constant": 0, "circular": 1, "reflect": 2, "replicate": 3}
+RAW_CODE = {4: 3, 2: 4}       # common.glsl's raw 32-bit / 16-bit codes
+
+
+def _gather_types(x, out):
+    if x.dtype.name in DTYPE:
+        return DTYPE[x.dtype.name], DTYPE[out.dtype.name]
+    return RAW_CODE[x.dtype.type_size], 0
+
+
+def _gatherable(node) -> bool:
+    s = node.src[0]
+    return s.dtype.name in DTYPE or (not s.dtype.is_quantized and s.dtype.type_size in RAW_CODE)
+
+
+def _gather(rec, op, x, out, u_extra, f):
+    ta, to = _gather_types(x, out)
+    offs = rec.bind([x, None, None, out])
+    n = out.nelements
+    rec.dispatch(SHADER, (ta, 0, 0, to, op), groups_for(n),
+                 u=[n, out.ne[0], out.ne[1], out.ne[2], offs[0], 0, offs[3], *x.strides(), *u_extra], f=f)
+
+
+@VULKAN.register("upscale", supports=lambda n: _gatherable(n) and n.params["mode"] == "nearest")
+def _upscale(node, xs, out, rec):
+    import numpy as np
+    x, = xs
+    sf = [float(np.float32(o) / np.float32(s)) for o, s in zip(out.ne, x.ne)]   # float32, as ggml
+    _gather(rec, UPSCALE, x, out, [], sf)
+
+
+def _pad_like(rec, x, out, lo, mode, value=0.0):
+    import numpy as np
+    f0 = float(value)
+    if x.dtype.name not in DTYPE and x.dtype.type_size == 4:     # an I32 fill value, as bits
+        f0 = float(np.array([int(value)], np.int32).view(np.float32)[0])
+    _gather(rec, PAD, x, out, [*lo, 0, *x.ne, 0, mode], [f0])
+
+
+@VULKAN.register("pad", supports=lambda n: _gatherable(n) and (
+    n.src[0].dtype.name in DTYPE or n.params["mode"] != "constant" or float(n.params.get("value", 0)) == 0))
+def _pad(node, xs, out, rec):
+    p = node.params
+    lo = [lh[0] for lh in p["pads"]] + [0] * (4 - len(p["pads"]))
+    _pad_like(rec, xs[0], out, lo, PAD_MODES[p["mode"]], p.get("value", 0.0))
+
+
+@VULKAN.register("repeat", supports=_gatherable)
+def _repeat(node, xs, out, rec):
+    _pad_like(rec, xs[0], out, [0, 0, 0, 0], PAD_MODES["circular"])
+
+
+@VULKAN.register("timestep_embedding", supports=lambda n: n.src[0].dtype.name in DTYPE)
+def _timestep_embedding(node, xs, out, rec):
+    import math
+    t, = xs
+    dim = node.params["dim"]
+    offs = rec.bind([t, None, None, out])
+    n = out.nelements
+    rec.dispatch(SHADER, (DTYPE[t.dtype.name], 0, 0, DTYPE[out.dtype.name], TSEMB), groups_for(n),
+                 u=[n, dim, dim // 2, 1, offs[0], 0, offs[3], t.strides()[0]],
+                 f=[math.log(node.params["max_period"])])

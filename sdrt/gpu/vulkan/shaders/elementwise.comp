@@ -7,6 +7,11 @@
 //    writes its parts), 20 strided-out flag; f: 0-1 the op's params (slope / min,max / s,b).
 // GET_ROWS: dims are not merged; binding 1 holds the ids (I32, or I64 read as its low word:
 //    strides u11-14 in 32-bit words), a row id outside [0, u21) writes zeros.
+// UPSCALE (nearest), PAD (and repeat: circular padding by 0): dims not merged; each output
+//    coordinate maps to a source one. UPSCALE: src = int(o / f[d]) with f the float32 scale
+//    factors. PAD: u11-14 low pads, u16-19 source ne, u21 mode (0 constant f[0], 1 circular,
+//    2 reflect, 3 replicate). The raw modes of T0 (3, 4) copy bits (I32, I16).
+// TSEMB: timestep_embedding, out [dim, n]: u1 dim, u2 half; f0 ln(max_period).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(local_size_x = 256) in;
@@ -14,7 +19,7 @@ layout(constant_id = 4) const int OP = 0;
 
 const int NEG = 0, ABS = 1, SQR = 2, SQRT = 3, EXP = 4, LOG = 5, SIN = 6, COS = 7, STEP = 8, RELU = 9,
     LEAKY_RELU = 10, SILU = 11, SIGMOID = 12, TANH = 13, GELU = 14, GELU_TANH = 15, GELU_QUICK = 16,
-    CLAMP = 17, SCALE = 18, COPY = 19, GEGLU_ERF = 20, GEGLU_TANH = 21, RAW32 = 22, RAW16 = 23, GET_ROWS = 24,
+    CLAMP = 17, SCALE = 18, COPY = 19, GEGLU_ERF = 20, GEGLU_TANH = 21, RAW32 = 22, RAW16 = 23, GET_ROWS = 24, UPSCALE = 25, PAD = 26, TSEMB = 27,
     ADD = 100, SUB = 101, MUL = 102, DIV = 103;
 
 float erf_(float x) {   // Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)
@@ -70,6 +75,46 @@ void main() {
             int id = int(w1[pc.u[5] + i1 * pc.u[11] + i2 * pc.u[12] + i3 * pc.u[13]]);
             bool ok = id >= 0 && uint(id) < pc.u[21];
             st3(io, ok ? ld0(pc.u[4] + i0 * pc.u[7] + uint(id) * pc.u[8] + i2 * pc.u[9] + i3 * pc.u[10]) : 0.0);
+            continue;
+        }
+        if (OP == UPSCALE || OP == PAD) {
+            uint o[4];
+            o[0] = i % pc.u[1]; uint r = i / pc.u[1]; o[1] = r % pc.u[2]; r /= pc.u[2]; o[2] = r % pc.u[3]; o[3] = r / pc.u[3];
+            uint src = pc.u[4];
+            bool inside = true;
+            for (int d = 0; d < 4; d++) {
+                int j;
+                if (OP == UPSCALE) {
+                    j = int(float(o[d]) / pc.f[d]);
+                } else {
+                    int n = int(pc.u[16 + d]);
+                    j = int(o[d]) - int(pc.u[11 + d]);
+                    uint mode = pc.u[21];
+                    if (mode == 1u) j = ((j % n) + n) % n;
+                    else if (mode == 2u) {
+                        int per = max(2 * (n - 1), 1);
+                        j = ((j % per) + per) % per;
+                        if (j >= n) j = per - j;
+                    } else if (mode == 3u) j = clamp(j, 0, n - 1);
+                    else if (j < 0 || j >= n) inside = false;
+                }
+                src += uint(max(j, 0)) * pc.u[7 + d];
+            }
+            if (T0 == 3) w3[io] = inside ? w0[src] : floatBitsToUint(pc.f[0]);
+            else if (T0 == 4) s3[io] = inside ? s0[src] : uint16_t(0);
+            else st3(io, inside ? ld0(src) : pc.f[0]);
+            continue;
+        }
+        if (OP == TSEMB) {
+            uint d = i % pc.u[1], k = i / pc.u[1], half_ = pc.u[2];
+            float y = 0.0;
+            if (d < 2u * half_) {
+                uint j = d < half_ ? d : d - half_;
+                float arg = ld0(pc.u[4] + k * pc.u[7]) * exp(-pc.f[0] * float(j) / float(half_));
+                arg -= 6.283185307179586 * round(arg / 6.283185307179586);    // sin/cos are accurate near 0
+                y = d < half_ ? cos(arg) : sin(arg);
+            }
+            st3(io, y);
             continue;
         }
         uint ia = pc.u[4] + walk(i, 7);

@@ -150,3 +150,21 @@ def test_the_tiny_sd1_unet_runs_whole_on_vulkan0():
     from sdrt.ops.registry import compare
     g = _graph("sd1")
     assert compare(g.run(be)["out"], g.run("cpu")["out"]) < 1e-8
+
+
+@pytest.mark.vulkan
+def test_pipelines_go_through_a_disk_cache(monkeypatch, tmp_path):
+    # a second process seeds its VkPipelineCache from the file the first one wrote (lavapipe's
+    # cache holds only a header; NVIDIA's and AMD's hold the compiled pipelines)
+    _device()
+    from sdrt.gpu.vulkan.device import VulkanDevice
+    monkeypatch.setenv("SDRT_VULKAN_CACHE", str(tmp_path))
+    first = VulkanDevice(0)
+    first.pipeline("elementwise", (0, 0, 0, 0, 11))
+    assert first.save_pipeline_cache() > 0 and os.path.exists(first.cache_path)
+    assert first.save_pipeline_cache() == 0          # nothing new since
+    second = VulkanDevice(0)
+    assert second.cache_path == first.cache_path
+    assert second.pipeline_stats["cache_loaded_bytes"] == os.path.getsize(first.cache_path)
+    monkeypatch.setenv("SDRT_VULKAN_CACHE", "0")
+    assert VulkanDevice(0).cache_path is None

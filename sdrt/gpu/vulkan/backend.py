@@ -338,6 +338,7 @@ class VulkanBackend:
             state = self._states.get(graph)
             if state is None or state.plan is not plan:
                 state = self._states[graph] = _GraphState(self, graph, plan)
+                self.device.save_pipeline_cache()
                 if state.fallback:
                     log.warning("%s: %d nodes run on the CPU (no Vulkan kernel): %s", self.name, len(state.fallback),
                                 ", ".join(sorted(set(state.fallback))))

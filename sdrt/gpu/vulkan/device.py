@@ -10,7 +10,9 @@ or below its tensor and indexes from there (maxStorageBufferRange bounds what on
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 
 import numpy as np
 
@@ -117,6 +119,10 @@ class VulkanDevice:
         self._layouts()
         self._pipelines: dict = {}
         self._modules: dict = {}
+        self.pipeline_stats = {"created": 0, "create_s": 0.0, "cache_loaded_bytes": 0}
+        self._cache_dirty = False
+        self.cache_path = self._cache_path()
+        self.cache = self._load_pipeline_cache()
         self.dummy = self.alloc(256)
 
     def describe(self) -> str:
@@ -298,10 +304,63 @@ class VulkanDevice:
                                     pData=v.ffi.from_buffer(data)) if spec else None
         stage = v.VkPipelineShaderStageCreateInfo(stage=v.VK_SHADER_STAGE_COMPUTE_BIT, module=mod, pName="main",
                                                   pSpecializationInfo=si)
-        p = v.vkCreateComputePipelines(self.device, None, 1, [v.VkComputePipelineCreateInfo(
+        t0 = time.perf_counter()
+        p = v.vkCreateComputePipelines(self.device, self.cache, 1, [v.VkComputePipelineCreateInfo(
             stage=stage, layout=self.pipeline_layout)], None)[0]
+        self.pipeline_stats["created"] += 1
+        self.pipeline_stats["create_s"] += time.perf_counter() - t0
+        self._cache_dirty = True
         self._pipelines[key] = p
         return p
+
+    # ---- the disk pipeline cache -----------------------------------------------------------------
+    def _cache_path(self) -> str | None:
+        """$SDRT_VULKAN_CACHE (a directory; "0" turns the cache off) or ~/.cache/sdrt/vulkan, one
+        file per device, driver version and pipelineCacheUUID (a driver update starts afresh)."""
+        where = os.environ.get("SDRT_VULKAN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdrt", "vulkan"))
+        if where == "0":
+            return None
+        p = self.props
+        uuid = bytes(bytearray(p.pipelineCacheUUID)).hex()
+        return os.path.join(where, f"{p.vendorID:04x}-{p.deviceID:04x}-{p.driverVersion:x}-{uuid}.bin")
+
+    def _load_pipeline_cache(self):
+        """A VkPipelineCache seeded from the disk file when there is one (the driver ignores data
+        that is not its own), so a second process does not recompile its pipelines."""
+        v = self.v
+        data = b""
+        if self.cache_path is not None and os.path.exists(self.cache_path):
+            try:
+                with open(self.cache_path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                log.debug("%s: pipeline cache %s unreadable: %s", self.name, self.cache_path, e)
+        self.pipeline_stats["cache_loaded_bytes"] = len(data)
+        info = v.VkPipelineCacheCreateInfo(initialDataSize=len(data), pInitialData=v.ffi.from_buffer(data)) \
+            if data else v.VkPipelineCacheCreateInfo()
+        return v.vkCreatePipelineCache(self.device, info, None)
+
+    def save_pipeline_cache(self) -> int:
+        """Write the pipeline cache to disk if pipelines were made since the last save (bytes written)."""
+        if self.cache_path is None or not self._cache_dirty:
+            return 0
+        from vulkan import _vulkan
+        ffi, lib = _vulkan.ffi, _vulkan.lib
+        try:
+            size = ffi.new("size_t *")
+            lib.vkGetPipelineCacheData(self.device, self.cache, size, ffi.NULL)
+            buf = ffi.new("char[]", size[0])
+            lib.vkGetPipelineCacheData(self.device, self.cache, size, buf)
+            os.makedirs(os.path.dirname(self.cache_path), exist_ok=True)
+            tmp = f"{self.cache_path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(ffi.buffer(buf, size[0]))
+            os.replace(tmp, self.cache_path)
+        except Exception as e:  # a cache is an optimization: never fail a run over it
+            log.debug("%s: pipeline cache not saved: %s", self.name, e)
+            return 0
+        self._cache_dirty = False
+        return int(size[0])
 
     def descriptor_pool(self, sets: int):
         v = self.v

@@ -1,7 +1,8 @@
 """Vulkan kernels for conv2d (shaders/conv.comp; CPU: sdrt/ops/cpu/conv.py): an implicit GEMM
 (im2col inside the tile loader, no column buffer) over strided F32/F16/BF16 inputs and
 weights, with stride, padding (zero or circular), dilation, groups and a fused bias; F32 result.
-Declined (CPU): F8 and block weights, conv1d/conv3d/conv_transpose2d and pooling."""
+conv_transpose2d is the same shader in gather form (the SD VAE decoder's folded upsample convs).
+Declined (CPU): F8 and block weights, conv1d/conv3d and pooling."""
 from __future__ import annotations
 
 from ....ops import conv as _defs  # noqa: F401  (defines the ops registered below)
@@ -46,4 +47,21 @@ def _conv2d(node, xs, out, rec):
     rec.dispatch(SHADER, t, (-(-OCg // TILE), -(-(OW * OH) // TILE), G * N),
                  u=[OW, OH, OCg, Cg, x.ne[0], x.ne[1], _pair(KW, KH), _pair(*p["stride"]), _pair(*p["padding"]),
                     _pair(*p["dilation"]), flags, *offs[:4], *w_st, *x.strides(),
+                    _vector_stride(b) if b is not None else 0])
+
+
+@VULKAN.register("conv_transpose2d", supports=_floats)
+def _conv_transpose2d(node, xs, out, rec):
+    x, w = xs[0], xs[1]
+    b = xs[2] if len(xs) > 2 else None
+    p = node.params
+    KW, KH, OC, C = w.ne
+    ws = w.strides()
+    OW, OH, N = out.ne[0], out.ne[1], out.ne[3]
+    flags = 1 | ((b is not None) << 18) | (1 << 19)
+    offs = rec.bind([w, x, b, out])
+    t = (DTYPE[w.dtype.name], DTYPE[x.dtype.name], DTYPE[b.dtype.name] if b is not None else 0, DTYPE[out.dtype.name])
+    rec.dispatch(SHADER, t, (-(-OC // TILE), -(-(OW * OH) // TILE), N),
+                 u=[OW, OH, OC, C, x.ne[0], x.ne[1], _pair(KW, KH), _pair(*p["stride"]), _pair(*p["padding"]),
+                    _pair(*p["dilation"]), flags, *offs[:4], ws[0], ws[1], ws[3], ws[2], *x.strides(),
                     _vector_stride(b) if b is not None else 0])

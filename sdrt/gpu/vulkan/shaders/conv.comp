@@ -2,10 +2,12 @@
 // conv2d (sdrt/gpu/vulkan/ops/conv.py) as an implicit GEMM: im2col happens in the tile loader
 // (no column buffer), then matmul.comp's 64 x 64 tiling. For image n and group g:
 // out[ow, oh, g*OCg + oc, n] = b[oc'] + sum over k = (c, kh, kw) of w[kw, kh, c, oc'] * x[iw, ih, g*Cg + c, n]
-// with ih = oh*sy - py + kh*dy (zero outside, or wrapped where circular). Bindings: 0 w, 1 x,
+// with ih = oh*sy - py + kh*dy (zero outside, or wrapped where circular). Transposed (flag bit
+// 19, conv_transpose2d, one group): the gather form, ih = (oh + py - kh*dy) / sy where that
+// divides exactly and lands inside, with w's OC/C strides swapped by the host. Bindings: 0 w, 1 x,
 // 2 bias, 3 out (F32, contiguous [OW, OH, OC, N]).
 // u: 0 OW, 1 OH, 2 OCg, 3 Cg, 4 W, 5 H, 6 KW | KH << 16, 7 sx | sy << 16, 8 px | py << 16,
-//    9 dx | dy << 16, 10 G | circular x << 16 | circular y << 17 | bias << 18, 11-14 offsets
+//    9 dx | dy << 16, 10 G | circular x << 16 | circular y << 17 | bias << 18 | transposed << 19, 11-14 offsets
 //    w, x, b, out, 15-18 w strides, 19-22 x strides, 23 bias stride.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -23,6 +25,7 @@ void main() {
     int dx = int(pc.u[9] & 0xffffu), dy = int(pc.u[9] >> 16);
     uint G = pc.u[10] & 0xffffu;
     bool cx = (pc.u[10] & 0x10000u) != 0u, cy = (pc.u[10] & 0x20000u) != 0u, bias = (pc.u[10] & 0x40000u) != 0u;
+    bool tr = (pc.u[10] & 0x80000u) != 0u;
     uint z = gl_WorkGroupID.z, g = z % G, n = z / G;
     uint M = OW * OH, K = Cg * KH * KW;
     uint wo = pc.u[11] + g * OCg * pc.u[18];
@@ -39,10 +42,18 @@ void main() {
             ws[kk][r] = (k < K && oc < OCg) ? ld0(wo + kw * pc.u[15] + kh * pc.u[16] + c * pc.u[17] + oc * pc.u[18]) : 0.0;
             float v = 0.0;
             if (k < K && m < M) {
-                int iw = int(m % OW) * sx - px + int(kw) * dx, ih = int(m / OW) * sy - py + int(kh) * dy;
-                if (cx) iw = ((iw % W) + W) % W;
-                if (cy) ih = ((ih % H) + H) % H;
-                if (iw >= 0 && iw < W && ih >= 0 && ih < H)
+                int iw, ih;
+                bool ok = true;
+                if (tr) {
+                    int a = int(m % OW) + px - int(kw) * dx, b = int(m / OW) + py - int(kh) * dy;
+                    ok = a >= 0 && b >= 0 && a % sx == 0 && b % sy == 0;
+                    iw = a / sx; ih = b / sy;
+                } else {
+                    iw = int(m % OW) * sx - px + int(kw) * dx; ih = int(m / OW) * sy - py + int(kh) * dy;
+                    if (cx) iw = ((iw % W) + W) % W;
+                    if (cy) ih = ((ih % H) + H) % H;
+                }
+                if (ok && iw >= 0 && iw < W && ih >= 0 && ih < H)
                     v = ld1(xo + uint(iw) * pc.u[19] + uint(ih) * pc.u[20] + c * pc.u[21]);
             }
             xs[kk][r] = v;

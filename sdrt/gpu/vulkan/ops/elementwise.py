@@ -228,3 +228,34 @@ def _timestep_embedding(node, xs, out, rec):
     rec.dispatch(SHADER, (DTYPE[t.dtype.name], 0, 0, DTYPE[out.dtype.name], TSEMB), groups_for(n),
                  u=[n, dim, dim // 2, 1, offs[0], 0, offs[3], t.strides()[0]],
                  f=[math.log(node.params["max_period"])])
+
+
+# ---- pooling, arange ---------------------------------------------------------------------------
+POOL, ARANGE = 28, 29
+
+
+def _pool(node, xs, out, rec):
+    from .conv import _pair
+    x, = xs
+    p = node.params
+    k, s, pad = (list(p[key]) + [1 if key != "padding" else 0] * (2 - len(p[key]))
+                 for key in ("kernel", "stride", "padding"))
+    offs = rec.bind([x, None, None, out])
+    n = out.nelements
+    rec.dispatch(SHADER, (DTYPE[x.dtype.name], 0, 0, DTYPE[out.dtype.name], POOL), groups_for(n),
+                 u=[n, out.ne[0], out.ne[1], out.ne[2], offs[0], 0, offs[3], *x.strides(),
+                    _pair(*k), _pair(*s), _pair(*pad), 1 if p["kind"] == "max" else 0, 0, x.ne[0], x.ne[1]])
+
+
+VULKAN.register("pool2d", supports=_floats)(_pool)
+VULKAN.register("pool1d", supports=_floats)(_pool)
+
+
+@VULKAN.register("arange")
+def _arange(node, xs, out, rec):
+    import numpy as np
+    offs = rec.bind([None, None, None, out])
+    n = out.nelements
+    p = node.params
+    rec.dispatch(SHADER, (0, 0, 0, DTYPE[out.dtype.name], ARANGE), groups_for(n),
+                 u=[n, n, 1, 1, 0, 0, offs[3]], f=[float(np.float32(p["start"])), float(np.float32(p["step"]))])

@@ -12,6 +12,9 @@
 //    factors. PAD: u11-14 low pads, u16-19 source ne, u21 mode (0 constant f[0], 1 circular,
 //    2 reflect, 3 replicate). The raw modes of T0 (3, 4) copy bits (I32, I16).
 // TSEMB: timestep_embedding, out [dim, n]: u1 dim, u2 half; f0 ln(max_period).
+// POOL (avg/max over dims 0, 1): u11-13 kernel, stride, padding as x | y << 16, u14 1 for max,
+//    u16-17 x ne0, ne1; padding counts as 0 (avg, divided by the whole window) or -FLT_MAX (max).
+// ARANGE: out[i] = f0 + f1 * i.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(local_size_x = 256) in;
@@ -19,7 +22,7 @@ layout(constant_id = 4) const int OP = 0;
 
 const int NEG = 0, ABS = 1, SQR = 2, SQRT = 3, EXP = 4, LOG = 5, SIN = 6, COS = 7, STEP = 8, RELU = 9,
     LEAKY_RELU = 10, SILU = 11, SIGMOID = 12, TANH = 13, GELU = 14, GELU_TANH = 15, GELU_QUICK = 16,
-    CLAMP = 17, SCALE = 18, COPY = 19, GEGLU_ERF = 20, GEGLU_TANH = 21, RAW32 = 22, RAW16 = 23, GET_ROWS = 24, UPSCALE = 25, PAD = 26, TSEMB = 27,
+    CLAMP = 17, SCALE = 18, COPY = 19, GEGLU_ERF = 20, GEGLU_TANH = 21, RAW32 = 22, RAW16 = 23, GET_ROWS = 24, UPSCALE = 25, PAD = 26, TSEMB = 27, POOL = 28, ARANGE = 29,
     ADD = 100, SUB = 101, MUL = 102, DIV = 103;
 
 float erf_(float x) {   // Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)
@@ -103,6 +106,28 @@ void main() {
             if (T0 == 3) w3[io] = inside ? w0[src] : floatBitsToUint(pc.f[0]);
             else if (T0 == 4) s3[io] = inside ? s0[src] : uint16_t(0);
             else st3(io, inside ? ld0(src) : pc.f[0]);
+            continue;
+        }
+        if (OP == ARANGE) { st3(io, pc.f[0] + pc.f[1] * float(i)); continue; }
+        if (OP == POOL) {
+            uint o0 = i % pc.u[1], r = i / pc.u[1], o1 = r % pc.u[2]; r /= pc.u[2];
+            uint o2 = r % pc.u[3], o3 = r / pc.u[3];
+            int k0 = int(pc.u[11] & 0xffffu), k1 = int(pc.u[11] >> 16);
+            int s0 = int(pc.u[12] & 0xffffu), s1 = int(pc.u[12] >> 16);
+            int p0 = int(pc.u[13] & 0xffffu), p1 = int(pc.u[13] >> 16);
+            bool is_max = pc.u[14] != 0u;
+            float acc = is_max ? -3.4028234663852886e38 : 0.0;
+            uint base = pc.u[4] + o2 * pc.u[9] + o3 * pc.u[10];
+            for (int b = 0; b < k1; b++) {
+                int y = int(o1) * s1 - p1 + b;
+                for (int a = 0; a < k0; a++) {
+                    int x = int(o0) * s0 - p0 + a;
+                    float v = (x >= 0 && x < int(pc.u[16]) && y >= 0 && y < int(pc.u[17]))
+                        ? ld0(base + uint(x) * pc.u[7] + uint(y) * pc.u[8]) : (is_max ? -3.4028234663852886e38 : 0.0);
+                    acc = is_max ? max(acc, v) : acc + v;
+                }
+            }
+            st3(io, is_max ? acc : acc / float(k0 * k1));
             continue;
         }
         if (OP == TSEMB) {

@@ -88,6 +88,8 @@ class VkTensor:
 
     @property
     def span_bytes(self) -> int:
+        if self.dtype.is_quantized:     # whole rows of blocks
+            return sum((n - 1) * s for n, s in zip(self.ne[1:], self.nb[1:])) + self.dtype.row_bytes(self.ne[0])
         return sum((n - 1) * s for n, s in zip(self.ne, self.nb)) + self.dtype.type_size
 
     def strides(self) -> list[int]:
@@ -96,8 +98,8 @@ class VkTensor:
 
 
 class Recorder:
-    """What kernels call: `bind` the tensors of bindings 0..3 (None: unused), which returns each
-    one's element offset from where it is bound, then `dispatch` a shader with its specialization
+    """What kernels call: `bind` the tensors of bindings 0..4 (None: unused), which returns each
+    one's offset from where it is bound in elements (or in `units` bytes: block types), then `dispatch` a shader with its specialization
     constants, push constants (up to 24 uints, 8 floats) and workgroup counts."""
 
     def __init__(self, dev: VulkanDevice):
@@ -105,10 +107,11 @@ class Recorder:
         self.items: list = []
         self._ranges = None
 
-    def bind(self, tensors) -> list[int]:
+    def bind(self, tensors, units=None) -> list[int]:
         dev, ranges, offs = self.dev, [], []
         tensors = list(tensors) + [None] * (BINDINGS - len(tensors))
-        for t in tensors:
+        units = list(units or []) + [None] * (BINDINGS - len(units or []))
+        for t, unit in zip(tensors, units):
             if t is None:
                 b, _ = dev.resolve(dev.dummy)
                 ranges.append((b.buffer, 0, b.size))
@@ -121,7 +124,7 @@ class Recorder:
                 raise UnsupportedError(f"{dev.name}: {t.tensor!r} spans {t.span_bytes / 2**20:.0f} MiB, more "
                                        f"than one storage binding reaches ({dev.max_range / 2**20:.0f} MiB)")
             ranges.append((b.buffer, base, size))
-            offs.append((off - base) // t.dtype.type_size)
+            offs.append((off - base) // (unit or t.dtype.type_size))   # unit: block types' word size
         self._ranges = ranges
         return offs
 

@@ -17,7 +17,8 @@ def _supported(node) -> bool:
     if x.dtype.name not in DTYPE:
         return False
     if w.dtype.name == "Q8_0":      # whole rows at 16-bit alignment (a block is 34 bytes)
-        return w.nb[0] == w.dtype.type_size and all(s % 2 == 0 for s in w.nb[1:]) and w.offset % 2 == 0
+        return (w.nb[0] == w.dtype.type_size and all(s % 2 == 0 for s in w.nb[1:])
+                and (w.offset - w.owner.offset) % 2 == 0)
     return w.dtype.name in DTYPE
 
 

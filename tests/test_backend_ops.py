@@ -4,7 +4,8 @@ registry entry (OpDef.cases, sdrt/ops/cases.py): dtypes, odd shapes, non-contigu
 case passes when the backend's result is within the op's NMSE tolerance (registry.max_nmse);
 a case the backend has no kernel for is counted, not failed — docs/ops.md lists those, and is
 checked here to be current. The CPU runs in the default run; "cuda0" is a GPU test (marker gpu, run with --gpu)
-(on the device: `pytest tests/test_backend_ops.py`)."""
+(on the device: `pytest tests/test_backend_ops.py`); "vulkan0" runs wherever a Vulkan device is
+usable (Mesa's lavapipe in CI, see .ci/run and docs/vulkan.md) and skips elsewhere (marker vulkan)."""
 import os
 
 import pytest
@@ -15,14 +16,16 @@ from sdrt.ops.registry import OPS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = all_cases()
-BACKENDS = ["cpu", pytest.param("cuda0", marks=pytest.mark.gpu)]   # cuda0: the GPU run (--gpu)
+BACKENDS = ["cpu", pytest.param("cuda0", marks=pytest.mark.gpu),   # cuda0: the GPU run (--gpu)
+            pytest.param("vulkan0", marks=pytest.mark.vulkan)]     # vulkan0: lavapipe in CI, or a GPU
 
 
 def _backend_or_skip(name):
-    if name.startswith("cuda"):
-        why = unavailable_reason("cuda")
-        if why is not None:
-            pytest.skip(f"no CUDA device: {why}")
+    for prefix in ("cuda", "vulkan"):
+        if name.startswith(prefix):
+            why = unavailable_reason(prefix)
+            if why is not None:
+                pytest.skip(f"no {prefix} device: {why}")
     return name
 
 

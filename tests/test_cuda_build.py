@@ -37,7 +37,9 @@ def test_unavailable_backend_says_why():
         get_backend("cuda0")
     with pytest.raises(UnsupportedError, match="available: cpu, reference"):
         get_backend("cuda")
-    assert available_backends() == ["cpu", "reference"]
+    # the host backends, and no CUDA name (a Vulkan device, e.g. lavapipe in CI, may follow)
+    assert available_backends()[:2] == ["cpu", "reference"]
+    assert not [n for n in available_backends() if n.startswith("cuda")]
 
 
 def test_allocator_size_classes():

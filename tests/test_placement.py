@@ -49,7 +49,7 @@ def test_assignment_syntax_and_aliases():
     ("diffusion=tpu0", UsageError, "--backend: unknown device 'tpu0'; valid: cpu, cuda0"),
     ("disk", UsageError, "'disk' is only valid for --params-backend"),
     ("cuda0,cpu", UsageError, "'cuda0' in a list needs a module"),
-    ("vulkan0", UnsupportedError, "device 'vulkan0': sdrt has no such backend yet"),
+    ("metal0", UnsupportedError, "device 'metal0': sdrt has no such backend yet"),
     ("diffusion=cuda0&cuda1", UnsupportedError, "layer split across devices"),
 ])
 def test_assignment_errors(spec, err, msg):

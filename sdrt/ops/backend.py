@@ -25,7 +25,7 @@ from typing import Callable, Protocol, runtime_checkable
 from ..errors import UnsupportedError
 
 # device backend packages imported on demand (each calls register_backend when imported)
-BACKEND_PACKAGES = ("sdrt.gpu.cuda",)
+BACKEND_PACKAGES = ("sdrt.gpu.cuda", "sdrt.gpu.vulkan")
 
 
 # ---- protocols --------------------------------------------------------------------------------

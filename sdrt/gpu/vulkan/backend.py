@@ -1,0 +1,394 @@
+"""VulkanBackend ("vulkan0", ...): runs a planned Graph on one Vulkan device.
+
+`Graph.run("vulkan0")` calls `run_graph(graph, plan, on_segment, residency)`:
+
+- Device memory per graph from the same Plan as the CPU runner: one buffer for every segment's
+  intermediates (plan.arena_bytes), one for tensors crossing segments, one per output, one per
+  input leaf; kept with the graph (freed when the Graph is garbage), so later runs reuse them.
+- Leaves follow the CUDA backend's rule: writeable numpy storage not registered as a weight
+  (`register_weights`) is an INPUT, copied in on every run through a host-visible staging
+  buffer; every other leaf is a WEIGHT, uploaded once and cached while its storage lives.
+- Recording: each node's kernel queues its dispatches on a Recorder; the runner records them
+  into a command buffer with a memory barrier between dispatches, input copies first and
+  output copies last. The command buffer is recorded once per graph and resubmitted on later
+  runs (the Vulkan counterpart of a CUDA graph): a run is staging copies plus one submit.
+- Mixed placement: a node with no Vulkan kernel runs on the CPU backend's kernel. The graph is
+  then split into batches around such nodes: the batch before is submitted, the node's inputs
+  are read back, its CPU result is copied up, and the next batch runs. SDRT_VULKAN_FALLBACK=0
+  makes a missing kernel an UnsupportedError instead (what the op tests rely on: they ask
+  `find` first).
+- A residency object (weights streamed per segment, --max-vram) is not supported yet: an
+  UnsupportedError says so. `on_segment` is called for each segment before the graph runs.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pkgutil
+import struct
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import UnsupportedError
+from ...ops.dtypes import DType
+from ...ops.graph import ALIGN
+from ...ops.tensor import Tensor
+from .device import BINDINGS, VulkanDevice
+from .table import VULKAN
+
+log = logging.getLogger("sdrt.vulkan")
+
+
+def import_families() -> list[str]:
+    """Import every op-family module (sdrt.gpu.vulkan.ops.*; each registers into VULKAN)."""
+    from . import ops
+    names = [m.name for m in pkgutil.iter_modules(ops.__path__) if not m.name.startswith("_")]
+    for name in names:
+        importlib.import_module(f"{ops.__name__}.{name}")
+    return names
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def padded_nb(t: Tensor) -> tuple[int, int, int, int]:
+    nb, ne = list(t.nb), t.ne4
+    while len(nb) < 4:
+        nb.append(nb[-1] * ne[len(nb) - 1])
+    return tuple(nb)
+
+
+@dataclass(frozen=True)
+class VkTensor:
+    """What a Vulkan kernel function sees of a graph tensor: its address (device.py's virtual
+    address, offset included), dtype, ggml shape and byte strides (4 dims)."""
+    ptr: int
+    dtype: DType
+    ne: tuple[int, int, int, int]
+    nb: tuple[int, int, int, int]
+    tensor: Tensor
+
+    @classmethod
+    def of(cls, t: Tensor, ptr: int) -> "VkTensor":
+        return cls(int(ptr), t.dtype, t.ne4, padded_nb(t), t)
+
+    @property
+    def nelements(self) -> int:
+        return self.ne[0] * self.ne[1] * self.ne[2] * self.ne[3]
+
+    @property
+    def nrows(self) -> int:
+        return self.ne[1] * self.ne[2] * self.ne[3]
+
+    @property
+    def span_bytes(self) -> int:
+        if self.dtype.is_quantized:     # whole rows of blocks
+            return sum((n - 1) * s for n, s in zip(self.ne[1:], self.nb[1:])) + self.dtype.row_bytes(self.ne[0])
+        return sum((n - 1) * s for n, s in zip(self.ne, self.nb)) + self.dtype.type_size
+
+    def strides(self) -> list[int]:
+        """Strides in elements (views of float tensors always step whole elements)."""
+        return [s // self.dtype.type_size for s in self.nb]
+
+
+class Recorder:
+    """What kernels call: `bind` the tensors of bindings 0..4 (None: unused), which returns each
+    one's offset from where it is bound in elements (or in `units` bytes: block types), then `dispatch` a shader with its specialization
+    constants, push constants (up to 24 uints, 8 floats) and workgroup counts."""
+
+    def __init__(self, dev: VulkanDevice):
+        self.dev = dev
+        self.items: list = []
+        self._ranges = None
+
+    def bind(self, tensors, units=None) -> list[int]:
+        dev, ranges, offs = self.dev, [], []
+        tensors = list(tensors) + [None] * (BINDINGS - len(tensors))
+        units = list(units or []) + [None] * (BINDINGS - len(units or []))
+        for t, unit in zip(tensors, units):
+            if t is None:
+                b, _ = dev.resolve(dev.dummy)
+                ranges.append((b.buffer, 0, b.size))
+                offs.append(0)
+                continue
+            b, off = dev.resolve(t.ptr)
+            base = off // dev.offset_align * dev.offset_align
+            size = min(b.size - base, dev.max_range)
+            if off - base + t.span_bytes > size:
+                raise UnsupportedError(f"{dev.name}: {t.tensor!r} spans {t.span_bytes / 2**20:.0f} MiB, more "
+                                       f"than one storage binding reaches ({dev.max_range / 2**20:.0f} MiB)")
+            ranges.append((b.buffer, base, size))
+            offs.append((off - base) // (unit or t.dtype.type_size))   # unit: block types' word size
+        self._ranges = ranges
+        return offs
+
+    def dispatch(self, shader: str, spec, groups, u=(), f=()) -> None:
+        if len(u) > 24 or len(f) > 8:
+            raise ValueError(f"{shader}: too many push constants")
+        push = struct.pack(f"<{len(u)}I", *[int(x) & 0xFFFFFFFF for x in u]).ljust(96, b"\0") + \
+            struct.pack(f"<{len(f)}f", *f)
+        self.items.append((self.dev.pipeline(shader, tuple(int(s) for s in spec)), self._ranges, push,
+                           tuple(int(g) for g in groups)))
+
+
+class _Batch:
+    """Dispatches recorded into one command buffer, resubmitted on every run."""
+
+    def __init__(self, dev: VulkanDevice, items, copies_in=(), copies_out=()):
+        self.dev = dev
+        self.pool = dev.descriptor_pool(len(items))
+        self.cmd = dev.new_command_buffer()
+        dev.begin(self.cmd, once=False)
+        for src, dst, n in copies_in:
+            dev.cmd_copy(self.cmd, src, dst, n)
+        if copies_in:
+            dev.barrier(self.cmd)
+        for pipe, ranges, push, groups in items:
+            ds = dev.descriptor_set(self.pool, ranges)
+            dev.dispatch(self.cmd, pipe, ds, push, groups)
+            dev.barrier(self.cmd)
+        for src, dst, n in copies_out:
+            dev.cmd_copy(self.cmd, src, dst, n)
+        dev.v.vkEndCommandBuffer(self.cmd)
+        self.dispatches = len(items)
+
+    def release(self) -> None:
+        self.dev.free_command_buffer(self.cmd)
+        self.dev.destroy_descriptor_pool(self.pool)
+
+
+class _GraphState:
+    """What one Graph keeps on one device between runs: buffers, and its steps (recorded batches
+    and, for nodes without a Vulkan kernel, host nodes between them)."""
+
+    def __init__(self, backend: "VulkanBackend", graph, plan):
+        self.backend, self.plan, dev = backend, plan, backend.device
+        self.blocks: list[int] = []
+        self.node_ptr: dict[int, int] = {}
+        arena = self._alloc(plan.arena_bytes) if plan.arena_bytes else 0
+        cross = self._alloc(plan.cross_bytes) if plan.cross_bytes else 0
+        for n in plan.outputs:
+            self.node_ptr[id(n)] = self._alloc(_align(n.nbytes))
+        for seg in plan.segments:
+            for n in seg.nodes:
+                if id(n) in seg.offsets:
+                    self.node_ptr[id(n)] = arena + seg.offsets[id(n)]
+                elif id(n) in plan.cross_offsets:
+                    self.node_ptr[id(n)] = cross + plan.cross_offsets[id(n)]
+        self.leaves: dict[int, Tensor] = {}
+        for n in graph.nodes:
+            for s in n.src:
+                if s.owner.op is None:
+                    self.leaves.setdefault(id(s.owner), s.owner)
+        self.input_ptr: dict[int, int] = {}
+        self.inputs: list[tuple[Tensor, int]] = []      # (leaf, offset in the staging buffer)
+        size_in = 0
+        for o in self.leaves.values():
+            if backend.is_input(o):
+                self.input_ptr[id(o)] = self._alloc(o.span_bytes())
+                self.inputs.append((o, size_in))
+                size_in += _align(o.span_bytes())
+        self.outputs: list[tuple[Tensor, int]] = []     # (node, offset in the staging buffer)
+        size_out = 0
+        for n in plan.outputs:
+            self.outputs.append((n, size_out))
+            size_out += _align(n.nbytes)
+        self.stage_in = self._alloc(size_in, host=True) if size_in else 0
+        self.stage_out = self._alloc(size_out, host=True) if size_out else 0
+        # steps: ("gpu", _Batch) and ("host", node, cpu kernel), in node order
+        self.steps: list = []
+        self.fallback: list[str] = []
+        rec = Recorder(dev)
+        copies_in = [(self.stage_in + off, self.input_ptr[id(o)], o.span_bytes()) for o, off in self.inputs]
+        allow = os.environ.get("SDRT_VULKAN_FALLBACK", "1") != "0"
+        try:
+            for n in graph.nodes:
+                k = backend.find(n)
+                if k is not None:
+                    k.fn(n, [self.dev(s) for s in n.src], self.dev(n), rec)
+                    continue
+                cpu = backend.cpu.find(n)
+                if not allow or cpu is None:
+                    srcs = ", ".join(s.dtype.name for s in n.src)
+                    raise UnsupportedError(f"backend {backend.name!r} has no kernel for {n.op}({srcs}) -> "
+                                           f"{n.dtype.name}" + (f" (node {n.name})" if n.name else ""))
+                self.steps.append(("gpu", _Batch(dev, rec.items, copies_in)))
+                rec, copies_in = Recorder(dev), []
+                self.steps.append(("host", n, cpu))
+                self.fallback.append(n.op)
+            copies_out = [(self.node_ptr[id(n)], self.stage_out + off, n.nbytes) for n, off in self.outputs]
+            self.steps.append(("gpu", _Batch(dev, rec.items, copies_in, copies_out)))
+        except Exception:
+            self.release()
+            raise
+        self.runs = 0
+
+    def _alloc(self, nbytes: int, host: bool = False) -> int:
+        p = self.backend.device.alloc(max(nbytes, 16), host=host)
+        self.blocks.append(p)
+        return p
+
+    def ptr(self, t: Tensor) -> int:
+        o = t.owner
+        if o.op is not None:
+            return self.node_ptr[id(o)] + t.offset
+        base = self.input_ptr.get(id(o))
+        if base is None:
+            base = self.backend.weight_ptr(o)
+        return base + (t.offset - o.offset)
+
+    def dev(self, t: Tensor) -> VkTensor:
+        return VkTensor.of(t, self.ptr(t))
+
+    def run_host_node(self, n, kern) -> None:
+        """A node without a Vulkan kernel: its inputs read back, the CPU kernel, its result up."""
+        dev = self.backend.device
+        xs = []
+        for s in n.src:
+            o = s.owner
+            if o.op is None:
+                xs.append(s.numpy())
+            else:
+                buf = np.empty(_align(o.nbytes), np.uint8)
+                dev.download(buf[:o.nbytes], self.node_ptr[id(o)])
+                xs.append(s.numpy_from(buf))
+        out = np.zeros(_align(n.nbytes), np.uint8)
+        kern.fn(n, xs, n.numpy_from(out))
+        dev.upload(self.node_ptr[id(n)], out[:n.nbytes])
+
+    def release(self) -> None:
+        for step in getattr(self, "steps", []):
+            if step[0] == "gpu":
+                step[1].release()
+        self.steps = []
+        blocks, self.blocks = self.blocks, []
+        for p in blocks:
+            self.backend.device.free(p)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+class VulkanBackend:
+    """The Vulkan backend of one device (the ops.backend.Backend protocol)."""
+
+    def __init__(self, index: int = 0):
+        from ...ops.backend import get_backend
+        self.name = f"vulkan{index}"
+        self.device = VulkanDevice(index)
+        self.memory = self.device
+        self.cpu = get_backend("cpu")
+        self.families = import_families()
+        self._weights: dict[tuple[int, int, int], tuple[int, object]] = {}   # key -> (ptr, weakref)
+        self._registered: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+        self._states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._lock = threading.RLock()
+
+    def __repr__(self):
+        return f"VulkanBackend({self.name}: {self.device.describe()})"
+
+    def find(self, node):
+        return VULKAN.find(node)
+
+    # ---- weights ---------------------------------------------------------------------------------
+    def register_weights(self, tensors) -> None:
+        for t in (tensors.values() if hasattr(tensors, "values") else tensors):
+            st = t.owner.storage
+            if st is not None:
+                self._registered[id(st)] = st
+
+    def is_input(self, leaf) -> bool:
+        st = leaf.storage
+        return bool(st.flags.writeable) and self._registered.get(id(st)) is not st
+
+    def weight_ptr(self, leaf) -> int:
+        """Device address of the cached copy of weight `leaf` (uploaded on first use; freed when
+        its host storage is garbage)."""
+        st = leaf.storage
+        key = (id(st), leaf.offset, leaf.span_bytes())
+        hit = self._weights.get(key)
+        if hit is not None and hit[1]() is st:
+            return hit[0]
+        ptr = self.device.alloc(key[2])
+        self.device.upload(ptr, st.reshape(-1).view(np.uint8)[key[1]:key[1] + key[2]])
+        self._weights[key] = (ptr, weakref.ref(st, lambda _r, k=key: self._drop_weight(k)))
+        return ptr
+
+    def _drop_weight(self, key) -> None:
+        hit = self._weights.pop(key, None)
+        if hit is not None:
+            self.device.free(hit[0])
+
+    def weight_bytes(self) -> int:
+        return sum(k[2] for k in self._weights)
+
+    # ---- running -------------------------------------------------------------------------------
+    def run_graph(self, graph, plan, on_segment=None, residency=None) -> dict:
+        if residency is not None:
+            raise UnsupportedError(f"{self.name}: running with a residency manager (weights streamed per segment, "
+                                   "--max-vram) is not supported on Vulkan yet; keep the weights on the device")
+        with self._lock:
+            t0 = time.perf_counter()
+            state = self._states.get(graph)
+            if state is None or state.plan is not plan:
+                state = self._states[graph] = _GraphState(self, graph, plan)
+                self.device.save_pipeline_cache()
+                if state.fallback:
+                    log.warning("%s: %d nodes run on the CPU (no Vulkan kernel): %s", self.name, len(state.fallback),
+                                ", ".join(sorted(set(state.fallback))))
+            if on_segment is not None:
+                for k, seg in enumerate(plan.segments):
+                    on_segment(k, seg.name, seg.nodes)
+            dev = self.device
+            for o, off in state.inputs:
+                lo, size = o.offset, o.span_bytes()
+                dev.mapped(state.stage_in + off, size)[:] = o.storage.reshape(-1).view(np.uint8)[lo:lo + size]
+            for step in state.steps:
+                if step[0] == "gpu":
+                    dev.submit(step[1].cmd)
+                else:
+                    state.run_host_node(step[1], step[2])
+            state.runs += 1
+            result = {}
+            host = {id(n): dev.mapped(state.stage_out + off, _align(n.nbytes)).copy() for n, off in state.outputs}
+            for name, t in graph.outputs.items():
+                o = t.owner
+                st = o.storage if o.op is None else host[id(o)]
+                result[name] = Tensor(t.dtype, t.ne, t.nb, storage=st, offset=t.offset, name=t.name or name)
+            log.debug("%s: run %d of %d nodes (%d batches, %d on the CPU): %.2f ms", self.name, state.runs,
+                      len(graph.nodes), sum(s[0] == "gpu" for s in state.steps), len(state.fallback),
+                      (time.perf_counter() - t0) * 1e3)
+            return result
+
+    def forget(self, graph) -> None:
+        with self._lock:
+            state = self._states.pop(graph, None)
+            if state is not None:
+                state.release()
+
+    def synchronize(self) -> None:
+        self.device.synchronize()
+
+    def memory_stats(self) -> dict:
+        s = self.device.stats()
+        s["weights"] = self.weight_bytes()
+        return s
+
+
+_BACKENDS: dict[int, VulkanBackend] = {}
+
+
+def get(index: int = 0) -> VulkanBackend:
+    be = _BACKENDS.get(index)
+    if be is None:
+        be = _BACKENDS[index] = VulkanBackend(index)
+    return be

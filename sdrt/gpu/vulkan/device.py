@@ -1,0 +1,393 @@
+"""One Vulkan device through the `vulkan` (cffi) binding: instance, a compute queue, buffers,
+pipelines from the shipped SPIR-V, one-shot and recorded command buffers.
+
+Addresses. The backend registry's DeviceMemory speaks in integer device addresses; Vulkan has
+buffers. Each allocation here is one VkBuffer with its own memory, handed out as a virtual
+address `slot << SLOT_SHIFT` (offsets inside it are added), so `resolve(addr)` gives the buffer
+and byte offset back in O(1). A kernel binds the whole buffer from the 16-byte-aligned start at
+or below its tensor and indexes from there (maxStorageBufferRange bounds what one binding reaches).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+
+from ...errors import DeviceOutOfMemoryError, UnsupportedError
+
+log = logging.getLogger("sdrt.vulkan")
+SLOT_SHIFT = 40
+OFFSET_MASK = (1 << SLOT_SHIFT) - 1
+PUSH_BYTES = 128        # the minimum maxPushConstantsSize every driver gives
+BINDINGS = 5            # storage buffers every pipeline's layout has (unused ones get a dummy)
+
+
+def vk():
+    import vulkan  # the optional binding: only imported once a Vulkan device is asked for
+    return vulkan
+
+
+def make_instance():
+    v = vk()
+    app = v.VkApplicationInfo(pApplicationName="sdrt", applicationVersion=1, pEngineName="sdrt",
+                              engineVersion=1, apiVersion=v.VK_MAKE_VERSION(1, 1, 0))
+    return v.vkCreateInstance(v.VkInstanceCreateInfo(pApplicationInfo=app), None)
+
+
+def _features16(v, pd):
+    f16 = v.VkPhysicalDevice16BitStorageFeatures()
+    feats = v.VkPhysicalDeviceFeatures2(pNext=f16)
+    v.vkGetPhysicalDeviceFeatures2(pd, feats)
+    return bool(f16.storageBuffer16BitAccess)
+
+
+def _compute_family(v, pd):
+    for i, q in enumerate(v.vkGetPhysicalDeviceQueueFamilyProperties(pd)):
+        if q.queueFlags & v.VK_QUEUE_COMPUTE_BIT:
+            return i
+    return None
+
+
+def describe(v, pd) -> str:
+    p = v.vkGetPhysicalDeviceProperties(pd)
+    mem = v.vkGetPhysicalDeviceMemoryProperties(pd)
+    local = [mem.memoryHeaps[i].size for i in range(mem.memoryHeapCount)
+             if mem.memoryHeaps[i].flags & v.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT]
+    size = max(local) if local else 0
+    api = p.apiVersion
+    kinds = {v.VK_PHYSICAL_DEVICE_TYPE_CPU: "CPU", v.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: "discrete GPU",
+             v.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: "integrated GPU", v.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: "virtual GPU"}
+    feats = ["fp16 storage"] + (["fp16 arithmetic"] if _float16_arith(v, pd) else [])
+    name = p.deviceName if isinstance(p.deviceName, str) else v.ffi.string(p.deviceName).decode()
+    return (f"{name} ({kinds.get(p.deviceType, 'device')}), {size / 2**30:.1f} GiB, "
+            f"Vulkan {api >> 22}.{(api >> 12) & 0x3ff}.{api & 0xfff}, max binding "
+            f"{p.limits.maxStorageBufferRange / 2**20:.0f} MiB, {', '.join(feats)}")
+
+
+def _float16_arith(v, pd) -> bool:
+    f = v.VkPhysicalDeviceShaderFloat16Int8Features()
+    v.vkGetPhysicalDeviceFeatures2(pd, v.VkPhysicalDeviceFeatures2(pNext=f))
+    return bool(f.shaderFloat16)
+
+
+def usable_devices(instance) -> list:
+    """Physical devices with a compute queue and 16-bit storage buffers (every shader needs it)."""
+    v = vk()
+    return [pd for pd in v.vkEnumeratePhysicalDevices(instance)
+            if _compute_family(v, pd) is not None and _features16(v, pd)]
+
+
+class _Buffer:
+    __slots__ = ("buffer", "memory", "size", "mapped")
+
+    def __init__(self, buffer, memory, size, mapped=None):
+        self.buffer, self.memory, self.size, self.mapped = buffer, memory, size, mapped
+
+
+class VulkanDevice:
+    """A logical device with one compute queue; also the backend's DeviceMemory (`memory`)."""
+
+    def __init__(self, index: int):
+        v = self.v = vk()
+        self.instance = make_instance()
+        pds = usable_devices(self.instance)
+        if index >= len(pds):
+            raise UnsupportedError(f"vulkan{index}: no such device ({len(pds)} usable)")
+        self.pd = pds[index]
+        self.name = f"vulkan{index}"
+        self.props = v.vkGetPhysicalDeviceProperties(self.pd)
+        self.limits = self.props.limits
+        self.max_range = int(self.limits.maxStorageBufferRange)
+        self.offset_align = max(16, int(self.limits.minStorageBufferOffsetAlignment))
+        self.mem_props = v.vkGetPhysicalDeviceMemoryProperties(self.pd)
+        self.family = _compute_family(v, self.pd)
+        f16 = v.VkPhysicalDevice16BitStorageFeatures(storageBuffer16BitAccess=v.VK_TRUE)
+        queue = v.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=[1.0])
+        self.device = v.vkCreateDevice(self.pd, v.VkDeviceCreateInfo(
+            pNext=f16, pQueueCreateInfos=[queue], queueCreateInfoCount=1), None)
+        self.queue = v.vkGetDeviceQueue(self.device, self.family, 0)
+        self.pool = v.vkCreateCommandPool(self.device, v.VkCommandPoolCreateInfo(
+            queueFamilyIndex=self.family, flags=v.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT), None)
+        self.fence = v.vkCreateFence(self.device, v.VkFenceCreateInfo(), None)
+        self._slots: dict[int, _Buffer] = {}
+        self._next = 1
+        self._allocated = 0
+        self._lock = threading.RLock()
+        self._layouts()
+        self._pipelines: dict = {}
+        self._modules: dict = {}
+        self.pipeline_stats = {"created": 0, "create_s": 0.0, "cache_loaded_bytes": 0}
+        self._cache_dirty = False
+        self.cache_path = self._cache_path()
+        self.cache = self._load_pipeline_cache()
+        self.dummy = self.alloc(256)
+
+    def describe(self) -> str:
+        return describe(self.v, self.pd)
+
+    # ---- memory ----------------------------------------------------------------------------------
+    def _memory_type(self, bits: int, want: int) -> int | None:
+        mp = self.mem_props
+        for i in range(mp.memoryTypeCount):
+            if bits & (1 << i) and (mp.memoryTypes[i].propertyFlags & want) == want:
+                return i
+        return None
+
+    def _make(self, nbytes: int, host: bool) -> _Buffer:
+        v = self.v
+        usage = (v.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | v.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | v.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        nbytes = max(16, (nbytes + 15) // 16 * 16)
+        buf = v.vkCreateBuffer(self.device, v.VkBufferCreateInfo(size=nbytes, usage=usage,
+                                                                  sharingMode=v.VK_SHARING_MODE_EXCLUSIVE), None)
+        req = v.vkGetBufferMemoryRequirements(self.device, buf)
+        if host:
+            want = v.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | v.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+            t = self._memory_type(req.memoryTypeBits, want)
+        else:
+            t = self._memory_type(req.memoryTypeBits, v.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+            if t is None:
+                t = self._memory_type(req.memoryTypeBits, 0)
+        try:
+            mem = v.vkAllocateMemory(self.device, v.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=t), None)
+        except (v.VkErrorOutOfDeviceMemory, v.VkErrorOutOfHostMemory) as e:
+            v.vkDestroyBuffer(self.device, buf, None)
+            raise DeviceOutOfMemoryError(f"{self.name}: cannot allocate {nbytes / 2**20:.1f} MiB ({type(e).__name__})") from e
+        v.vkBindBufferMemory(self.device, buf, mem, 0)
+        mapped = None
+        if host:
+            mapped = np.frombuffer(v.vkMapMemory(self.device, mem, 0, nbytes, 0), dtype=np.uint8)
+        return _Buffer(buf, mem, nbytes, mapped)
+
+    def alloc(self, nbytes: int, host: bool = False) -> int:
+        """A new buffer of nbytes (device-local; `host`: host-visible and mapped): its address."""
+        with self._lock:
+            b = self._make(nbytes, host)
+            slot, self._next = self._next, self._next + 1
+            self._slots[slot] = b
+            self._allocated += b.size
+            return slot << SLOT_SHIFT
+
+    def free(self, ptr: int) -> None:
+        with self._lock:
+            b = self._slots.pop(ptr >> SLOT_SHIFT, None)
+            if b is None:
+                return
+            self._allocated -= b.size
+            if b.mapped is not None:
+                self.v.vkUnmapMemory(self.device, b.memory)
+            self.v.vkDestroyBuffer(self.device, b.buffer, None)
+            self.v.vkFreeMemory(self.device, b.memory, None)
+
+    def resolve(self, ptr: int) -> tuple[_Buffer, int]:
+        return self._slots[ptr >> SLOT_SHIFT], ptr & OFFSET_MASK
+
+    def mapped(self, ptr: int, nbytes: int) -> np.ndarray:
+        b, off = self.resolve(ptr)
+        return b.mapped[off:off + nbytes]
+
+    def mem_get_info(self) -> tuple[int, int]:
+        mp = self.mem_props
+        total = max(mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount))
+        return max(0, total - self._allocated), total
+
+    def upload(self, ptr: int, host_u8, stream: str = "compute"):
+        host_u8 = np.ascontiguousarray(host_u8).view(np.uint8).reshape(-1)
+        stage = self.alloc(host_u8.nbytes, host=True)
+        try:
+            self.mapped(stage, host_u8.nbytes)[:] = host_u8
+            self.one_shot(lambda cmd: self.cmd_copy(cmd, stage, ptr, host_u8.nbytes))
+        finally:
+            self.free(stage)
+
+    def download(self, host_u8, ptr: int, stream: str = "compute") -> None:
+        out = host_u8.view(np.uint8).reshape(-1)
+        stage = self.alloc(out.nbytes, host=True)
+        try:
+            self.one_shot(lambda cmd: self.cmd_copy(cmd, ptr, stage, out.nbytes))
+            out[:] = self.mapped(stage, out.nbytes)
+        finally:
+            self.free(stage)
+
+    def record(self, stream: str = "compute"):
+        return None      # every submit here completes before it returns
+
+    def wait(self, event, stream: str = "compute") -> None:
+        pass
+
+    def synchronize(self) -> None:
+        self.v.vkQueueWaitIdle(self.queue)
+
+    def stats(self) -> dict:
+        return {"allocated": self._allocated, "buffers": len(self._slots)}
+
+    def empty_cache(self) -> None:
+        pass             # no caching allocator: frees go straight to the driver
+
+    # ---- commands ----------------------------------------------------------------------------
+    def cmd_copy(self, cmd, src: int, dst: int, nbytes: int) -> None:
+        (sb, so), (db, do) = self.resolve(src), self.resolve(dst)
+        self.v.vkCmdCopyBuffer(cmd, sb.buffer, db.buffer, 1, [self.v.VkBufferCopy(srcOffset=so, dstOffset=do, size=nbytes)])
+
+    def barrier(self, cmd) -> None:
+        v = self.v
+        mb = v.VkMemoryBarrier(srcAccessMask=v.VK_ACCESS_SHADER_WRITE_BIT | v.VK_ACCESS_TRANSFER_WRITE_BIT,
+                               dstAccessMask=v.VK_ACCESS_SHADER_READ_BIT | v.VK_ACCESS_SHADER_WRITE_BIT
+                               | v.VK_ACCESS_TRANSFER_READ_BIT | v.VK_ACCESS_TRANSFER_WRITE_BIT)
+        stages = v.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | v.VK_PIPELINE_STAGE_TRANSFER_BIT
+        v.vkCmdPipelineBarrier(cmd, stages, stages, 0, 1, [mb], 0, None, 0, None)
+
+    def new_command_buffer(self):
+        v = self.v
+        return v.vkAllocateCommandBuffers(self.device, v.VkCommandBufferAllocateInfo(
+            commandPool=self.pool, level=v.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+
+    def free_command_buffer(self, cmd) -> None:
+        self.v.vkFreeCommandBuffers(self.device, self.pool, 1, [cmd])
+
+    def begin(self, cmd, once: bool) -> None:
+        v = self.v
+        flags = v.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT if once else 0
+        v.vkBeginCommandBuffer(cmd, v.VkCommandBufferBeginInfo(flags=flags))
+
+    def submit(self, cmd) -> None:
+        """Run a recorded command buffer and wait for it."""
+        v = self.v
+        with self._lock:
+            v.vkQueueSubmit(self.queue, 1, [v.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])], self.fence)
+            v.vkWaitForFences(self.device, 1, [self.fence], v.VK_TRUE, 2**63 - 1)
+            v.vkResetFences(self.device, 1, [self.fence])
+
+    def one_shot(self, fill) -> None:
+        cmd = self.new_command_buffer()
+        try:
+            self.begin(cmd, once=True)
+            fill(cmd)
+            self.v.vkEndCommandBuffer(cmd)
+            self.submit(cmd)
+        finally:
+            self.free_command_buffer(cmd)
+
+    # ---- pipelines ---------------------------------------------------------------------------
+    def _layouts(self) -> None:
+        v = self.v
+        binds = [v.VkDescriptorSetLayoutBinding(binding=i, descriptorType=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                descriptorCount=1, stageFlags=v.VK_SHADER_STAGE_COMPUTE_BIT)
+                 for i in range(BINDINGS)]
+        self.set_layout = v.vkCreateDescriptorSetLayout(self.device, v.VkDescriptorSetLayoutCreateInfo(
+            bindingCount=BINDINGS, pBindings=binds), None)
+        push = v.VkPushConstantRange(stageFlags=v.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=PUSH_BYTES)
+        self.pipeline_layout = v.vkCreatePipelineLayout(self.device, v.VkPipelineLayoutCreateInfo(
+            setLayoutCount=1, pSetLayouts=[self.set_layout], pushConstantRangeCount=1,
+            pPushConstantRanges=[push]), None)
+
+    def pipeline(self, shader: str, spec: tuple[int, ...]):
+        """The compute pipeline of shaders/<shader>.spv with specialization constants 0.. = spec
+        (made once per (shader, spec) and kept)."""
+        key = (shader, spec)
+        p = self._pipelines.get(key)
+        if p is not None:
+            return p
+        v = self.v
+        mod = self._modules.get(shader)
+        if mod is None:
+            from .shaders import spirv
+            code = spirv(shader)
+            mod = self._modules[shader] = v.vkCreateShaderModule(self.device, v.VkShaderModuleCreateInfo(
+                codeSize=len(code), pCode=code), None)
+        data = np.asarray(spec, dtype=np.int32).tobytes()
+        entries = [v.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4) for i in range(len(spec))]
+        si = v.VkSpecializationInfo(mapEntryCount=len(spec), pMapEntries=entries, dataSize=len(data),
+                                    pData=v.ffi.from_buffer(data)) if spec else None
+        stage = v.VkPipelineShaderStageCreateInfo(stage=v.VK_SHADER_STAGE_COMPUTE_BIT, module=mod, pName="main",
+                                                  pSpecializationInfo=si)
+        t0 = time.perf_counter()
+        p = v.vkCreateComputePipelines(self.device, self.cache, 1, [v.VkComputePipelineCreateInfo(
+            stage=stage, layout=self.pipeline_layout)], None)[0]
+        self.pipeline_stats["created"] += 1
+        self.pipeline_stats["create_s"] += time.perf_counter() - t0
+        self._cache_dirty = True
+        self._pipelines[key] = p
+        return p
+
+    # ---- the disk pipeline cache -----------------------------------------------------------------
+    def _cache_path(self) -> str | None:
+        """$SDRT_VULKAN_CACHE (a directory; "0" turns the cache off) or ~/.cache/sdrt/vulkan, one
+        file per device, driver version and pipelineCacheUUID (a driver update starts afresh)."""
+        where = os.environ.get("SDRT_VULKAN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdrt", "vulkan"))
+        if where == "0":
+            return None
+        p = self.props
+        uuid = bytes(bytearray(p.pipelineCacheUUID)).hex()
+        return os.path.join(where, f"{p.vendorID:04x}-{p.deviceID:04x}-{p.driverVersion:x}-{uuid}.bin")
+
+    def _load_pipeline_cache(self):
+        """A VkPipelineCache seeded from the disk file when there is one (the driver ignores data
+        that is not its own), so a second process does not recompile its pipelines."""
+        v = self.v
+        data = b""
+        if self.cache_path is not None and os.path.exists(self.cache_path):
+            try:
+                with open(self.cache_path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                log.debug("%s: pipeline cache %s unreadable: %s", self.name, self.cache_path, e)
+        self.pipeline_stats["cache_loaded_bytes"] = len(data)
+        info = v.VkPipelineCacheCreateInfo(initialDataSize=len(data), pInitialData=v.ffi.from_buffer(data)) \
+            if data else v.VkPipelineCacheCreateInfo()
+        return v.vkCreatePipelineCache(self.device, info, None)
+
+    def save_pipeline_cache(self) -> int:
+        """Write the pipeline cache to disk if pipelines were made since the last save (bytes written)."""
+        if self.cache_path is None or not self._cache_dirty:
+            return 0
+        from vulkan import _vulkan
+        ffi, lib = _vulkan.ffi, _vulkan.lib
+        try:
+            size = ffi.new("size_t *")
+            lib.vkGetPipelineCacheData(self.device, self.cache, size, ffi.NULL)
+            buf = ffi.new("char[]", size[0])
+            lib.vkGetPipelineCacheData(self.device, self.cache, size, buf)
+            os.makedirs(os.path.dirname(self.cache_path), exist_ok=True)
+            tmp = f"{self.cache_path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(ffi.buffer(buf, size[0]))
+            os.replace(tmp, self.cache_path)
+        except Exception as e:  # a cache is an optimization: never fail a run over it
+            log.debug("%s: pipeline cache not saved: %s", self.name, e)
+            return 0
+        self._cache_dirty = False
+        return int(size[0])
+
+    def descriptor_pool(self, sets: int):
+        v = self.v
+        size = v.VkDescriptorPoolSize(type=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max(1, sets) * BINDINGS)
+        return v.vkCreateDescriptorPool(self.device, v.VkDescriptorPoolCreateInfo(
+            maxSets=max(1, sets), poolSizeCount=1, pPoolSizes=[size]), None)
+
+    def destroy_descriptor_pool(self, pool) -> None:
+        self.v.vkDestroyDescriptorPool(self.device, pool, None)
+
+    def descriptor_set(self, pool, ranges):
+        """A descriptor set binding (buffer, offset, range) at bindings 0..BINDINGS-1."""
+        v = self.v
+        ds = v.vkAllocateDescriptorSets(self.device, v.VkDescriptorSetAllocateInfo(
+            descriptorPool=pool, descriptorSetCount=1, pSetLayouts=[self.set_layout]))[0]
+        writes = [v.VkWriteDescriptorSet(dstSet=ds, dstBinding=i, descriptorCount=1,
+                                         descriptorType=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                         pBufferInfo=[v.VkDescriptorBufferInfo(buffer=b, offset=o, range=r)])
+                  for i, (b, o, r) in enumerate(ranges)]
+        v.vkUpdateDescriptorSets(self.device, len(writes), writes, 0, None)
+        return ds
+
+    def dispatch(self, cmd, pipeline, ds, push: bytes, groups) -> None:
+        v = self.v
+        v.vkCmdBindPipeline(cmd, v.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline)
+        v.vkCmdBindDescriptorSets(cmd, v.VK_PIPELINE_BIND_POINT_COMPUTE, self.pipeline_layout, 0, 1, [ds], 0, None)
+        push = push.ljust(PUSH_BYTES, b"\0")
+        v.vkCmdPushConstants(cmd, self.pipeline_layout, v.VK_SHADER_STAGE_COMPUTE_BIT, 0, PUSH_BYTES,
+                             v.ffi.from_buffer(push))
+        v.vkCmdDispatch(cmd, *groups)

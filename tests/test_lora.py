@@ -312,3 +312,39 @@ def test_cli_end_to_end(tiny, tmp_path, caplog):
     text = read_png_text(open(out, "rb").read())["parameters"]
     assert text.startswith("a cat <lora:locon:1>\n")
     assert f'Lora hashes: "locon: {L.lora_hashes([L.LoraSpec(os.path.join(tiny["dir"], "locon.safetensors"))]).split(": ")[1]}"' in text
+
+
+# ---- against diffusers + peft (tests/fixtures/lora_goldens.npz, tools/make_lora_goldens.py) ---------
+
+GOLDENS = os.path.join(ROOT, "tests", "fixtures", "lora_goldens.npz")
+
+
+def test_kohya_merge_matches_diffusers_fuse_lora(tmp_path, rng):
+    """A kohya LoRA on an SD1.5-layout UNet fused by diffusers/peft at 0.7 == sdrt's immediate merge
+    under the LDM names sdrt maps the kohya keys to."""
+    from sdrt.models.names import convert_tensor_name
+    z = np.load(GOLDENS)
+    mult = float(z["multiplier"])
+    lora = {k[len("kohya/"):]: z[k] for k in z if k.startswith("kohya/")}
+    path = str(tmp_path / "k.safetensors")
+    write_safetensors(path, {k: (v if v.ndim else v.reshape(1)) for k, v in lora.items()})
+    deltas = {convert_tensor_name(DM + k[len("delta/"):], "sd1"): z[k] for k in z if k.startswith("delta/")}
+    base = {n: rng.standard_normal(d.shape).astype(np.float32) for n, d in deltas.items()}
+    table = {n: Tensor.from_numpy(b, name=n) for n, b in base.items()}
+    out, runtime = L.apply_loras(table, [L.LoraSpec(path, mult)], "sd1", "immediately")
+    assert not runtime and len(deltas) > 50
+    for n, d in deltas.items():
+        np.testing.assert_allclose(L._f32(out[n]) - base[n], d, rtol=1e-4, atol=2e-5, err_msg=n)
+
+
+@pytest.mark.parametrize("kind, mod", [("loha", "lin"), ("loha", "conv"), ("lokr", "lin"), ("lokr", "conv")])
+def test_lycoris_delta_matches_peft(kind, mod):
+    z = np.load(GOLDENS)
+    pre = f"{kind}/{mod}."
+    group = _g(**{k[len(pre):]: z[k].reshape(z[k].shape or (1,)) for k in z if k.startswith(pre) and not k.endswith("delta")})
+    d, _ = L.weight_delta(group, 1.0)
+    want = z[pre + "delta"]
+    if kind == "lokr" and "lokr_w2" in group and "lokr_w1" in group:
+        # both factors full: LyCORIS and sd.cpp use scale 1 (rank 1); peft still applies alpha/r
+        want = want / (6.0 / 4)
+    np.testing.assert_allclose(d, want, rtol=1e-4, atol=1e-5)

@@ -287,20 +287,24 @@ def _fit(delta: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray | N
 
 # ---- applying ------------------------------------------------------------------------------------
 
-def _patched(t, deltas):
-    """A lazily converted leaf: t + sum(delta()) in t's type (quantized types requantized)."""
+def _patched(t, deltas, runtime: bool = False):
+    """A lazily converted leaf: t + sum(delta()) in t's type (quantized types requantized, as
+    sd.cpp's merge graph); at run time a quantized weight becomes F32 (sd.cpp's patch_weight adds
+    the diff to the weight cast to F32 in the layer's graph)."""
     from ..io.base import ConvertedTensor
     from ..io.writer import quantize_like_sd_cpp
+    from ..ops import dtypes
     from ..ops.convert import f32_to_raw
+    dst = dtypes.get("F32") if runtime and t.dtype.is_quantized else t.dtype
 
     def fill():
         w = _f32(t).copy()
         for d in deltas:
             w += d()
-        if t.dtype.is_quantized:
+        if dst.is_quantized:
             return quantize_like_sd_cpp(np.ascontiguousarray(w).reshape(-1, w.shape[-1]), t.dtype).reshape(-1).view("uint8")
-        return np.ascontiguousarray(f32_to_raw(w, t.dtype)).reshape(-1).view("uint8")
-    return ConvertedTensor(t.dtype, t.ne, fill, name=t.name)
+        return np.ascontiguousarray(f32_to_raw(w, dst)).reshape(-1).view("uint8")
+    return ConvertedTensor(dst, t.ne, fill, name=t.name)
 
 
 def _grouped(lm: LoraModel) -> dict:
@@ -358,13 +362,12 @@ def apply_loras(tensors: dict, specs, version: str | None, mode: str = "auto",
             log.warning("LoRA '%s' not applied: %s", spec.path, e)
             continue
         for target, parts in _grouped(lm).items():
-            w = tensors[target]
-            shape = tuple(w.ne[::-1])
+            shape = tuple(tensors[target].ne[::-1])
             kinds = {_kind(g) for _, g in parts}
             if mode == "at_runtime" and kinds <= {"lora", "lokr"} and _hookable(target):
                 path = _runtime_path(lm, target, parts, shape)
                 if path is not None:
-                    acc = runtime.setdefault(w, RuntimePath())
+                    acc = runtime.setdefault(target, RuntimePath())
                     acc.chains += path.chains
                     acc.dense += path.dense
                 continue
@@ -373,8 +376,9 @@ def apply_loras(tensors: dict, specs, version: str | None, mode: str = "auto",
                 merges.setdefault(target, []).append(lambda d=d: d)
         lm.stat()
     for target, ds in merges.items():
-        out[target] = _patched(tensors[target], ds)
-    return out, runtime
+        out[target] = _patched(tensors[target], ds, runtime=mode == "at_runtime")
+    # keyed by the leaf the model will read (a patched one where a diff/LoHa also hit the weight)
+    return out, {out[target]: path for target, path in runtime.items()}
 
 
 class LoraState:

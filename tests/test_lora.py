@@ -348,3 +348,29 @@ def test_lycoris_delta_matches_peft(kind, mod):
         # both factors full: LyCORIS and sd.cpp use scale 1 (rank 1); peft still applies alpha/r
         want = want / (6.0 / 4)
     np.testing.assert_allclose(d, want, rtol=1e-4, atol=1e-5)
+
+
+def test_python_api_loras_argument_equals_the_prompt_tag(tiny):
+    import sdrt
+    kw = dict(model=tiny["ckpt"], width=64, height=64, steps=1, sampling_method="euler", output="numpy")
+    by_tag = sdrt.generate("a cat <lora:locon:0.6>", lora_model_dir=tiny["dir"], **kw)[0]
+    by_arg = sdrt.generate("a cat", loras=[(os.path.join(tiny["dir"], "locon.safetensors"), 0.6)], **kw)[0]
+    plain = sdrt.generate("a cat", **kw)[0]
+    np.testing.assert_array_equal(by_tag, by_arg)
+    assert not np.array_equal(by_tag, plain)
+
+
+def test_delta_shape_without_reading_matches_the_delta(rng):
+    """Counting applied/skipped tensors uses shapes only (nothing is read until a weight is used)."""
+    groups = [
+        _g(lora_down=_rand(rng, 4, 8, 3, 3), lora_up=_rand(rng, 12, 4, 1, 1)),
+        _g(lora_down=_rand(rng, 4, 8, 1, 1), lora_mid=_rand(rng, 4, 4, 3, 3), lora_up=_rand(rng, 12, 4, 1, 1)),
+        _g(diff=_rand(rng, 6, 5)),
+        _g(hada_w1_a=_rand(rng, 12, 4), hada_w1_b=_rand(rng, 4, 8), hada_w2_a=_rand(rng, 12, 4), hada_w2_b=_rand(rng, 4, 8)),
+        _g(hada_w1_a=_rand(rng, 4, 12), hada_w1_b=_rand(rng, 4, 8), hada_w2_a=_rand(rng, 4, 12), hada_w2_b=_rand(rng, 4, 8),
+           hada_t1=_rand(rng, 4, 4, 3, 3), hada_t2=_rand(rng, 4, 4, 3, 3)),
+        _g(lokr_w1_a=_rand(rng, 3, 1), lokr_w1_b=_rand(rng, 1, 2), lokr_w2=_rand(rng, 4, 5, 3, 3)),
+        _g(lokr_w1=_rand(rng, 3, 2), lokr_w2_a=_rand(rng, 2, 4), lokr_w2_b=_rand(rng, 2, 5), lokr_t2=_rand(rng, 2, 2, 3, 3)),
+    ]
+    for g in groups:
+        assert L._delta_shape(g, L._kind(g)) == L.weight_delta(g, 1.0)[0].shape

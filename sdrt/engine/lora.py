@@ -230,11 +230,11 @@ def weight_delta(group: dict, multiplier: float) -> tuple[np.ndarray, list[str]]
         return None
     if kind == "lora":
         down, mid, up, scale = lora_factors(group)
-        used = ["lora_up", "lora_down", "lora_mid", "scale" if "scale" in group else "alpha"]
-        return _merge(down, up, mid) * _F32(scale * multiplier), _keys(group, used)
+        # the scale goes on the small factor, not on the [out, in] product
+        return _merge(down, up * _F32(scale * multiplier), mid), _used(group, kind)
     if kind == "diff":
         role = "diff" if "diff" in group else "diff_b"
-        return _f32(group[role][1]) * _F32(multiplier), _keys(group, [role])
+        return _f32(group[role][1]) * _F32(multiplier), _used(group, kind)
     if kind == "loha":
         def half(a, b, t):
             wa, wb = _f32(group[a][1]), _f32(group[b][1])
@@ -245,8 +245,7 @@ def weight_delta(group: dict, multiplier: float) -> tuple[np.ndarray, list[str]]
         a = _scalar(group, "alpha")
         scale = a / rank if a is not None else 1.0
         d = half("hada_w1_a", "hada_w1_b", "hada_t1") * half("hada_w2_a", "hada_w2_b", "hada_t2")
-        return d * _F32(scale * multiplier), _keys(group, ["hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b",
-                                                            "hada_t1", "hada_t2", "alpha"])
+        return d * _F32(scale * multiplier), _used(group, kind)
     # LoKr
     rank = 1
     if "lokr_w1" in group:
@@ -264,8 +263,7 @@ def weight_delta(group: dict, multiplier: float) -> tuple[np.ndarray, list[str]]
     a = _scalar(group, "alpha")
     scale = a / rank if (a is not None and rank != 1) else 1.0
     w1 = w1.reshape(w1.shape + (1,) * (w2.ndim - w1.ndim))
-    return np.kron(w1, w2).astype(_F32) * _F32(scale * multiplier), \
-        _keys(group, ["lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2", "alpha"])
+    return np.kron(w1, w2).astype(_F32) * _F32(scale * multiplier), _used(group, kind)
 
 
 def _keys(group: dict, roles) -> list[str]:
@@ -298,9 +296,10 @@ def _patched(t, deltas, runtime: bool = False):
     dst = dtypes.get("F32") if runtime and t.dtype.is_quantized else t.dtype
 
     def fill():
-        w = _f32(t).copy()
-        for d in deltas:
+        w = deltas[0]()
+        for d in deltas[1:]:
             w += d()
+        w += _f32(t)
         if dst.is_quantized:
             return quantize_like_sd_cpp(np.ascontiguousarray(w).reshape(-1, w.shape[-1]), t.dtype).reshape(-1).view("uint8")
         return np.ascontiguousarray(f32_to_raw(w, dst)).reshape(-1).view("uint8")
@@ -315,24 +314,81 @@ def _grouped(lm: LoraModel) -> dict:
     return out
 
 
-def _target_delta(lm: LoraModel, target: str, parts, shape) -> np.ndarray | None:
-    """The whole delta of one target: split parts concatenated on the output dim; marks keys."""
-    ds, used = [], []
+def _shape(t) -> tuple[int, ...]:
+    return tuple(t.shape) if isinstance(t, np.ndarray) else tuple(t.ne[::-1])
+
+
+_USED = {"lora": ("lora_up", "lora_down", "lora_mid"),
+         "diff": ("diff",),
+         "loha": ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1", "hada_t2", "alpha"),
+         "lokr": ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2", "alpha")}
+
+
+def _used(group: dict, kind: str) -> list[str]:
+    roles = _USED[kind]
+    if kind == "lora":
+        roles += ("scale",) if "scale" in group else ("alpha",)
+    if kind == "diff" and "diff" not in group:
+        roles = ("diff_b",)
+    return _keys(group, roles)
+
+
+def _delta_shape(group: dict, kind: str) -> tuple[int, ...]:
+    """The shape weight_delta gives, from the tensors' shapes alone (nothing is read)."""
+    sh = {r: _shape(t) for r, (_, t) in group.items()}
+
+    def merged(down, up, mid=None, up_t=False):
+        out = sh[up][1] if up_t else sh[up][0]
+        return (out, sh[down][1]) + (sh[mid][2:] if mid in sh else sh[down][2:])
+    if kind == "lora":
+        return merged("lora_down", "lora_up", "lora_mid")
+    if kind == "diff":
+        return sh["diff" if "diff" in sh else "diff_b"]
+    if kind == "loha":
+        return merged("hada_w1_b", "hada_w1_a", "hada_t1", up_t="hada_t1" in sh)
+    w1 = sh["lokr_w1"] if "lokr_w1" in sh else (sh["lokr_w1_a"][0], int(np.prod(sh["lokr_w1_b"][1:])))
+    w2 = sh["lokr_w2"] if "lokr_w2" in sh else merged("lokr_w2_b", "lokr_w2_a", "lokr_t2", up_t="lokr_t2" in sh)
+    w1 = w1 + (1,) * (len(w2) - len(w1))
+    return tuple(a * b for a, b in zip(w1, w2))
+
+
+def _fits(dshape: tuple, shape: tuple, name: str) -> bool:
+    n, m = int(np.prod(dshape)), int(np.prod(shape))
+    if n < m and len(dshape) == 2 and len(shape) == 2 and dshape[1] == shape[1]:
+        return True
+    if n != m:
+        log.warning("skip incompatible LoRA tensor |%s|: model shape = %s, LoRA shape = %s",
+                    name, list(shape), list(dshape))
+        return False
+    return True
+
+
+def _plan_delta(lm: LoraModel, target: str, parts, shape):
+    """Check one target's groups against the weight's shape (marking their keys applied or
+    skipped) and return a function computing the delta in the weight's shape, or None. Split
+    parts ('.weight.1', ...) are concatenated on the output dim, as sd.cpp does."""
+    shapes, used, groups = [], [], []
     for _, group in parts:
-        r = weight_delta(group, lm.multiplier)
-        if r is None:
+        kind = _kind(group)
+        if kind is None:
             break
-        ds.append(r[0])
-        used += r[1]
-    if not ds:
+        shapes.append(_delta_shape(group, kind))
+        used += _used(group, kind)
+        groups.append(group)
+    if not shapes:
         return None
-    d = ds[0] if len(ds) == 1 else np.concatenate([x.reshape(x.shape[0], -1) for x in ds])
-    fitted = _fit(d, shape, target)
-    if fitted is None:
+    dshape = shapes[0] if len(shapes) == 1 else (sum(s[0] for s in shapes), int(np.prod(shapes[0][1:])))
+    if not _fits(dshape, shape, target):
         lm.skipped.update(k for _, g in parts for k, _ in g.values())
         return None
     lm.applied.update(used)
-    return fitted
+    mult = lm.multiplier
+
+    def compute() -> np.ndarray:
+        ds = [weight_delta(g, mult)[0] for g in groups]
+        d = ds[0] if len(ds) == 1 else np.concatenate([x.reshape(x.shape[0], -1) for x in ds])
+        return _fit(d, shape, target)
+    return compute
 
 
 def choose_mode(mode: str, tensors: dict, offloaded: bool = False) -> str:
@@ -371,9 +427,9 @@ def apply_loras(tensors: dict, specs, version: str | None, mode: str = "auto",
                     acc.chains += path.chains
                     acc.dense += path.dense
                 continue
-            d = _target_delta(lm, target, parts, shape)
+            d = _plan_delta(lm, target, parts, shape)
             if d is not None:
-                merges.setdefault(target, []).append(lambda d=d: d)
+                merges.setdefault(target, []).append(d)
         lm.stat()
     for target, ds in merges.items():
         out[target] = _patched(tensors[target], ds, runtime=mode == "at_runtime")
@@ -476,21 +532,18 @@ def _as4d(t):
 
 
 def _runtime_path(lm: LoraModel, target: str, parts, shape) -> RuntimePath | None:
+    from ..io.base import ConvertedTensor
+    from ..ops import dtypes
     from ..ops.tensor import Tensor
-    if len(parts) != 1:           # split parts: one dense delta over the whole output
-        d = _target_delta(lm, target, parts, shape)
-        if d is None:
-            return None
-        p = RuntimePath()
-        p.dense.append(Tensor.from_numpy(np.ascontiguousarray(d), name=target + ".lora_delta"))
-        return p
     group = parts[0][1]
     p = RuntimePath()
-    if _kind(group) == "lokr":
-        d = _target_delta(lm, target, parts, shape)
+    if len(parts) != 1 or _kind(group) == "lokr":   # split parts or LoKr: one dense delta, filled on first use
+        d = _plan_delta(lm, target, parts, shape)
         if d is None:
             return None
-        p.dense.append(Tensor.from_numpy(np.ascontiguousarray(d), name=target + ".lora_delta"))
+        p.dense.append(ConvertedTensor(dtypes.get("F32"), shape[::-1],
+                                       lambda: np.ascontiguousarray(d(), _F32).reshape(-1).view("uint8"),
+                                       name=target + ".lora_delta"))
         return p
     down, mid, up, scale = lora_factors(group)
     kernel = mid.shape[2:] if mid is not None else down.shape[2:]

@@ -244,7 +244,7 @@ def _gen(tiny, prompt, **mp):
     from sdrt.engine.pipeline import Pipeline
     pipe = Pipeline.load(ModelParams(model=tiny["ckpt"], lora_model_dir=tiny["dir"], **mp))
     out = pipe.generate(GenParams(prompt=prompt, width=64, height=64, steps=2, sampling_method="euler"),
-                        show_progress=False)
+                        show_progress=False, lora_tags=True)
     return pipe, out[0].image.astype(np.float64)
 
 
@@ -289,6 +289,15 @@ def test_q8_0_base_applies_at_runtime(tiny, caplog):
     _, f16 = _gen(tiny, "a cat <lora:locon:0.8>", lora_apply_mode="immediately")
     _, q8_none = _gen(tiny, "a cat", type="q8_0")
     assert _psnr(q8, f16) > _psnr(q8, q8_none) + 5       # 56 dB vs 47 dB when written
+
+
+def test_pipeline_takes_tags_only_when_asked(tiny):
+    """Pipeline.generate leaves `<lora:>` alone by default (sd-server does not parse them)."""
+    from sdrt.engine.params import GenParams, ModelParams
+    from sdrt.engine.pipeline import Pipeline
+    pipe = Pipeline.load(ModelParams(model=tiny["ckpt"], lora_model_dir=tiny["dir"]))
+    pipe.generate(GenParams(prompt="a cat <lora:locon:1>", width=64, height=64, steps=1), show_progress=False)
+    assert pipe._loras is None
 
 
 def test_lora_matching_nothing_warns_and_generation_continues(tiny, caplog):

@@ -310,7 +310,7 @@ def _img_gen(args) -> int:
     check_output_paths(paths)
     from ..engine.pipeline import Pipeline
     pipe = Pipeline.load(mp)
-    results = pipe.generate(gp)
+    results = pipe.generate(gp, lora_tags=True)
     ok = 0
     for i, (r, path) in enumerate(zip(results, paths)):
         try:

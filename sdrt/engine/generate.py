@@ -99,7 +99,7 @@ def generate(prompt: str = "", *, output: str = "pil", save=None, compression_qu
         pipeline = load_pipeline(**model_kw)
     elif model_kw:
         raise UsageError(f"sdrt.generate: pass either pipeline= or model arguments ({', '.join(model_kw)}), not both")
-    results = pipeline.generate(gp, progress=progress, show_progress=progress is None)
+    results = pipeline.generate(gp, progress=progress, show_progress=progress is None, lora_tags=True)
     if save is not None:
         from ..io.png import output_paths, write_image
         for r, path in zip(results, output_paths(save, len(results))):

@@ -240,16 +240,19 @@ class Pipeline:
     # ---- one request ----------------------------------------------------------------------------
     @quiet_numerics
     def generate(self, gp: GenParams, *, progress=None, decode_progress=None, show_progress: bool = True,
-                 rng: str | None = None, sampler_rng: str | None = None) -> list[GeneratedImage]:
+                 rng: str | None = None, sampler_rng: str | None = None, lora_tags: bool = False
+                 ) -> list[GeneratedImage]:
         """Run one request; returns `batch_count` images. `progress(step, steps, s_per_step)`
         replaces the stderr bar; raising from it cancels the run (the exception propagates).
         `decode_progress(tile, tiles)` reports a tiled VAE decode (default: a bar like sampling's).
-        `rng` / `sampler_rng` override the context's --rng / --sampler-rng for this request."""
+        `rng` / `sampler_rng` override the context's --rng / --sampler-rng for this request.
+        `lora_tags`: take `<lora:name:mult>` from the prompt (sd-cli and sdrt.generate do; sd-server
+        does not: its requests list LoRAs in fields, gp.loras)."""
         from .rng import make_rng
         gp.validate()
         t_start = time.time()
         mp = self.model_params
-        cond_prompt = self.apply_loras(gp)
+        cond_prompt = self.apply_loras(gp, lora_tags)
         if rng is not None or sampler_rng is not None:
             mp = replace(mp, rng=rng or mp.rng, sampler_rng=sampler_rng if sampler_rng is not None else mp.sampler_rng)
             mp.validate_rngs()
@@ -289,12 +292,13 @@ class Pipeline:
         log.info("generate_image completed in %.2fs", time.time() - t_start)
         return out
 
-    def apply_loras(self, gp: GenParams) -> str:
-        """The prompt's `<lora:name:mult>` tags (resolved in --lora-model-dir) and gp.loras, applied
-        to the weights (sdrt.engine.lora); returns the prompt without the tags."""
+    def apply_loras(self, gp: GenParams, lora_tags: bool = True) -> str:
+        """gp.loras and (lora_tags) the prompt's `<lora:name:mult>` tags, resolved in
+        --lora-model-dir, applied to the weights (sdrt.engine.lora); returns the prompt to encode
+        (without the tags)."""
         from .lora import LoraState, as_specs, extract_loras
         mp = self.model_params
-        prompt, specs = extract_loras(gp.prompt, mp.lora_model_dir)
+        prompt, specs = extract_loras(gp.prompt, mp.lora_model_dir) if lora_tags else (gp.prompt, [])
         merged: dict = {}
         for s in as_specs(gp.loras) + specs:
             merged[s.path] = merged.get(s.path, 0.0) + s.multiplier

@@ -383,3 +383,11 @@ def test_delta_shape_without_reading_matches_the_delta(rng):
     ]
     for g in groups:
         assert L._delta_shape(g, L._kind(g)) == L.weight_delta(g, 1.0)[0].shape
+
+
+def test_diffusers_sdxl_text_encoder_prefixes():
+    from sdrt.models.names import lora_target
+    te = "text_model.encoder.layers.0.self_attn.q_proj"
+    assert lora_target(f"text_encoder_2.{te}.lora_A.weight", "sdxl") == \
+        (f"cond_stage_model.1.transformer.{te}.weight", "lora_down")
+    assert lora_target(f"text_encoder.{te}.lora_B.weight", "sdxl") == (f"cond_stage_model.transformer.{te}.weight", "lora_up")

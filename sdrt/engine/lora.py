@@ -40,14 +40,6 @@ APPLY_MODES = ("auto", "immediately", "at_runtime")
 _RE_TAG = re.compile(r"<lora:([^:>]+):([^>]+)>")
 _F32 = np.float32
 
-# roles of each type, in sd.cpp's order of trying
-_KIND_ROLES = (("lora", ("lora_up", "lora_down", "lora_mid", "scale", "alpha")),
-               ("diff", ("diff", "diff_b")),
-               ("loha", ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1", "hada_t2", "alpha")),
-               ("lokr", ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2",
-                         "alpha")))
-
-
 @dataclass(frozen=True)
 class LoraSpec:
     """One LoRA to apply: its file and multiplier (sd.cpp's sd_lora_t)."""
@@ -181,16 +173,17 @@ def _to_in_proj(target: str, index: int) -> tuple[str, int]:
 # ---- the delta of one group ----------------------------------------------------------------------
 
 def _kind(group: dict) -> str | None:
-    for kind, _ in _KIND_ROLES:
-        if kind == "lora" and "lora_up" in group and "lora_down" in group:
-            return kind
-        if kind == "diff" and ("diff" in group or "diff_b" in group):
-            return kind
-        if kind == "loha" and all(r in group for r in ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")):
-            return kind
-        if kind == "lokr" and ("lokr_w1" in group or ("lokr_w1_a" in group and "lokr_w1_b" in group)) and \
-                ("lokr_w2" in group or ("lokr_w2_a" in group and "lokr_w2_b" in group)):
-            return kind
+    """The group's type, tried in sd.cpp's order (LoRA, raw diff, LoHa, LoKr); None: incomplete."""
+    has = group.__contains__
+    if has("lora_up") and has("lora_down"):
+        return "lora"
+    if has("diff") or has("diff_b"):
+        return "diff"
+    if all(map(has, ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"))):
+        return "loha"
+    if (has("lokr_w1") or (has("lokr_w1_a") and has("lokr_w1_b"))) and \
+            (has("lokr_w2") or (has("lokr_w2_a") and has("lokr_w2_b"))):
+        return "lokr"
     return None
 
 

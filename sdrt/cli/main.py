@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     for c in _component_flags().values():     # --clip_l, --clip_g, ...: from the family registry
         m.add_argument(c.flag, dest=c.role, help=c.help)
     m.add_argument("--embd-dir", help="textual-inversion embeddings directory")
-    m.add_argument("--lora-model-dir", default=".",
+    m.add_argument("--lora-model-dir", default=None,
                    help="LoRA directory: <lora:name:multiplier> in the prompt loads name(.safetensors|.ckpt|...) "
                         "from it (default: the current directory)")
     m.add_argument("--lora-apply-mode", choices=("auto", "immediately", "at_runtime"), default="auto",
@@ -268,7 +268,7 @@ def params_from_args(args):
     mp = ModelParams(model=args.model, diffusion_model=args.diffusion_model, vae=args.vae, taesd=args.taesd,
                      **{r: p for r, p in roles.items() if r in own},
                      parts={r: p for r, p in roles.items() if r not in own and p},
-                     embd_dir=args.embd_dir, lora_model_dir=args.lora_model_dir,
+                     embd_dir=args.embd_dir, lora_model_dir=args.lora_model_dir or ".",
                      lora_apply_mode=args.lora_apply_mode, type=args.type,
                      tensor_type_rules=args.tensor_type_rules or None, rng=args.rng, sampler_rng=args.sampler_rng,
                      prediction=args.prediction, threads=args.threads, backend=args.backend,

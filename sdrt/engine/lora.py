@@ -395,10 +395,11 @@ def choose_mode(mode: str, tensors: dict, offloaded: bool = False) -> str:
 
 
 def apply_loras(tensors: dict, specs, version: str | None, mode: str = "auto",
-                offloaded: bool = False) -> tuple[dict, list]:
-    """Apply LoRAs to a canonical weight table. Returns (new table, runtime registrations) where
-    the table has patched leaves for merged targets and runtime registrations are
-    [(weight leaf, RuntimePath)] for the model's Linear/Conv2d hooks (sdrt.models.common)."""
+                offloaded: bool = False, loaded: list | None = None) -> tuple[dict, dict]:
+    """Apply LoRAs to a canonical weight table. Returns (new table, runtime registrations): the
+    table has patched leaves for merged targets; the registrations are {weight leaf: RuntimePath}
+    for the model's Linear/Conv2d hooks (sdrt.models.common). A file that does not open is
+    skipped with a warning; `loaded` (a list) receives the specs that opened."""
     mode = choose_mode(mode, tensors, offloaded)
     log.info("apply LoRAs %s", mode)
     out = dict(tensors)
@@ -410,6 +411,8 @@ def apply_loras(tensors: dict, specs, version: str | None, mode: str = "auto",
         except ModelFileError as e:
             log.warning("LoRA '%s' not applied: %s", spec.path, e)
             continue
+        if loaded is not None:
+            loaded.append(spec)
         for target, parts in _grouped(lm).items():
             shape = tuple(tensors[target].ne[::-1])
             kinds = {_kind(g) for _, g in parts}
@@ -449,12 +452,14 @@ class LoraState:
             return False
         for w in self.runtime:
             RUNTIME_LORA.pop(w, None)
-        table, runtime = apply_loras(self.base, specs, version, mode, offloaded) if specs else (dict(self.base), {})
+        loaded: list = []
+        table, runtime = apply_loras(self.base, specs, version, mode, offloaded, loaded) if specs else \
+            (dict(self.base), {})
         self.table.clear()
         self.table.update(table)
         for w, path in runtime.items():
             RUNTIME_LORA[w] = path
-        self.key, self.specs, self.runtime = key, list(specs), runtime
+        self.key, self.specs, self.runtime = key, loaded, runtime     # specs: the files that loaded
         return True
 
 
@@ -564,9 +569,12 @@ def lora_hashes(specs) -> str:
     for s in specs:
         h = hashlib.sha256()
         with open(s.path, "rb") as f:
-            if s.path.lower().endswith(".safetensors"):
-                n = struct.unpack("<Q", f.read(8))[0]
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+            if s.path.lower().endswith(".safetensors") and 8 + n <= os.fstat(f.fileno()).st_size:
                 f.seek(8 + n)
+            else:
+                f.seek(0)
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         name = os.path.splitext(os.path.basename(s.path))[0].replace(":", "").replace(",", "")

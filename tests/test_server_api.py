@@ -405,7 +405,7 @@ def test_index_page(client):
     r = client.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     for needle in ('id="prompt"', 'id="negative"', 'id="sampler"', 'id="seed"', 'id="lora"', 'id="init"', 'id="mask"',
-                   "<progress", 'id="queue"', "not implemented in sdrt yet"):
+                   "<progress", 'id="queue"', "selected LoRA files are applied"):
         assert needle in r.text
 
 

@@ -346,7 +346,7 @@ def test_nan_latents_stop_the_run_without_warnings(monkeypatch):
     def inf_unet(x, t, context, y=None, c_concat=None):          # what 2,000 nested "(" weights do: inf
         calls.append(1)
         return np.full_like(x, np.inf)
-    monkeypatch.setattr(pipe, "_run_unet", lambda x, t, passes: [inf_unet(x, t, None) for _ in passes])
+    monkeypatch.setattr(pipe, "_run_model", lambda x, t, passes: [inf_unet(x, t, None) for _ in passes])
     with warnings.catch_warnings():
         warnings.simplefilter("error")                          # any RuntimeWarning would fail here
         with pytest.raises(limits.NonFiniteResultError, match="non-finite.*black"):
@@ -372,7 +372,7 @@ def test_cli_nan_run_is_exit_1_with_one_line(tmp_path, capsys, monkeypatch):
     def load(mp):
         p = make_pipe()
         p.model_params = mp
-        p._run_unet = lambda x, t, passes: [np.full_like(x, np.nan) for _ in passes]
+        p._run_model = lambda x, t, passes: [np.full_like(x, np.nan) for _ in passes]
         return p
     monkeypatch.setattr(Pipeline, "load", staticmethod(load))
     model = tmp_path / "model.safetensors"
@@ -401,7 +401,7 @@ def test_2000_nested_parentheses_reach_the_nan_check_without_warnings():
     # the prompt parser's weight becomes 1.1**2000 = inf; sd.cpp's apply_token_weights then makes the
     # context non-finite, the UNet's output follows, and check_latent stops the run (the stub UNet
     # test above covers the pipeline end); no RuntimeWarning reaches stderr under quiet_numerics
-    from sdrt.engine.prompt import apply_token_weights, parse_prompt_attention
+    from sdrt.models.prompt import apply_token_weights, parse_prompt_attention
 
     @limits.quiet_numerics
     def context():

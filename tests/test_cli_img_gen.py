@@ -90,7 +90,8 @@ def test_choices_come_from_registries():
 
 @pytest.mark.parametrize("argv, msg", [
     (["--foo"], "unrecognized arguments: --foo"),
-    (["--lora-model-dir", "d"], "--lora-model-dir: sd-cli flag sdrt does not support yet"),
+    (["--photo-maker", "d"], "--photo-maker: sd-cli flag sdrt does not support yet"),
+    (["--lora-apply-mode", "later"], "argument --lora-apply-mode: invalid choice: 'later'"),
     (["--diffusion-fa"], "--diffusion-fa: sd-cli flag"),
     (["--ste", "3"], "unrecognized arguments: --ste"),                    # no abbreviations
     (["--sampling-method", "nope"], "argument --sampling-method: invalid choice: 'nope' (choose from 'euler'"),

@@ -39,7 +39,15 @@ def decode(b64):
 @pytest.fixture(scope="module")
 def lora_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("loras")
-    (d / "style.safetensors").write_bytes(b"x")
+    from test_server_tiny import tiny_sd1_tensors
+
+    from sdrt.io import write_safetensors
+    q = tiny_sd1_tensors()["model.diffusion_model.middle_block.1.transformer_blocks.0.attn1.to_q.weight"]
+    r = np.random.default_rng(0)
+    key = "lora_unet_middle_block_1_transformer_blocks_0_attn1_to_q"
+    write_safetensors(str(d / "style.safetensors"), {      # a real LoRA for the tiny checkpoint
+        key + ".lora_down.weight": r.standard_normal((4, q.shape[1])).astype(np.float16),
+        key + ".lora_up.weight": r.standard_normal((q.shape[0], 4)).astype(np.float16)})
     (d / "sub").mkdir()
     (d / "sub" / "detail.safetensors").write_bytes(b"x")
     (d / "notes.txt").write_bytes(b"x")
@@ -183,15 +191,24 @@ def test_sdapi_discovery(client):
     assert client.get("/sdapi/v1/options").json() == {"samples_format": "png", "sd_model_checkpoint": "tiny-sd1"}
 
 
-def test_lora_listed_but_refused_and_paths_confined(client):
-    b = assert_error(client.post("/sdcpp/v1/img_gen", json={"lora": [{"path": "style.safetensors"}]}), 422)
-    assert b["code"] == "lora_not_supported" and "not applied" in b["error"]
-    assert_error(client.post("/sdcpp/v1/img_gen", json={"lora": [{"path": "style"}]}), 422)      # stem + ext
+def test_lora_applied_and_paths_confined(client):
+    r = client.post("/sdcpp/v1/img_gen", json={"prompt": "a cat", "sample_params": {"sample_steps": 1},
+                                               "lora": [{"path": "style.safetensors", "multiplier": 0.5}]})
+    assert r.status_code == 202, r.text
+    assert wait_job(client, r.json()["id"])["status"] == "completed"
+    # a file that is not a LoRA (detail.safetensors holds one byte): a warning, generation continues
+    r = client.post("/sdcpp/v1/img_gen", json={"prompt": "a cat", "sample_params": {"sample_steps": 1},
+                                               "lora": [{"path": "sub/detail"}]})
+    assert wait_job(client, r.json()["id"])["status"] == "completed"
+    b = assert_error(client.post("/sdcpp/v1/img_gen", json={"lora": [{"path": "style", "is_high_noise": True}]}), 422)
+    assert "video models" in b["error"]
+    assert_error(client.post("/sdcpp/v1/img_gen", json={"lora": [{"path": "style", "multiplier": "x"}]}), 400)
     for bad in ("../outside/secret.safetensors", "/etc/passwd", "escape.safetensors", "sub/../../x"):
         r = client.post("/sdcpp/v1/img_gen", json={"lora": [{"path": bad}]})
         assert r.status_code in (400, 404), (bad, r.text)
     assert_error(client.post("/sdcpp/v1/img_gen", json={"lora": [{"path": "missing"}]}), 404)
-    assert_error(client.post("/sdapi/v1/txt2img", json={"prompt": "x", "lora": [{"path": "style"}]}), 422)
+    r = client.post("/sdapi/v1/txt2img", json={"prompt": "x", "steps": 1, "lora": [{"path": "style"}]})
+    assert r.status_code == 200, r.text
 
 
 # ---- sdcpp (native, async) ------------------------------------------------------------------------
@@ -205,7 +222,7 @@ def test_capabilities(client):
     assert (d["width"], d["height"], d["seed"], d["sample_params"]["sample_steps"]) == (64, 64, 42, 2)
     assert d["sample_params"]["guidance"]["txt_cfg"] == 7.0 and d["sample_params"]["guidance"]["img_cfg"] is None
     assert d["output_format"] == "png" and d["output_compression"] == 100
-    assert c["features"]["lora"] is False and c["features"]["cancel_generating"] is True
+    assert c["features"]["lora"] is True and c["features"]["cancel_generating"] is True
     assert c["limits"]["max_queue_size"] == 64 and c["limits"]["max_steps"] == 8 and c["limits"]["min_width"] == 64
     assert "euler_a" in c["samplers"] and "normal" in c["schedulers"]
     assert [x["path"] for x in c["loras"]] == ["style.safetensors", "sub/detail.safetensors"]
@@ -388,7 +405,7 @@ def test_index_page(client):
     r = client.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     for needle in ('id="prompt"', 'id="negative"', 'id="sampler"', 'id="seed"', 'id="lora"', 'id="init"', 'id="mask"',
-                   "<progress", 'id="queue"', "not implemented in sdrt yet"):
+                   "<progress", 'id="queue"', "selected LoRA files are applied"):
         assert needle in r.text
 
 

@@ -1,10 +1,11 @@
 """The web page in a real headless Chromium (Debian's chromium + chromedriver through Selenium):
 a generation from the page on the tiny random SD1 checkpoint shows the image, its parameters and
-the progress bar at the end; a LoRA pick is refused with the server's message. Skipped where
+the progress bar at the end, with a picked LoRA applied (Lora hashes in the parameters). Skipped where
 chromium, chromedriver or selenium is absent. SDRT_SCREENSHOT=path saves a screenshot."""
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 pytest.importorskip("starlette")
@@ -39,7 +40,14 @@ def test_generate_from_the_page(browser, tiny_pipe, tmp_path):  # noqa: F811
     from selenium.webdriver.support.ui import Select, WebDriverWait
     loras = tmp_path / "loras"
     loras.mkdir()
-    (loras / "style.safetensors").write_bytes(b"x")
+    from test_server_tiny import tiny_sd1_tensors
+
+    from sdrt.io import write_safetensors
+    q = tiny_sd1_tensors()["model.diffusion_model.middle_block.1.transformer_blocks.0.attn1.to_q.weight"]
+    key = "lora_unet_middle_block_1_transformer_blocks_0_attn1_to_q"
+    write_safetensors(str(loras / "style.safetensors"), {
+        key + ".lora_down.weight": np.full((4, q.shape[1]), 0.01, np.float16),
+        key + ".lora_up.weight": np.full((q.shape[0], 4), 0.01, np.float16)})
     with live_server(create_app(tiny_pipe, server_config(tiny_pipe, lora_dir=str(loras)))) as url:
         browser.get(url + "/")
         wait = WebDriverWait(browser, 90)
@@ -47,12 +55,8 @@ def test_generate_from_the_page(browser, tiny_pipe, tmp_path):  # noqa: F811
         assert browser.find_element(By.ID, "model").text == "tiny-sd1.safetensors"
         assert browser.find_element(By.ID, "width").get_attribute("value") == "64"
         assert [o.text for o in Select(browser.find_element(By.ID, "lora")).options] == ["style"]
-        # a LoRA pick: the server refuses it and the page says why
+        # a real generation, with the LoRA picked
         Select(browser.find_element(By.ID, "lora")).select_by_index(0)
-        browser.find_element(By.ID, "go").click()
-        wait.until(EC.text_to_be_present_in_element((By.ID, "status"), "not applied"))
-        Select(browser.find_element(By.ID, "lora")).deselect_all()
-        # a real generation
         prompt = browser.find_element(By.ID, "prompt")
         prompt.clear()
         prompt.send_keys("a lovely cat")
@@ -66,6 +70,7 @@ def test_generate_from_the_page(browser, tiny_pipe, tmp_path):  # noqa: F811
         assert img.get_attribute("src").startswith("data:image/png;base64,")
         params = browser.find_element(By.ID, "params").text
         assert "a lovely cat" in params and "Seed: 42" in params and "Sampler: euler" in params
+        assert 'Lora hashes: "style: ' in params
         assert browser.execute_script("return document.getElementById('bar').value") == 2
         assert browser.find_element(By.ID, "status").text.startswith("completed")
         shot = os.environ.get("SDRT_SCREENSHOT")

@@ -28,11 +28,11 @@ CONVERT_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_0", "q5_1", "q4_0", "q4_1", "
 _SDCLI_FLAGS = (
     "--t5xxl", "--llm", "--llm_vision", "--qwen2vl", "--qwen2vl_vision", "--clip_vision", "--high-noise-diffusion-model",
     "--uncond-diffusion-model", "--embeddings-connectors", "--audio-vae", "--control-net", "--ip-adapter",
-    "--motion-module", "--lora-model-dir", "--hires-upscalers-dir", "--photo-maker", "--pulid-weights",
+    "--motion-module", "--hires-upscalers-dir", "--photo-maker", "--pulid-weights",
     "--upscale-model", "--vae-format", "--model-args", "--split-mode",
     "--rpc-servers", "--eager-load",
     "--mmap", "--control-net-cpu", "--fa", "--diffusion-fa",
-    "--diffusion-conv-direct", "--vae-conv-direct", "--force-sdxl-vae-conv-scale", "--lora-apply-mode",
+    "--diffusion-conv-direct", "--vae-conv-direct", "--force-sdxl-vae-conv-scale",
     "--prompt-file", "--negative-prompt-file", "--end-img", "--control-image", "--control-video", "--ip-adapter-image",
     "-r", "--ref-image", "--ref-video", "--ref-audio", "--ref-image-args", "--increase-ref-index",
     "--disable-auto-resize-ref-image", "--video-frames", "--fps", "--qwen-image-layers", "--guidance",
@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     for c in _component_flags().values():     # --clip_l, --clip_g, ...: from the family registry
         m.add_argument(c.flag, dest=c.role, help=c.help)
     m.add_argument("--embd-dir", help="textual-inversion embeddings directory")
+    m.add_argument("--lora-model-dir", default=None,
+                   help="LoRA directory: <lora:name:multiplier> in the prompt loads name(.safetensors|.ckpt|...) "
+                        "from it (default: the current directory)")
+    m.add_argument("--lora-apply-mode", choices=("auto", "immediately", "at_runtime"), default="auto",
+                   help="immediately: merge LoRAs into the weights; at_runtime: add them beside each layer "
+                        "(quantized weights stay as stored); auto (default): at_runtime when any weight is "
+                        "quantized or offloaded, else immediately")
     m.add_argument("--type", choices=CONVERT_TYPES, metavar="TYPE",
                    help="weight type: " + ", ".join(CONVERT_TYPES) + " (default: keep the file's types)")
     m.add_argument("--tensor-type-rules", default="",
@@ -261,7 +268,8 @@ def params_from_args(args):
     mp = ModelParams(model=args.model, diffusion_model=args.diffusion_model, vae=args.vae, taesd=args.taesd,
                      **{r: p for r, p in roles.items() if r in own},
                      parts={r: p for r, p in roles.items() if r not in own and p},
-                     embd_dir=args.embd_dir, type=args.type,
+                     embd_dir=args.embd_dir, lora_model_dir=args.lora_model_dir or ".",
+                     lora_apply_mode=args.lora_apply_mode, type=args.type,
                      tensor_type_rules=args.tensor_type_rules or None, rng=args.rng, sampler_rng=args.sampler_rng,
                      prediction=args.prediction, threads=args.threads, backend=args.backend,
                      params_backend=args.params_backend, offload_to_cpu=args.offload_to_cpu, max_vram=args.max_vram,
@@ -302,7 +310,7 @@ def _img_gen(args) -> int:
     check_output_paths(paths)
     from ..engine.pipeline import Pipeline
     pipe = Pipeline.load(mp)
-    results = pipe.generate(gp)
+    results = pipe.generate(gp, lora_tags=True)
     ok = 0
     for i, (r, path) in enumerate(zip(results, paths)):
         try:

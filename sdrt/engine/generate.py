@@ -7,14 +7,16 @@
     sdrt.generate("a cat", model=..., save="out_%03d.png")   # also write PNGs with the metadata chunk
 
 Keyword arguments are sd-cli's flags in snake_case: model files and context settings go to
-`ModelParams` (model, diffusion_model, vae, taesd, clip_l, clip_g, embd_dir, type,
+`ModelParams` (model, diffusion_model, vae, taesd, clip_l, clip_g, embd_dir, lora_model_dir,
+lora_apply_mode, type,
 tensor_type_rules, rng, sampler_rng, prediction, threads; placement: backend, params_backend,
 offload_to_cpu, max_vram, disable_prefetch, disable_segmented_compute, auto_fit, clip_on_cpu,
 vae_on_cpu — docs/residency.md), everything else to `GenParams`
 (prompt, negative_prompt, width, height, steps, cfg_scale, img_cfg_scale, sampling_method,
 scheduler, sigmas, eta, seed, batch_count, clip_skip, init_image, strength, mask_image,
-vae_tiling, vae_tile_size, vae_tile_overlap, vae_relative_tile_size). `init_image` /
-`mask_image` take a path, a PIL image or a uint8 array.
+vae_tiling, vae_tile_size, vae_tile_overlap, vae_relative_tile_size, loras). `init_image` /
+`mask_image` take a path, a PIL image or a uint8 array. LoRAs: `<lora:name:mult>` in the prompt
+(resolved in lora_model_dir, default "."), and/or `loras=[(path, multiplier), ...]` (docs/lora.md).
 
 The loaded `Pipeline` is kept and reused while the model arguments stay the same (weights are
 memory-mapped; the graphs of the models are built once per shape). `load_pipeline(...)` gives
@@ -97,7 +99,7 @@ def generate(prompt: str = "", *, output: str = "pil", save=None, compression_qu
         pipeline = load_pipeline(**model_kw)
     elif model_kw:
         raise UsageError(f"sdrt.generate: pass either pipeline= or model arguments ({', '.join(model_kw)}), not both")
-    results = pipeline.generate(gp, progress=progress, show_progress=progress is None)
+    results = pipeline.generate(gp, progress=progress, show_progress=progress is None, lora_tags=True)
     if save is not None:
         from ..io.png import output_paths, write_image
         for r, path in zip(results, output_paths(save, len(results))):

@@ -41,6 +41,8 @@ class ModelParams:
     clip_g: str | None = None            # --clip_g
     parts: dict = field(default_factory=dict)  # other text-encoder roles a family registers: {"t5xxl": path}
     embd_dir: str | None = None          # --embd-dir: textual-inversion embeddings
+    lora_model_dir: str = "."            # --lora-model-dir: where <lora:name:mult> names resolve
+    lora_apply_mode: str = "auto"        # --lora-apply-mode: auto | immediately | at_runtime
     type: str | None = None              # --type: weight type override (f32, f16, q8_0 ...)
     tensor_type_rules: str | None = None  # --tensor-type-rules
     rng: str = "cuda"                    # --rng
@@ -76,6 +78,9 @@ class ModelParams:
                 raise UsageError(f"{component(role).flag}: no such file: '{path}'")
         if self.embd_dir and not os.path.isdir(self.embd_dir):
             raise UsageError(f"--embd-dir: not a directory: '{self.embd_dir}'")
+        if self.lora_apply_mode not in ("auto", "immediately", "at_runtime"):
+            raise UsageError(f"--lora-apply-mode: invalid mode '{self.lora_apply_mode}'; "
+                             f"valid: auto, immediately, at_runtime")
         self.validate_rngs()
         self.validate_placement()
         if self.prediction is not None:
@@ -130,6 +135,7 @@ class GenParams:
     vae_tile_overlap: float = 0.5                    # --vae-tile-overlap
     vae_relative_tile_size: tuple[float, float] = (0.0, 0.0)  # --vae-relative-tile-size
     embed_metadata: bool = True          # not --disable-image-metadata
+    loras: list = field(default_factory=list)  # LoRAs besides the prompt's <lora:...> tags: LoraSpec or (path, multiplier)
     extra: dict = field(default_factory=dict)  # free-form, recorded nowhere
 
     # ---- resolution, as sd-cli does it --------------------------------------------------

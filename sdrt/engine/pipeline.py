@@ -156,6 +156,7 @@ class Pipeline:
         self._prediction = prediction
         self._denoiser = None
         self.executors: dict = {}     # component -> backend its model runs on (absent: cpu); see load()
+        self._loras = None            # sdrt.engine.lora.LoraState once a generation asks for LoRAs
 
     # ---- construction from files ----------------------------------------------------------------
     @classmethod
@@ -239,15 +240,19 @@ class Pipeline:
     # ---- one request ----------------------------------------------------------------------------
     @quiet_numerics
     def generate(self, gp: GenParams, *, progress=None, decode_progress=None, show_progress: bool = True,
-                 rng: str | None = None, sampler_rng: str | None = None) -> list[GeneratedImage]:
+                 rng: str | None = None, sampler_rng: str | None = None, lora_tags: bool = False
+                 ) -> list[GeneratedImage]:
         """Run one request; returns `batch_count` images. `progress(step, steps, s_per_step)`
         replaces the stderr bar; raising from it cancels the run (the exception propagates).
         `decode_progress(tile, tiles)` reports a tiled VAE decode (default: a bar like sampling's).
-        `rng` / `sampler_rng` override the context's --rng / --sampler-rng for this request."""
+        `rng` / `sampler_rng` override the context's --rng / --sampler-rng for this request.
+        `lora_tags`: take `<lora:name:mult>` from the prompt (sd-cli and sdrt.generate do; sd-server
+        does not: its requests list LoRAs in fields, gp.loras)."""
         from .rng import make_rng
         gp.validate()
         t_start = time.time()
         mp = self.model_params
+        cond_prompt = self.apply_loras(gp, lora_tags)
         if rng is not None or sampler_rng is not None:
             mp = replace(mp, rng=rng or mp.rng, sampler_rng=sampler_rng if sampler_rng is not None else mp.sampler_rng)
             mp.validate_rngs()
@@ -268,7 +273,8 @@ class Pipeline:
         if latents.img_cfg_follows_cfg:
             guidance = replace(guidance, img_cfg=guidance.cfg)
         t_cond = time.time()
-        passes = self.conditions(gp, size.width, size.height, guidance, latents)   # 5. conditioning
+        passes = self.conditions(replace(gp, prompt=cond_prompt), size.width, size.height, guidance,
+                                 latents)                                   # 5. conditioning
         log.info("get_learned_condition completed, taking %.2fs", time.time() - t_cond)
         self.release_weight_pages("te", "vae")
         bar = ProgressBar(progress, enabled=show_progress and log.isEnabledFor(logging.INFO))
@@ -285,6 +291,30 @@ class Pipeline:
         out = self.decode_all(results, gp, size, plan, mp, bar, decode_progress)   # 7. decode
         log.info("generate_image completed in %.2fs", time.time() - t_start)
         return out
+
+    def apply_loras(self, gp: GenParams, lora_tags: bool = True) -> str:
+        """gp.loras and (lora_tags) the prompt's `<lora:name:mult>` tags, resolved in
+        --lora-model-dir, applied to the weights (sdrt.engine.lora); returns the prompt to encode
+        (without the tags)."""
+        from .lora import LoraState, as_specs, extract_loras
+        mp = self.model_params
+        prompt, specs = extract_loras(gp.prompt, mp.lora_model_dir) if lora_tags else (gp.prompt, [])
+        merged: dict = {}
+        for s in as_specs(gp.loras) + specs:
+            merged[s.path] = merged.get(s.path, 0.0) + s.multiplier
+        if self.models is None:
+            if merged:
+                log.warning("LoRAs need a pipeline loaded from files (Pipeline.load); not applied")
+            return prompt
+        if self._loras is None:
+            if not merged:
+                return prompt
+            self._loras = LoraState(self.models.tensors)
+        from .lora import LoraSpec
+        offloaded = bool(mp.offload_to_cpu or mp.params_backend)
+        if self._loras.set([LoraSpec(p, m) for p, m in merged.items()], self.version, mp.lora_apply_mode, offloaded):
+            self._unet = self._cond = self._vae = self._tae = None     # rebuilt from the new table
+        return prompt
 
     # ---- stages 5-7 -------------------------------------------------------------------------------
     def conditions(self, gp: GenParams, width: int, height: int, guidance: GuidancePlan,
@@ -488,6 +518,12 @@ class Pipeline:
         check_image(img)
         return decode_to_uint8(img)
 
+    def _lora_hashes(self) -> str | None:
+        if self._loras is None or not self._loras.specs:
+            return None
+        from .lora import lora_hashes
+        return lora_hashes(self._loras.specs)
+
     def parameters_text(self, gp: GenParams, seed: int, width: int, height: int, method: str,
                         scheduler: str | None, mp: ModelParams | None = None) -> str:
         from ..io.png import parameters_text
@@ -498,7 +534,7 @@ class Pipeline:
             rng=mp.rng, sampler_rng=mp.sampler_rng, method=method, scheduler=scheduler, sigmas=gp.sigmas,
             clip_l=mp.clip_l or "", clip_g=mp.clip_g or "", diffusion_model=mp.diffusion_model or "",
             vae=mp.vae or "", taesd=mp.taesd or "", clip_skip=gp.clip_skip, img_cfg_scale=gp.img_cfg_scale,
-            strength=gp.strength,
+            strength=gp.strength, lora_hashes=self._lora_hashes(),
             vae_tiling={"enabled": True, "tile_size_x": int(gp.vae_tile_size[0]), "tile_size_y": int(gp.vae_tile_size[1]),
                             "target_overlap": float(gp.vae_tile_overlap), "rel_size_x": float(gp.vae_relative_tile_size[0]),
                             "rel_size_y": float(gp.vae_relative_tile_size[1])} if gp.vae_tiling else None)

@@ -111,8 +111,9 @@ def metadata_json(*, prompt, negative_prompt, seed, width, height, steps, eta, c
 def parameters_text(*, prompt, negative_prompt="", steps, cfg_scale, guidance=3.5, eta=math.inf, seed, width,
                     height, model="", rng="cuda", sampler_rng=None, method, scheduler=None, sigmas=None,
                     clip_l="", clip_g="", diffusion_model="", vae="", taesd="", clip_skip=-1,
-                    img_cfg_scale=math.inf, strength=0.75, vae_tiling=None, generator=None) -> str:
-    """sd-cli's `get_image_params` for one image (seed = the image's own seed)."""
+                    img_cfg_scale=math.inf, strength=0.75, vae_tiling=None, generator=None, lora_hashes=None) -> str:
+    """sd-cli's `get_image_params` for one image (seed = the image's own seed); `lora_hashes`
+    ("name: hash, ...") adds A1111's `Lora hashes: "..."` field before Version."""
     from .. import __version__
     generator = generator or ("sdrt", __version__, "")
     s = prompt + "\n"
@@ -138,6 +139,8 @@ def parameters_text(*, prompt, negative_prompt="", steps, cfg_scale, guidance=3.
         s += f"VAE: {_basename(vae)}, "
     if clip_skip != -1:
         s += f"Clip skip: {int(clip_skip)}, "
+    if lora_hashes:
+        s += f'Lora hashes: "{lora_hashes}", '
     s += f"Version: {generator[0]}"
     models = {"model": model, "clip_l": clip_l, "clip_g": clip_g, "diffusion_model": diffusion_model, "vae": vae,
               "taesd": taesd}

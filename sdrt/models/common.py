@@ -9,6 +9,7 @@ activation is ne [W, H, C, N], a torch [N, L, C] sequence is ne [C, L, N].
 """
 from __future__ import annotations
 
+import weakref
 from typing import Mapping
 
 from ..errors import ModelFileError
@@ -47,6 +48,18 @@ class Weights:
         return (k[n:] for k in self.table if k.startswith(self.prefix))
 
 
+# Run-time LoRA (sdrt.engine.lora, --lora-apply-mode at_runtime): weight leaf -> a path whose
+# `output(x, conv_params | None)` is added to the layer's output. Keyed by the leaf itself so the
+# weight stays as stored (quantized) and a pipeline's registrations leave with its tensors.
+RUNTIME_LORA: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def with_lora(out: Tensor, x: Tensor, weight: Tensor, conv: dict | None = None) -> Tensor:
+    """out + the run-time LoRA path registered for `weight` (out unchanged when none is)."""
+    path = RUNTIME_LORA.get(weight) if RUNTIME_LORA else None
+    return out if path is None else F.add(out, path.output(x, conv))
+
+
 class Linear:
     """torch.nn.Linear: weight ne=[in, out], bias ne=[out]; x ne=[in, ...] -> [out, ...]."""
 
@@ -58,7 +71,7 @@ class Linear:
         self.in_features, self.out_features = self.weight.ne[0], self.weight.ne[1]
 
     def __call__(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return with_lora(F.linear(x, self.weight, self.bias), x, self.weight)
 
 
 class Conv2d:
@@ -70,8 +83,12 @@ class Conv2d:
         self.out_channels = self.weight.ne[-1]
 
     def __call__(self, x: Tensor) -> Tensor:
-        return F.conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
-                        dilation=self.dilation, groups=self.groups)
+        out = F.conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                       dilation=self.dilation, groups=self.groups)
+        if self.groups != 1:      # sd.cpp: depthwise convs never receive LoRA
+            return out
+        return with_lora(out, x, self.weight, {"stride": self.stride, "padding": self.padding,
+                                               "dilation": self.dilation})
 
 
 class GroupNorm:

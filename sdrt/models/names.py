@@ -352,7 +352,8 @@ def _prefix_map(version: str | None) -> list[tuple[str, str]]:
     # longest first: a name takes the first prefix it starts with
     return [("conditioner.embedders.0.open_clip.", "cond_stage_model."),
             ("conditioner.embedders.0.", "cond_stage_model."), ("conditioner.embedders.1.", "cond_stage_model.1."),
-            ("text_encoder.2.", "cond_stage_model.1.transformer."), ("diffusion_model.", DM), ("unet.", DM),
+            ("text_encoder.2.", "cond_stage_model.1.transformer."), ("text_encoder_2.", "cond_stage_model.1.transformer."),
+            ("diffusion_model.", DM), ("unet.", DM),
             ("transformer.", DM), ("vae.", VAE), ("text_encoder.", "cond_stage_model.transformer."),
             ("te.1.", "cond_stage_model.1.transformer."), ("te.", "cond_stage_model.transformer."), ("te2.", "cond_stage_model.1.transformer."), ("te1.", te1),
             ("te3.", "text_encoders.t5xxl.transformer."), ("clip_vision.", "cond_stage_model.transformer."),

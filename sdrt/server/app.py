@@ -357,7 +357,7 @@ class Server:
         name, stem = self.model_stem()
         defaults = self.defaults_json()
         features = {"init_image": True, "mask_image": True, "control_image": False, "ip_adapter_image": False,
-                    "ref_images": False, "lora": False, "vae_tiling": True, "hires": False, "cache": False,
+                    "ref_images": False, "lora": True, "vae_tiling": True, "hires": False, "cache": False,
                     "cancel_queued": True, "cancel_generating": True, "preview": False}
         formats = ["png", "jpeg", "webp"]
         upscalers = [{"name": n, "model": False, "image_upscale": False} for n in ("None", "Lanczos", "Nearest")

@@ -21,8 +21,7 @@ def build_parser():
     s.add_argument("-l", "--listen-ip", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     s.add_argument("--listen-port", type=int, default=1234, help="port to listen on (default: 1234)")
     s.add_argument("--serve-html-path", default=None, help="serve this HTML file at / instead of the built-in page")
-    s.add_argument("--lora-model-dir", default=None,
-                   help="folder of LoRA files listed by the APIs (applying LoRAs is not implemented yet)")
+    # --lora-model-dir comes from the CLI's flags: here the folder the APIs list and requests' lora[] resolve in
     s.add_argument("--hires-upscalers-dir", default=None, help="folder of upscaler models listed by the APIs")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on everything but /")
     s.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",

@@ -41,7 +41,7 @@ def document(limits: Limits) -> dict:
         "sample_params": sample_params,
         "lora": {"type": "array", "items": {"type": "object", "properties": {
             "path": {"type": "string"}, "multiplier": {"type": "number"}, "is_high_noise": {"type": "boolean"}}},
-            "description": "listed LoRA files are validated but not applied yet: non-empty -> 422"},
+            "description": "LoRA files inside --lora-model-dir, applied with their multiplier (docs/lora.md)"},
         "vae_tiling_params": {"type": "object", "properties": {
             "enabled": {"type": "boolean"}, "tile_size_x": {"type": "integer"}, "tile_size_y": {"type": "integer"},
             "target_overlap": {"type": "number"}, "rel_size_x": {"type": "number"}, "rel_size_y": {"type": "number"}}},

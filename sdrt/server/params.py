@@ -198,16 +198,26 @@ def extract_extra_args(prompt: str) -> tuple[str, dict | None]:
     return (prompt[:m.start()] + prompt[m.end():]).strip(), extra
 
 
-def _unsupported(d: dict, limits: Limits, loras: dict) -> None:
-    """Fields sd-server takes that sdrt cannot honour yet: refused by name, never silently dropped."""
-    lora = _get(d, "lora", list, [])
-    for i, entry in enumerate(lora):
+def _loras(d: dict, loras: dict) -> list | None:
+    """sd-server's `lora[{path, multiplier, is_high_noise}]` as GenParams.loras (None: no field);
+    paths resolve inside the configured LoRA folder only."""
+    from ..engine.lora import LoraSpec
+    if d.get("lora") is None:
+        return None
+    out = []
+    for i, entry in enumerate(_get(d, "lora", list, [])):
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
             raise BadRequest(f"lora[{i}]: expected an object with a string path")
-        resolve_in_dir(loras.get("dir"), entry["path"], f"lora[{i}].path", loras.get("exts", ()))
-    if lora:
-        raise BadRequest("lora: LoRA files are listed but not applied yet by sdrt (a later issue); "
-                         "remove the lora field to generate without them", status=422, code="lora_not_supported")
+        path = resolve_in_dir(loras.get("dir"), entry["path"], f"lora[{i}].path", loras.get("exts", ()))
+        if _get(entry, "is_high_noise", bool, False, f"lora[{i}]."):
+            raise BadRequest(f"lora[{i}].is_high_noise: high-noise LoRAs are for video models, which sdrt does not run",
+                             status=422, code="unsupported_feature")
+        out.append(LoraSpec(path, _get(entry, "multiplier", float, 1.0, f"lora[{i}].")))
+    return out
+
+
+def _unsupported(d: dict, limits: Limits, loras: dict) -> None:
+    """Fields sd-server takes that sdrt cannot honour yet: refused by name, never silently dropped."""
     for key in ("control_image", "ip_adapter_image"):
         if d.get(key):
             raise BadRequest(f"{key}: not supported yet by sdrt", status=422, code="unsupported_feature")
@@ -227,6 +237,9 @@ def apply_native(gp: GenParams, d: dict, limits: Limits, loras: dict) -> GenPara
     """sd-server's from_json_str: the native fields over `gp` (unknown fields are ignored, as there)."""
     _unsupported(d, limits, loras)
     kw = {}
+    specs = _loras(d, loras)
+    if specs is not None:
+        kw["loras"] = specs
     for key, kind, attr in (("prompt", str, "prompt"), ("negative_prompt", str, "negative_prompt"),
                             ("clip_skip", int, "clip_skip"), ("width", int, "width"), ("height", int, "height"),
                             ("strength", float, "strength"), ("seed", int, "seed"),
@@ -370,7 +383,9 @@ def from_sdapi(d: dict, defaults: GenParams, limits: Limits, loras: dict, *, img
     if _get(d, "extra_images", list, []):
         raise BadRequest("extra_images: reference images are not supported yet by sdrt", status=422,
                          code="unsupported_feature")
-    _unsupported({"lora": d.get("lora")}, limits, loras)
+    specs = _loras(d, loras)
+    if specs is not None:
+        gp = gp.replace(loras=specs)
     if img2img:
         inits = _get(d, "init_images", list, [])
         if not inits:

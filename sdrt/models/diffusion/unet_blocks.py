@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import Conv2d, GroupNorm, LayerNorm, Linear, Weights, multihead_attention
+from ..common import Conv2d, GroupNorm, LayerNorm, Linear, Weights, multihead_attention, with_lora
 
 
 class ResBlock:
@@ -98,16 +98,17 @@ class SpatialTransformer:
         self.norm = GroupNorm(w.sub("norm."), groups, 1e-6)  # LDM Normalize and sd.cpp: eps 1e-6
         self.proj_in_w, self.proj_in_b = _proj(w.sub("proj_in.")), w.get("proj_in.bias")
         self.proj_out_w, self.proj_out_b = _proj(w.sub("proj_out.")), w.get("proj_out.bias")
+        self.proj_in_leaf, self.proj_out_leaf = w["proj_in.weight"], w["proj_out.weight"]  # run-time LoRA keys
         self.blocks = [BasicTransformerBlock(w.sub(f"transformer_blocks.{i}."), n_head, gelu) for i in range(depth)]
 
     def __call__(self, x: Tensor, context: Tensor) -> Tensor:
         Wd, Hd, C, N = x.ne4
         h = self.norm(x)
         h = F.cont(h.permute(1, 2, 0, 3)).reshape(C, Wd * Hd, N)        # [C, W*H, N]
-        h = F.linear(h, self.proj_in_w, self.proj_in_b)                  # [I, W*H, N]
+        h = with_lora(F.linear(h, self.proj_in_w, self.proj_in_b), h, self.proj_in_leaf)   # [I, W*H, N]
         for blk in self.blocks:
             h = blk(h, context)
-        h = F.linear(h, self.proj_out_w, self.proj_out_b)                # [C, W*H, N]
+        h = with_lora(F.linear(h, self.proj_out_w, self.proj_out_b), h, self.proj_out_leaf)  # [C, W*H, N]
         h = F.cont(h.permute(1, 0, 2, 3)).reshape(Wd, Hd, C, N)          # [W, H, C, N]
         return F.add(h, x)
 

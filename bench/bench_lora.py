@@ -1,0 +1,128 @@
+"""LoRA costs on the CPU (issue 16): the at-runtime overhead of a SD1.5 step and the time to merge
+an SDXL rank-32 LoRA at load.
+
+    python bench/bench_lora.py step  [--size 64] [--rank 32] [--repeat 2]
+    python bench/bench_lora.py merge [--rank 32]
+
+step: the SD1.5 UNet (random F16 weights of the real shapes, bench_unet.random_table), one
+forward at a [2, 4, size, size] latent (cond + uncond), without LoRA and then with a kohya LoRA
+of the given rank on every attention, feed-forward and proj_in/out weight of the transformer
+blocks (what kohya trains by default) applied at_runtime (low-rank paths beside each GEMM).
+Each model is warmed once (graph build) and timed --repeat times; medians printed.
+merge: the SDXL UNet's tensor names and shapes (tools/make_sd_checkpoint.py layout); the same
+kind of LoRA at the given rank, merged `immediately`: apply_loras (read + map the file) plus
+filling every patched leaf (delta by BLAS, add, round to F16) one at a time, each dropped after
+(base weights are zero F16 views, so reading the checkpoint is not in the figure).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+import sdrt  # noqa: E402,F401  before numpy: sdrt/__init__.py sets OpenBLAS's thread spin
+
+import numpy as np  # noqa: E402
+
+DM = "model.diffusion_model."
+_KOHYA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2", "proj_in", "proj_out")
+
+
+def kohya_lora(shapes: dict, rank: int, path: str, seed: int = 0) -> int:
+    """Write a random kohya LoRA (LDM-named keys) for the targets among `shapes` (torch shapes)."""
+    from sdrt.io import write_safetensors
+    r = np.random.default_rng(seed)
+    out = {}
+    for name, s in shapes.items():
+        stem = name[len(DM):-len(".weight")]
+        if not name.endswith(".weight") or len(s) < 2 or not stem.endswith(_KOHYA_TARGETS):
+            continue
+        key = "lora_unet_" + stem.replace(".", "_")
+        tail = (1, 1) if len(s) == 4 else ()
+        out[key + ".lora_down.weight"] = (r.standard_normal((rank,) + tuple(s[1:]), dtype=np.float32) * 0.01).astype(np.float16)
+        out[key + ".lora_up.weight"] = (r.standard_normal((s[0], rank) + tail, dtype=np.float32) * 0.01).astype(np.float16)
+        out[key + ".alpha"] = np.array(rank / 2, np.float16)
+    write_safetensors(path, out)
+    return len(out) // 3
+
+
+def step(args):
+    from bench_unet import random_table
+
+    from sdrt.engine.lora import LoraSpec, apply_loras
+    from sdrt.models.common import RUNTIME_LORA
+    from sdrt.models.diffusion.unet import UNetConfig, UNetModel
+    cfg = UNetConfig.preset("sd1")
+    table, _ = random_table(cfg, np.float16)
+    rng = np.random.default_rng(1)
+    S = args.size
+    x = rng.standard_normal((2, 4, S, S), dtype=np.float32)
+    t = np.array([999.0, 999.0], np.float32)
+    ctx = rng.standard_normal((2, 77, 768), dtype=np.float32)
+
+    def timed(model):
+        model(x, t, ctx)                                   # warm-up: builds the graph
+        ts = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            model(x, t, ctx)
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    base = timed(UNetModel(table, config=cfg))
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "lora.safetensors")
+        n = kohya_lora({k: v.ne[::-1] for k, v in table.items()}, args.rank, path)
+        _, runtime = apply_loras(table, [LoraSpec(path, 1.0)], "sd1", "at_runtime")
+        for w, p in runtime.items():
+            RUNTIME_LORA[w] = p
+        lora = timed(UNetModel(table, config=cfg))
+    print(f"SD1.5 UNet step, latent {S}x{S} batch 2, F16 weights: {base:.2f} s; with a rank-{args.rank} LoRA on "
+          f"{n} weights at_runtime: {lora:.2f} s (+{100 * (lora / base - 1):.1f} %)")
+
+
+def merge(args):
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from make_sd_checkpoint import layout
+
+    from sdrt.engine.lora import LoraSpec, apply_loras
+    from sdrt.ops.tensor import Tensor
+    shapes = {DM + k: v for k, v in layout("sdxl", "unet").items()}
+    zero = np.zeros(max(int(np.prod(s)) for s in shapes.values()), np.float16)
+    table = {k: Tensor.from_numpy(zero[: int(np.prod(s))].reshape(s), name=k) for k, s in shapes.items()}
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "lora.safetensors")
+        n = kohya_lora(shapes, args.rank, path)
+        size = os.path.getsize(path)
+        t0 = time.perf_counter()
+        out, _ = apply_loras(table, [LoraSpec(path, 1.0)], "sdxl", "immediately")
+        t_map = time.perf_counter() - t0
+        patched = [k for k in out if out[k] is not table[k]]
+        params = 0
+        for k in patched:
+            out[k].storage                               # noqa: B018 - fills: delta, add, round to F16
+            params += out[k].nelements
+            out[k] = None
+        total = time.perf_counter() - t0
+    print(f"SDXL rank-{args.rank} LoRA ({n} weights, {size / 2**20:.0f} MiB file, {params / 1e6:.0f} M weight "
+          f"elements patched): read + map {t_map:.2f} s, merge total {total:.2f} s")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=("step", "merge"))
+    ap.add_argument("--size", type=int, default=64, help="latent H = W (64: a 512x512 image)")
+    ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    (step if args.what == "step" else merge)(args)
+
+
+if __name__ == "__main__":
+    main()

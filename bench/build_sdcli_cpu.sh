@@ -24,10 +24,11 @@ if ! grep -q "sdrt-patch: T5 depth from weights" "$t5"; then
   python3 - "$t5" <<'EOF'
 import sys
 p = sys.argv[1]
-s = open(p).read()
+s = open(p, newline="").read()        # the sdist's sources have CRLF line ends: keep them
+eol = "\r\n" if "\r\n" in s else "\n"
 anchor = """        model = T5(params);
         model.init(params_ctx, tensor_storage_map, prefix);"""
-assert s.count(anchor) == 1, "t5.hpp: T5Runner constructor not where the 0.4.7 sdist has it"
+assert s.count(anchor.replace("\n", eol)) == 1, "t5.hpp: T5Runner constructor not where the 0.4.7 sdist has it"
 patched = """        // sdrt-patch: T5 depth from weights (as upstream's T5Config::detect_from_weights):
         // one block per distinct `<prefix>.encoder.block.N`, so reduced-depth checkpoints load.
         {
@@ -49,8 +50,8 @@ patched = """        // sdrt-patch: T5 depth from weights (as upstream's T5Confi
             }
         }
 """ + anchor
-s = s.replace(anchor, patched)
-open(p, "w").write(s)
+s = s.replace(anchor.replace("\n", eol), patched.replace("\n", eol))
+open(p, "w", newline="").write(s)
 print("patched", p)
 EOF
 fi

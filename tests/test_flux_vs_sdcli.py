@@ -38,8 +38,8 @@ def _sdcli() -> str | None:
     return exe if exe and os.access(exe, os.X_OK) else None
 
 
-pytestmark = pytest.mark.skipif(_sdcli() is None,
-                                reason="sd-cli comparison: set SDRT_SDCLI=/path/to/sd-cli to run it (no sd-cli binary given)")
+needs_sdcli = pytest.mark.skipif(_sdcli() is None,
+                                 reason="sd-cli comparison: set SDRT_SDCLI=/path/to/sd-cli to run it (no sd-cli binary given)")
 
 
 def _tool(name: str):
@@ -112,6 +112,7 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
 
 
+@needs_sdcli
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_flux_matches_sd_cli(variant, ckpt_dir, tmp_path):
     args = command(variant, ckpt_dir)
@@ -132,3 +133,20 @@ def test_flux_matches_sd_cli(variant, ckpt_dir, tmp_path):
     p = psnr(read_rgb(ours), read_rgb(ref))
     print(f"flux {variant}: sdrt vs sd-cli (256x256, 4 steps, euler, cfg 1, f32): PSNR {p:.2f} dB")
     assert p >= MIN_PSNR, f"flux {variant}: sdrt vs sd-cli PSNR {p:.2f} dB (need >= {MIN_PSNR})"
+
+
+def test_t5xxl_layout_is_what_sdrt_reads(tmp_path):
+    """make_flux_checkpoint's t5xxl component (the T5 file sd-cli gets above) has the names and shapes
+    sdrt's T5 encoder reads, depth and widths counted from the file (narrow widths here)."""
+    from sdrt.io import open_model, write_safetensors
+    from sdrt.models.te.t5 import T5Encoder
+    mk = _tool("make_flux_checkpoint")
+    table = mk.t5xxl_layout(depth=3, d_model=128, d_ff=160, vocab=300, heads=2)
+    path = str(tmp_path / "t5.safetensors")
+    write_safetensors(path, {n: mk.values(n, s, 0) for n, s in table.items()})
+    enc = T5Encoder(open_model(path).tensors, "")
+    cfg = enc.config
+    assert (cfg.layers, cfg.d_model, cfg.d_ff, cfg.heads, cfg.vocab) == (3, 128, 160, 2, 300)
+    h = enc.run(np.arange(1, 12, dtype=np.int32))
+    assert h.shape == (1, 11, 128) and np.isfinite(h).all()
+    assert len(mk.t5xxl_layout(24)) == 24 * 9 + 3    # the released t5xxl_fp16 encoder: 219 tensors

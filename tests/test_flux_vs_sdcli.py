@@ -40,8 +40,8 @@ def _sdcli() -> str | None:
     return exe if exe and os.access(exe, os.X_OK) else None
 
 
-needs_sdcli = pytest.mark.skipif(_sdcli() is None,
-                                 reason="sd-cli comparison: set SDRT_SDCLI=/path/to/sd-cli to run it (no sd-cli binary given)")
+needs_sdcli = pytest.mark.skipif(
+    _sdcli() is None, reason="sd-cli comparison: set SDRT_SDCLI=/path/to/sd-cli to run it (no sd-cli binary given)")
 
 
 def _tool(name: str):
@@ -131,7 +131,8 @@ def test_flux_matches_sd_cli(variant, ckpt_dir, tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     s = subprocess.run([sys.executable, "-m", "sdrt.cli.main", *args, "-o", ours], capture_output=True, text=True,
                        timeout=3600, env=env, cwd=ROOT)
-    assert s.returncode == 0 and os.path.exists(ours), f"sdrt failed (rc {s.returncode}):\n{(s.stdout + s.stderr)[-3000:]}"
+    out = s.stdout + s.stderr
+    assert s.returncode == 0 and os.path.exists(ours), f"sdrt failed (rc {s.returncode}):\n{out[-3000:]}"
     p = psnr(read_rgb(ours), read_rgb(ref))
     print(f"flux {variant}: sdrt vs sd-cli (256x256, 4 steps, euler, cfg 1, f32): PSNR {p:.2f} dB")
     assert p >= MIN_PSNR, f"flux {variant}: sdrt vs sd-cli PSNR {p:.2f} dB (need >= {MIN_PSNR})"

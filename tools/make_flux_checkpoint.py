@@ -5,6 +5,7 @@ or reduced depth, so sd-cli and sdrt load it as they load flux1-dev / flux1-schn
     python tools/make_flux_checkpoint.py --variant schnell --depth 2 --single-depth 4 -o flux-tiny.safetensors
     python tools/make_flux_checkpoint.py --component vae -o /work/e2e/ae-rand.safetensors
     python tools/make_flux_checkpoint.py --variant schnell --type q8_0 -o /work/e2e/flux1-schnell-rand-q8_0.gguf
+    python tools/make_flux_checkpoint.py --component t5xxl --t5-depth 1 --type f16 -o t5xxl-1block.safetensors
 
 --component
   transformer  bare BFL names (`double_blocks.0.img_attn.qkv.weight` ...), as flux1-dev.safetensors
@@ -14,6 +15,11 @@ or reduced depth, so sd-cli and sdrt load it as they load flux1-dev / flux1-schn
                (sd-cli: --vae)
   all          both in one file: `model.diffusion_model.*` and `vae.*` (the ComfyUI single-file
                layout sd.cpp reads; the text encoders come from --clip_l / --t5xxl)
+  t5xxl        the T5-XXL v1.1 encoder of t5xxl_fp16.safetensors: `shared.weight`, `encoder.block.N.*`
+               (gated-GELU FFN, relative attention bias in block 0), `encoder.final_layer_norm.weight`;
+               widths 4096 / 10240 / 64 heads, vocabulary 32128, --t5-depth blocks (24 released;
+               fewer loads in sd-cli only with bench/build_sdcli_cpu.sh's depth patch) (sd-cli: --t5xxl)
+  (CLIP-L for --clip_l: tools/make_sd_checkpoint.py --component clip_l.)
 --variant dev (guidance_in), schnell (none), fill (img_in 384 wide: x + 16 masked + 64 mask
 channels), chroma (no time_in/vector_in/guidance_in/modulation weights: the
 distilled_guidance_layer approximator, 64 -> 5120 x 5 layers -> 3072; 8.9 B parameters).
@@ -57,6 +63,24 @@ def transformer_layout(variant: str, depth: int = 19, single: int = 38) -> dict[
     """{BFL name: torch shape} of a Flux.1 transformer (sdrt's FluxConfig.weight_shapes)."""
     cfg = FluxConfig(depth=depth, depth_single_blocks=single, **VARIANTS[variant])
     return cfg.weight_shapes()
+
+
+def t5xxl_layout(depth: int = 24, d_model=4096, d_ff=10240, vocab=32128, buckets=32, heads=64) -> dict[str, tuple]:
+    """{HF name: torch shape} of a T5 v1.1 encoder as t5xxl_fp16.safetensors holds it."""
+    s: dict[str, tuple] = {"shared.weight": (vocab, d_model)}
+    for i in range(depth):
+        b = f"encoder.block.{i}.layer."
+        for q in ("q", "k", "v", "o"):
+            s[b + f"0.SelfAttention.{q}.weight"] = (d_model, d_model)
+        if i == 0:
+            s[b + "0.SelfAttention.relative_attention_bias.weight"] = (buckets, heads)
+        s[b + "0.layer_norm.weight"] = (d_model,)
+        s[b + "1.DenseReluDense.wi_0.weight"] = (d_ff, d_model)
+        s[b + "1.DenseReluDense.wi_1.weight"] = (d_ff, d_model)
+        s[b + "1.DenseReluDense.wo.weight"] = (d_model, d_ff)
+        s[b + "1.layer_norm.weight"] = (d_model,)
+    s["encoder.final_layer_norm.weight"] = (d_model,)
+    return s
 
 
 def vae_layout(ch=128, mult=(1, 2, 4, 4), nrb=2, z=16) -> dict[str, tuple]:
@@ -148,9 +172,10 @@ def plans(table: dict, dst, base, seed: int, key_of=lambda n: n) -> list[TensorP
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", choices=tuple(VARIANTS), default="dev")
-    ap.add_argument("--component", choices=("transformer", "vae", "all"), default="transformer")
+    ap.add_argument("--component", choices=("transformer", "vae", "all", "t5xxl"), default="transformer")
     ap.add_argument("--depth", type=int, default=19, help="double blocks (19 in the releases)")
     ap.add_argument("--single-depth", type=int, default=38, help="single blocks (38 in the releases)")
+    ap.add_argument("--t5-depth", type=int, default=24, help="T5-XXL blocks of --component t5xxl (24 released)")
     ap.add_argument("--type", default="bf16", help="bf16, f16, f32 (safetensors) or q8_0, q4_0, q4_K, ... (GGUF)")
     ap.add_argument("--base-type", default="bf16", help="type of the tensors a quantized --type leaves alone")
     ap.add_argument("--seed", type=int, default=0)
@@ -167,6 +192,10 @@ def main(argv=None):
         table, key_of = tr, (lambda n: "model.diffusion_model." + n)
     elif a.component == "vae":
         table, key_of = vae, (lambda n: "vae." + n)
+    elif a.component == "t5xxl":
+        if a.t5_depth < 1:
+            raise SystemExit("--t5-depth: at least one block")
+        table, key_of = t5xxl_layout(a.t5_depth), (lambda n: "text_encoders.t5xxl.transformer." + n)
     else:
         table = {"model.diffusion_model." + k: v for k, v in tr.items()}
         table.update({"vae." + k: v for k, v in vae.items()})
@@ -184,8 +213,9 @@ def main(argv=None):
             last[0] = time.time()
             print(f"  {i}/{total} tensors {name}", file=sys.stderr)
 
-    meta = {"sdrt.random_weights": f"flux1-{a.variant} depth={a.depth}+{a.single_depth} seed={a.seed} "
-                                   "(noise, not a trained model)"}
+    what = {"t5xxl": f"t5xxl depth={a.t5_depth}", "vae": "flux ae"}.get(
+        a.component, f"flux1-{a.variant} depth={a.depth}+{a.single_depth}")
+    meta = {"sdrt.random_weights": f"{what} seed={a.seed} (noise, not a trained model)"}
     write = write_gguf if gguf else write_safetensors
     size = write(a.output, ps, metadata=meta, progress=progress)
     kinds = {}

@@ -19,11 +19,13 @@ record (docs/adding-a-family.md).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import ModelFileError, UsageError
+from ..ops.tensor import Tensor
 from .facts import Facts, dim
 from .families import Component, Cond, Family, Variant, register_component, register_family
 from .recognized import FLUX2, FLUX2_KLEIN, LONGCAT, OVIS_IMAGE, marker
@@ -31,7 +33,7 @@ from .sd import ConcatLatents
 
 __all__ = ["CHROMA", "CHROMA_RADIANCE", "FLEX_2", "FLUX", "FLUX_CONTROLS", "FLUX_FILL", "MODEL_ARGS", "T5XXL",
            "FluxConditioner", "FluxDiffusion", "detect_flux", "flux_conditioner", "flux_fill_concat", "flux_flow_shift",
-           "flux_model"]
+           "flux_model", "join_diffusers_parts"]
 
 log = logging.getLogger("sdrt")
 F32 = np.float32
@@ -202,9 +204,76 @@ class FluxDiffusion:
                           getattr(cond, "ref_index_mode", "fixed"), txt_mask, backend=backend)
 
 
+class _JoinedLeaf(Tensor):
+    """A weight made on first use from a diffusers checkpoint's split parts: their rows (torch
+    axis 0) joined in order, optionally with the two halves exchanged. Raw bytes, so F16/BF16
+    and block-quantized rows join as stored."""
+    __slots__ = ("_parts", "_swap")
+
+    def __init__(self, parts, swap: bool, name: str):
+        if any(p.ne[:-1] != parts[0].ne[:-1] for p in parts):
+            raise ModelFileError(f"{name}: its diffusers parts differ in width "
+                                 f"({', '.join(str(list(p.shape)) for p in parts)})")
+        if not all(p.is_contiguous() for p in parts):
+            raise ModelFileError(f"{name}: a diffusers part is not stored contiguously")
+        # parts of one type join as stored; mixed types (--type converts only some names) as F32
+        dt = parts[0].dtype if all(p.dtype == parts[0].dtype for p in parts) else "F32"
+        self._parts, self._swap = tuple(parts), swap
+        super().__init__(dt, parts[0].ne[:-1] + (sum(p.ne[-1] for p in parts),), name=name)
+
+    @property
+    def storage(self):
+        s = Tensor.storage.__get__(self)
+        if s is None:
+            if all(p.dtype == self.dtype for p in self._parts):
+                raw = [p.storage[p.offset:p.offset + p.nbytes] for p in self._parts]
+            else:
+                raw = [np.ascontiguousarray(p.to_f32(), F32).reshape(-1).view(np.uint8) for p in self._parts]
+            s = np.concatenate(raw) if len(raw) > 1 else raw[0]
+            if self._swap:
+                half = s.nbytes // 2
+                s = np.concatenate([s[half:], s[:half]])
+            Tensor.storage.__set__(self, s)
+        return s
+
+    @storage.setter
+    def storage(self, value):
+        Tensor.storage.__set__(self, value)
+
+
+_PART = re.compile(r"(.+\.(?:weight|bias))\.([1-9])$")
+ADALN_FINAL = "final_layer.adaLN_modulation.1."
+
+
+def join_diffusers_parts(tensors: Mapping, prefix: str = DM) -> Mapping:
+    """A table converted from diffusers Flux names (sdrt.models.names: split q/k/v(/mlp) become
+    `...qkv.weight`, `...qkv.weight.1`, ...) -> BFL tensors: the parts joined, and
+    final_layer.adaLN_modulation.1 (diffusers' norm_out.linear, (scale, shift)) with its halves
+    exchanged into BFL's (shift, scale), as diffusers' own single-file conversion does (sd.cpp's
+    name map only renames it). A table without parts is returned as is."""
+    parts: dict = {}
+    for name in tensors:
+        m = _PART.match(name) if name.startswith(prefix) else None
+        if m:
+            parts.setdefault(m.group(1), {})[int(m.group(2))] = tensors[name]
+    if not parts:
+        return tensors
+    out = {k: v for k, v in tensors.items() if not (k.startswith(prefix) and _PART.match(k))}
+    for base, more in parts.items():
+        if base not in tensors or sorted(more) != list(range(1, len(more) + 1)):
+            raise ModelFileError(f"{base}: a split diffusers tensor with parts missing "
+                                 f"(have {', '.join(['0'] * (base in tensors) + [str(i) for i in sorted(more)])})")
+        out[base] = _JoinedLeaf([tensors[base]] + [more[i] for i in sorted(more)], False, base)
+    for leaf in ("weight", "bias"):
+        name = prefix + ADALN_FINAL + leaf
+        if name in out:
+            out[name] = _JoinedLeaf([out[name]], True, name)
+    return out
+
+
 def flux_model(tensors, prefix: str, source: str) -> FluxDiffusion:
     from .diffusion.flux import FluxModel
-    model = FluxModel(tensors, prefix, source=source)
+    model = FluxModel(join_diffusers_parts(tensors, prefix), prefix, source=source)
     log.info("%s", model.config.summary())
     return FluxDiffusion(model)
 

@@ -81,7 +81,8 @@ def _arrays(names: dict, prefix: str, seed: int, key=lambda n: n) -> dict:
 
 
 PARTS = {"diffusion_model": ("model.diffusion_model.", None), "vae": ("vae.", vae_names),
-         "clip_l": ("text_encoders.clip_l.transformer.", clip_names), "t5xxl": ("text_encoders.t5xxl.transformer.", t5_names)}
+         "clip_l": ("text_encoders.clip_l.transformer.", clip_names),
+         "t5xxl": ("text_encoders.t5xxl.transformer.", t5_names)}
 
 
 def write(dirname: str, variant: str = "dev", single: bool = True, seed: int = 0, parts=("vae", "clip_l", "t5xxl")):

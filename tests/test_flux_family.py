@@ -99,7 +99,8 @@ def test_refused_variants_by_name():
     assert detect_version(controls) == "flux_controls"
     assert detect_version(_table("chroma", **{DM + "nerf_final_layer_conv.weight": (3, 8)})) == "chroma_radiance"
     assert detect_version(_table("dev", **{DM + "double_stream_modulation_img.lin.weight": (6, 8)})) == "flux2_klein"
-    for version, name in (("chroma_radiance", "Chroma Radiance"), ("flux2", "Flux.2"), ("flux_controls", "Flux Controls")):
+    for version, name in (("chroma_radiance", "Chroma Radiance"), ("flux2", "Flux.2"),
+                          ("flux_controls", "Flux Controls")):
         with pytest.raises(UnsupportedError, match=f"{version}.*{name}.*recognized"):
             Pipeline(version=version, prediction="flux_flow")
 

@@ -213,7 +213,8 @@ class Pipeline:
     def conditioner(self):
         if self._cond is None:
             from .conditioning import open_tensors
-            kw = {"model_args": self.model_params.model_args} if "model_args" in _kwargs_of(self.family.conditioner) else {}
+            takes_args = "model_args" in _kwargs_of(self.family.conditioner)
+            kw = {"model_args": self.model_params.model_args} if takes_args else {}
             self._cond = self.family.conditioner(self.models.tensors, self.version, self.model_params.embd_dir,
                                                  backend=self.executors.get("te", "cpu"), open_file=open_tensors, **kw)
         return self._cond

@@ -24,8 +24,11 @@ from sdrt.ops.threads import get_threads, set_threads
 from test_image_regression import psnr, read_rgb
 
 MIN_PSNR = 40.0
+# --scheduler discrete on both sides: the sd-cli built here (/work/sdcli, 2026-12) predates sd.cpp's
+# `flux` scheduler and samples Flux on `discrete` (t_to_sigma with the flux time shift); sdrt's
+# default is the `flux` scheduler, as upstream sd.cpp now picks (docs/flux.md)
 ARGS = ["-p", "a lovely cat, (masterpiece:1.2)", "-W", "256", "-H", "256", "--steps", "4", "--cfg-scale", "1",
-        "-s", "42", "--type", "f32", "-t", "2"]
+        "--scheduler", "discrete", "-s", "42", "--type", "f32", "-t", "2"]
 
 
 def _sdcli() -> str | None:

@@ -163,7 +163,7 @@ def ref_image_size(ref_w: int, ref_h: int, width: int, height: int, max_pixels: 
     """sd.cpp's resize of a reference image before the VAE (resize_before_vae): the generation's
     area (at most max_pixels), the reference's aspect, each side rounded to a multiple of 16."""
     area = min(max_pixels, width * height)
-    vw = math.sqrt(area * ref_w / ref_h)
+    vw = math.sqrt(area * ref_w // ref_h)          # sd.cpp divides integers before the sqrt
     vh = vw * ref_h / ref_w
     return max(16, math.floor(vw / 16 + 0.5) * 16), max(16, math.floor(vh / 16 + 0.5) * 16)   # C round()
 

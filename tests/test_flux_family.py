@@ -381,3 +381,12 @@ def test_diffusers_file_matches_golden(tmp_path, dtype):
     bfl = load_models(ModelParams(diffusion_model=path))
     plain = {k: v for k, v in bfl.tensors.items() if not k.endswith((".1", ".2", ".3"))}
     assert join_diffusers_parts(plain) is plain                # BFL tables pass through untouched
+
+
+def test_ref_image_size_like_sdcpp():
+    """vae_width = sqrt(area * w / h) (integer division first, as sd.cpp's ints), height from the
+    aspect, both rounded (C round) to 16; area = min(1024^2, W * H)."""
+    from sdrt.engine.stages import ref_image_size
+    assert ref_image_size(1000, 700, 1024, 1024) == (1216, 864)     # sqrt(1497965) = 1223.9 -> 76.5 x 16
+    assert ref_image_size(2048, 2048, 2048, 2048) == (1024, 1024)   # capped at 1024^2
+    assert ref_image_size(80, 48, 64, 64) == (80, 48)

@@ -161,7 +161,9 @@ def test_embedding_without_the_needed_width_stays_text(tmp_path, caplog):
 def test_build_errors(tmp_path):
     d = np.load(os.path.join(FIX, "clip_cond_sd1.npz"))
     table = spec_table(d, "w")
-    with pytest.raises(UnsupportedError, match="flux"):
+    with pytest.raises(UnsupportedError, match="wan"):
+        build_conditioner(table, "wan2")
+    with pytest.raises(UsageError, match="--t5xxl"):          # Flux's conditioner names the missing file
         build_conditioner(table, "flux")
     with pytest.raises(ModelFileError, match="cond_stage_model.1.transformer"):
         build_conditioner(table, "sdxl", heads=2)

@@ -50,7 +50,9 @@ def test_registry_is_consistent():
     orders = [o for o, _ in FM.detection_rules()]
     assert orders == sorted(orders)
     assert family_of("nope").name == "unknown" and family_of(None).name == "unknown"
-    assert [f.name for f in FM.runnable_families()] == ["sd1", "sd2", "sdxl"]
+    # SD first (sd.py), then every family module's runnable records (other branches add theirs)
+    runnable = [f.name for f in FM.runnable_families()]
+    assert runnable[:3] == ["sd1", "sd2", "sdxl"] and "flux" in runnable
     with pytest.raises(ValueError, match="already belongs"):
         FM.register_family(Family("dup", {"sd1": Variant()}))
 
@@ -59,7 +61,7 @@ def test_latent_space_and_defaults():
     sd, xl, flux = get_family("sd1"), get_family("sdxl"), get_family("flux")
     assert (sd.latent_channels, sd.latent_scale_shift(), sd.size_multiple, sd.vae_scale_factor) == (4, (0.18215, 0.0), 64, 8)
     assert xl.latent_scale_shift() == (0.13025, 0.0) and flux.latent_channels == 16
-    assert flux.latent_scale_shift() == (0.3611, 0.1159) and not flux.runnable
+    assert flux.latent_scale_shift() == (0.3611, 0.1159) and flux.runnable
     assert (sd.default_sampler, sd.default_scheduler) == ("euler_a", "discrete")
     assert (flux.default_sampler, flux.default_scheduler) == ("euler", "flux")
     assert get_family("sd2").probe_prediction is not None and get_family("sd1").probe_prediction is None
@@ -74,21 +76,21 @@ def test_latent_space_and_defaults():
 
 def test_components_and_flags_derive_from_the_registry():
     comps = FM.components()
-    assert {r: c.flag for r, c in comps.items()} == {"clip_l": "--clip_l", "clip_g": "--clip_g"}
+    assert {r: c.flag for r, c in comps.items()} == {"clip_l": "--clip_l", "clip_g": "--clip_g", "t5xxl": "--t5xxl"}
     assert comps["clip_l"].prefix_for("unet") == "cond_stage_model.transformer."
     assert comps["clip_g"].prefix_for("dit") == "text_encoders.clip_g.transformer."
     flags = {a.dest: a.option_strings for a in cli.build_parser()._actions}
     assert flags["clip_l"] == ["--clip_l"] and flags["clip_g"] == ["--clip_g"]
-    assert "--t5xxl" in cli._sdcli_only() and "--clip_l" not in cli._sdcli_only()
-    assert "--guidance" in cli._sdcli_only() and "guidance" not in flags      # no runnable family takes it yet
+    assert "--t5xxl" not in cli._sdcli_only() and "--clip_l" not in cli._sdcli_only() and "--llm" in cli._sdcli_only()
+    assert "--guidance" not in cli._sdcli_only() and "guidance" in flags      # Flux takes distilled guidance
     assert FM.component("vae").flag == "--vae"
     with pytest.raises(UsageError, match="unknown model component"):
         FM.component("nope")
 
 
 def test_unrunnable_family_is_refused_by_name():
-    with pytest.raises(UnsupportedError, match="Flux.*SD 1.x, SD 2.x and SDXL"):
-        PL.Pipeline(version="flux", prediction="flux_flow")
+    with pytest.raises(UnsupportedError, match="Wan.*SD 1.x, SD 2.x, SDXL"):
+        PL.Pipeline(version="wan2", prediction="sd3_flow")
 
 
 # ---- a new family from one registry entry -------------------------------------------------------

@@ -387,8 +387,8 @@ def test_bad_generation_params(kw, msg):
 
 
 def test_unsupported_family():
-    with pytest.raises(UnsupportedError, match="SD 1.x, SD 2.x and SDXL"):
-        PL.Pipeline(version="flux", prediction="flux_flow")
+    with pytest.raises(UnsupportedError, match="Flux.2.*SD 1.x, SD 2.x, SDXL"):
+        PL.Pipeline(version="flux2", prediction="flux_flow")
 
 
 # ---- VAE variants, probe --------------------------------------------------------------------------

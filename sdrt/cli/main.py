@@ -34,9 +34,9 @@ _SDCLI_FLAGS = (
     "--mmap", "--control-net-cpu", "--fa", "--diffusion-fa",
     "--diffusion-conv-direct", "--vae-conv-direct", "--force-sdxl-vae-conv-scale",
     "--prompt-file", "--negative-prompt-file", "--end-img", "--control-image", "--control-video", "--ip-adapter-image",
-    "-r", "--ref-image", "--ref-video", "--ref-audio", "--ref-image-args", "--increase-ref-index",
-    "--disable-auto-resize-ref-image", "--video-frames", "--fps", "--qwen-image-layers", "--guidance",
-    "--flow-shift", "--timestep-shift", "--slg-scale", "--skip-layer-start", "--skip-layer-end", "--skip-layers",
+    "--ref-video", "--ref-audio", "--ref-image-args", "--disable-auto-resize-ref-image", "--video-frames", "--fps",
+    "--qwen-image-layers", "--guidance",
+    "--timestep-shift", "--slg-scale", "--skip-layer-start", "--skip-layer-end", "--skip-layers",
     "--high-noise-steps", "--moe-boundary", "--extra-sample-args", "--preview", "--preview-path",
     "--preview-interval", "--taesd-preview-only", "--preview-noisy", "--canny", "--convert-name", "--color",
     "--imat-out", "--imat-in", "--image", "--metadata-format", "--metadata-raw", "--metadata-brief",
@@ -44,8 +44,7 @@ _SDCLI_FLAGS = (
     "--hires-steps", "--hires-denoising-strength", "--hires-upscale-tile-size", "--cache-mode", "--cache-option",
     "--scm-mask", "--scm-policy", "--control-strength", "--circular", "--circularx", "--circulary",
     "--pm-id-images-dir", "--pm-id-embed-path", "--pm-style-strength", "--upscale-repeats", "--upscale-tile-size",
-    "--vace-strength", "--chroma-t5-mask-pad", "--chroma-disable-dit-mask", "--chroma-enable-t5-mask",
-    "--qwen-image-zero-cond-t")
+    "--vace-strength", "--qwen-image-zero-cond-t")
 
 
 def _component_flags() -> dict:
@@ -160,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cfg-scale", type=_float, default=7.0, help="unconditional guidance scale (default: 7.0)")
     if "--guidance" in _family_flags():
         g.add_argument("--guidance", type=_float, default=3.5, help="distilled guidance scale (default: 3.5)")
+    g.add_argument("--flow-shift", type=_float, default=math.inf,
+                   help="shift value for flow-matching models (default: the model's: Flux dev 1.15, schnell 1.0)")
     g.add_argument("--img-cfg-scale", type=_float, default=math.inf,
                    help="image guidance scale for inpaint or instruct-pix2pix models (default: same as --cfg-scale)")
     g.add_argument("--sampling-method", choices=tuple(SAMPLERS), default=None, metavar="METHOD",
@@ -179,6 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-i", "--init-img", help="path to the init image (img2img)")
     g.add_argument("--strength", type=_float, default=0.75, help="strength for noising/unnoising (default: 0.75)")
     g.add_argument("--mask", help="path to the mask image (white = repaint; needs -i)")
+    g.add_argument("-r", "--ref-image", action="append", default=[], metavar="PATH",
+                   help="reference image for Flux Kontext (repeatable)")
+    g.add_argument("--increase-ref-index", action="store_true",
+                   help="automatically increase the indices of reference images based on the order they are listed "
+                        "(starting with 1)")
+    g.add_argument("--chroma-disable-dit-mask", action="store_true", help="disable dit mask for chroma")
+    g.add_argument("--chroma-enable-t5-mask", action="store_true", help="enable t5 mask for chroma")
+    g.add_argument("--chroma-t5-mask-pad", type=int, default=1, help="t5 mask pad size of chroma (default: 1)")
     g.add_argument("--vae-tiling", action="store_true", help="process vae in tiles to reduce memory usage")
     g.add_argument("--vae-tile-size", default=None, help="tile size for vae tiling, format [X]x[Y] (default: 32x32)")
     g.add_argument("--vae-tile-overlap", type=_float, default=0.5,
@@ -270,6 +279,9 @@ def params_from_args(args):
                      parts={r: p for r, p in roles.items() if r not in own and p},
                      embd_dir=args.embd_dir, lora_model_dir=args.lora_model_dir or ".",
                      lora_apply_mode=args.lora_apply_mode, type=args.type,
+                     model_args={"chroma_use_dit_mask": not args.chroma_disable_dit_mask,
+                                 "chroma_use_t5_mask": args.chroma_enable_t5_mask,
+                                 "chroma_t5_mask_pad": args.chroma_t5_mask_pad},
                      tensor_type_rules=args.tensor_type_rules or None, rng=args.rng, sampler_rng=args.sampler_rng,
                      prediction=args.prediction, threads=args.threads, backend=args.backend,
                      params_backend=args.params_backend, offload_to_cpu=args.offload_to_cpu, max_vram=args.max_vram,
@@ -291,7 +303,8 @@ def params_from_args(args):
                    vae_tile_overlap=args.vae_tile_overlap,
                    vae_relative_tile_size=(parse_rel_tile_size(args.vae_relative_tile_size)
                                            if args.vae_relative_tile_size else (0.0, 0.0)),
-                   embed_metadata=not args.disable_image_metadata)
+                   ref_images=list(args.ref_image), increase_ref_index=args.increase_ref_index,
+                   flow_shift=args.flow_shift, embed_metadata=not args.disable_image_metadata)
     if not 1 <= args.compression_quality <= 100:
         raise UsageError(f"--compression-quality: must be in [1, 100], got {args.compression_quality}")
     return mp.validate(), gp.validate()
@@ -302,7 +315,8 @@ def _img_gen(args) -> int:
 
     from ..io.png import output_paths, write_image
     mp, gp = params_from_args(args)
-    for flag, path in (("-i/--init-img", gp.init_image), ("--mask", gp.mask_image)):
+    for flag, path in (("-i/--init-img", gp.init_image), ("--mask", gp.mask_image),
+                       *(("-r/--ref-image", r) for r in gp.ref_images)):
         if path and not os.path.isfile(path):
             raise UsageError(f"{flag}: no such image file: '{path}'")
     paths = output_paths(args.output or "output.png", gp.batch_count, args.output_begin_idx)

@@ -43,6 +43,7 @@ class ModelParams:
     embd_dir: str | None = None          # --embd-dir: textual-inversion embeddings
     lora_model_dir: str = "."            # --lora-model-dir: where <lora:name:mult> names resolve
     lora_apply_mode: str = "auto"        # --lora-apply-mode: auto | immediately | at_runtime
+    model_args: dict = field(default_factory=dict)  # sd.cpp's model args: {"chroma_use_dit_mask": False, ...}
     type: str | None = None              # --type: weight type override (f32, f16, q8_0 ...)
     tensor_type_rules: str | None = None  # --tensor-type-rules
     rng: str = "cuda"                    # --rng
@@ -134,6 +135,9 @@ class GenParams:
     vae_tile_size: tuple[int, int] = (0, 0)          # --vae-tile-size XxY (0: the decoder's default)
     vae_tile_overlap: float = 0.5                    # --vae-tile-overlap
     vae_relative_tile_size: tuple[float, float] = (0.0, 0.0)  # --vae-relative-tile-size
+    ref_images: list = field(default_factory=list)  # -r/--ref-image (repeatable): paths, PIL images or arrays
+    increase_ref_index: bool = False     # --increase-ref-index: reference RoPE index 1, 2, ... (else all 1)
+    flow_shift: float = math.inf         # --flow-shift; inf: the model's default
     embed_metadata: bool = True          # not --disable-image-metadata
     loras: list = field(default_factory=list)  # LoRAs besides the prompt's <lora:...> tags: LoraSpec or (path, multiplier)
     extra: dict = field(default_factory=dict)  # free-form, recorded nowhere
@@ -180,6 +184,8 @@ class GenParams:
         rx, ry = self.vae_relative_tile_size
         if rx < 0 or ry < 0:
             raise UsageError(f"--vae-relative-tile-size: must be non-negative, got {rx}x{ry}")
+        if math.isnan(self.flow_shift) or self.flow_shift == -math.inf:
+            raise UsageError(f"--flow-shift: must be a number, got {self.flow_shift}")
         if self.mask_image is not None and self.init_image is None:
             raise UsageError("--mask: needs an init image (-i/--init-img) to repaint")
         from .limits import check_request  # sizes, steps, prompts, non-finite numbers (docs: "Limits")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,7 @@ from functools import partial
 
 import numpy as np
 
-from ..errors import SdrtError
+from ..errors import SdrtError, UnsupportedError
 from ..models.families import Cond, Family, family_of
 from .limits import check_image, check_latent, quiet_numerics
 from .params import GenParams, ModelParams
@@ -213,8 +214,10 @@ class Pipeline:
     def conditioner(self):
         if self._cond is None:
             from .conditioning import open_tensors
+            takes_args = "model_args" in _kwargs_of(self.family.conditioner)
+            kw = {"model_args": self.model_params.model_args} if takes_args else {}
             self._cond = self.family.conditioner(self.models.tensors, self.version, self.model_params.embd_dir,
-                                                 backend=self.executors.get("te", "cpu"), open_file=open_tensors)
+                                                 backend=self.executors.get("te", "cpu"), open_file=open_tensors, **kw)
         return self._cond
 
     @property
@@ -260,6 +263,7 @@ class Pipeline:
         gp = size.gp
         log.info("generate_image %dx%d", size.width, size.height)
         guidance = plan_guidance(gp, self.variant)                          # 2. guidance
+        self._set_flow_shift(gp.flow_shift)
         # RNGs: one context RNG, the sampler's own only when --sampler-rng differs
         ctx_rng = make_rng(mp.rng, size.seed)
         smp_rng = make_rng(mp.sampler_rng, size.seed) if mp.sampler_rng and mp.sampler_rng != mp.rng else ctx_rng
@@ -272,6 +276,7 @@ class Pipeline:
             log.info("encode_first_stage completed, taking %.2fs", time.time() - t_prep)
         if latents.img_cfg_follows_cfg:
             guidance = replace(guidance, img_cfg=guidance.cfg)
+        latents.ref_latents = self.encode_ref_images(gp, size, ctx_rng)
         t_cond = time.time()
         passes = self.conditions(replace(gp, prompt=cond_prompt), size.width, size.height, guidance,
                                  latents)                                   # 5. conditioning
@@ -326,6 +331,8 @@ class Pipeline:
         enc = self.conditioner.encode
         accepts = _kwargs_of(enc)
         dg = gp.guidance if self.family.distilled_guidance else None
+        refs = dict(ref_latents=tuple(latents.ref_latents),
+                    ref_index_mode="increase" if gp.increase_ref_index else "fixed")
 
         def run(text, zero_out, concat):
             kw = {"clip_skip": gp.clip_skip}
@@ -333,7 +340,7 @@ class Pipeline:
                 kw["zero_out_masked"] = zero_out
             c = enc(text, width, height, **kw)
             return Cond(np.asarray(c.context, F32), None if getattr(c, "y", None) is None else np.asarray(c.y, F32),
-                        concat, guidance=dg)
+                        concat, guidance=dg, **refs)
 
         cond = run(gp.prompt, False, latents.concat)
         uncond = img_cond = None
@@ -341,7 +348,7 @@ class Pipeline:
             zero_out = self.family.zero_empty_negative and not gp.negative_prompt and self.prediction != "edm_v"
             uncond = run(gp.negative_prompt, zero_out, latents.uncond_concat)
             if guidance.use_img_cond:
-                img_cond = Cond(uncond.context, uncond.y, latents.concat, guidance=dg)
+                img_cond = Cond(uncond.context, uncond.y, latents.concat, guidance=dg, **refs)
         return cond, uncond, img_cond
 
     def sample_one(self, seed: int, ctx_rng, smp_rng, plan: SamplePlan, guidance: GuidancePlan, latents: Latents,
@@ -386,6 +393,33 @@ class Pipeline:
         return out
 
     # ---- pieces ---------------------------------------------------------------------------------
+    def _set_flow_shift(self, shift: float) -> None:
+        """--flow-shift for this request (inf: the family's default), on flow denoisers (sd.cpp's set_flow_shift)."""
+        den = self.denoiser
+        if hasattr(den, "set_shift"):
+            if not math.isfinite(shift):
+                shift = self.family.flow_shift_of(self.version, self.models.tensors if self.models else None)
+            if shift is not None:
+                den.set_shift(shift)
+
+    def encode_ref_images(self, gp: GenParams, size, rng) -> list:
+        """-r/--ref-image: each image resized as sd.cpp (the generation's area, at most 1024x1024,
+        the reference's aspect, sides a multiple of 16) and encoded by the VAE (Flux Kontext)."""
+        if not gp.ref_images:
+            return []
+        if not self.family.supports("ref_images"):
+            raise UnsupportedError(f"-r/--ref-image: {self.family.description or self.family.name} models do not "
+                                   "take reference images")
+        from .stages import image_to_tensor, load_image, ref_image_size
+        out = []
+        for i, src in enumerate(gp.ref_images):
+            img = load_image(src, "-r/--ref-image", 3)
+            vw, vh = ref_image_size(img.shape[1], img.shape[0], size.width, size.height)
+            log.debug("resize vae ref image %d from %dx%d to %dx%d", i, img.shape[1], img.shape[0], vw, vh)
+            out.append(self.encode_first_stage(image_to_tensor(img, vw, vh), rng, gp))
+        log.info("EDIT mode: %d reference image%s", len(out), "s" if len(out) > 1 else "")
+        return out
+
     def release_weight_pages(self, *components: str) -> int:
         """Drop this process's pages of the memory-mapped weights of `components` ("te",
         "diffusion", "vae") computing on the CPU, once a request is done with them; returns the

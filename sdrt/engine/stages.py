@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from .params import GenParams
 
 __all__ = ["GuidancePlan", "Latents", "SamplePlan", "SizePlan", "align_size", "cfg_combine", "decode_to_uint8",
            "fit_image", "image_to_tensor", "img2img_sigmas", "latent_mask_from", "load_image", "max_pool3",
-           "plan_guidance", "plan_sampling", "plan_size", "prepare_latents"]
+           "plan_guidance", "plan_sampling", "plan_size", "prepare_latents", "ref_image_size"]
 
 log = logging.getLogger("sdrt")
 F32 = np.float32
@@ -159,6 +159,15 @@ def img2img_sigmas(sigmas: np.ndarray, steps: int, strength: float) -> tuple[np.
     return sigmas[steps - t_enc - 1:], t_enc
 
 
+def ref_image_size(ref_w: int, ref_h: int, width: int, height: int, max_pixels: int = 1024 * 1024) -> tuple[int, int]:
+    """sd.cpp's resize of a reference image before the VAE (resize_before_vae): the generation's
+    area (at most max_pixels), the reference's aspect, each side rounded to a multiple of 16."""
+    area = min(max_pixels, width * height)
+    vw = math.sqrt(area * ref_w // ref_h)          # sd.cpp divides integers before the sqrt
+    vh = vw * ref_h / ref_w
+    return max(16, math.floor(vw / 16 + 0.5) * 16), max(16, math.floor(vh / 16 + 0.5) * 16)   # C round()
+
+
 def decode_to_uint8(img01: np.ndarray) -> np.ndarray:
     """[1, 3, H, W] float in [0, 1] (values outside are clamped) -> HxWx3 uint8, as sd.cpp's
     preprocessing_float_to_u8: <= 0 -> 0, >= 1 -> 255, else (uint8)(v * 255 + 0.5)."""
@@ -290,6 +299,7 @@ class Latents:
     uncond_concat: np.ndarray | None = None
     denoise_mask: np.ndarray | None = None
     img_cfg_follows_cfg: bool = False
+    ref_latents: list = field(default_factory=list)   # -r/--ref-image latents (Flux Kontext)
 
 
 def prepare_latents(size: SizePlan, family, variant, encode) -> Latents:

@@ -9,8 +9,8 @@ A table with none of these prefixes is a bare diffusion model (`--diffusion-mode
 names are looked at under `model.diffusion_model.`, as sd.cpp prefixes them.
 
 How: one pass collects the few facts any rule needs (`Facts`); the rules themselves belong to
-the families (sdrt.models.families: each record lists its (order, rule) pairs; sdrt.models.sd
-and sdrt.models.recognized hold them), tried in sd.cpp's order, first match wins.
+the families (sdrt.models.families: each record lists its (order, rule) pairs; the modules of
+FAMILY_MODULES hold them), tried in sd.cpp's order, first match wins.
 Versions are short strings (`sd1`, `sdxl_inpaint`, ...); `family(version)` names their family.
 The version constants (`SD1`, `FLUX`, ...) are those modules' and readable here too.
 """
@@ -36,9 +36,10 @@ def __getattr__(name):
     if name == "VERSIONS":
         return tuple(v for f in _registry().families() for v in f.versions) + (UNKNOWN,)
     if name.isupper():
-        _registry().families()
+        reg = _registry()
+        reg.families()
         import sys
-        for mod in ("sdrt.models.sd", "sdrt.models.recognized"):
+        for mod in reg.FAMILY_MODULES:
             if hasattr(sys.modules.get(mod), name):
                 return getattr(sys.modules[mod], name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

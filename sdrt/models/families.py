@@ -31,7 +31,7 @@ __all__ = ["Component", "Cond", "Family", "Variant", "ALL_MODES", "COMMON_ROLES"
 UNKNOWN = "unknown"
 ALL_MODES = frozenset({"txt2img", "img2img", "inpaint", "edit", "ref_images"})
 # modules whose import registers families (order = registration order)
-FAMILY_MODULES = ["sdrt.models.sd", "sdrt.models.recognized"]
+FAMILY_MODULES = ["sdrt.models.sd", "sdrt.models.recognized", "sdrt.models.flux"]
 
 
 # ---- what the conditioner hands the diffusion model ----------------------------------------------
@@ -42,19 +42,21 @@ class Cond:
     context [N, L, D] (cross-attention / text tokens), y [N, adm] (pooled vector: SDXL's ADM,
     Flux's CLIP-L pooled), c_concat [N, Cc, h, w] (latents joined to x on channels: inpaint,
     pix2pix, Flux Fill), ref_latents (reference-image latents: Kontext, Qwen edit), guidance
-    (the distilled-guidance scalar, Flux dev). A model refuses a field it cannot take."""
+    (the distilled-guidance scalar, Flux dev), ref_index_mode (the RoPE index of reference
+    tokens: fixed, increase, decrease). A model refuses a field it cannot take."""
     context: np.ndarray | None = None
     y: np.ndarray | None = None
     c_concat: np.ndarray | None = None
     ref_latents: tuple = ()
     guidance: float | None = None
+    ref_index_mode: str = "fixed"
 
     _ARRAYS = ("context", "y", "c_concat")
 
     def shape_key(self) -> tuple:
         """Equal keys batch into one call."""
         return tuple(None if getattr(self, k) is None else getattr(self, k).shape for k in self._ARRAYS) + (
-            tuple(r.shape for r in self.ref_latents), self.guidance)
+            tuple(r.shape for r in self.ref_latents), self.guidance, self.ref_index_mode)
 
     @classmethod
     def batch(cls, conds: list[Cond]) -> Cond:
@@ -63,7 +65,7 @@ class Cond:
         kw = {k: None if getattr(first, k) is None else np.concatenate([getattr(c, k) for c in conds], 0)
               for k in cls._ARRAYS}
         refs = tuple(np.concatenate([c.ref_latents[i] for c in conds], 0) for i in range(len(first.ref_latents)))
-        return cls(**kw, ref_latents=refs, guidance=first.guidance)
+        return cls(**kw, ref_latents=refs, guidance=first.guidance, ref_index_mode=first.ref_index_mode)
 
 
 # ---- components: the files a context is built from ----------------------------------------------

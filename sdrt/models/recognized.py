@@ -5,8 +5,8 @@ Making one runnable moves its entry into its own module with its model files
 (docs/adding-a-family.md).
 
 Detection order: sd.cpp's early returns on marker tensors come first (orders 0-22, in its order,
-first match wins), then the shape rules: Wan 100, SDXL 110 (sd.py), Flux 120, Flux.2 130,
-SD 1.x / 2.x 140 (sd.py).
+first match wins), then the shape rules: Wan 100, SDXL 110 (sd.py), Flux 120 (flux.py, with the
+Chroma Radiance and Ovis-Image markers), Flux.2 130, SD 1.x / 2.x 140 (sd.py).
 """
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from .families import Family, Variant, register_family
 DM = "model.diffusion_model."
 
 SVD, SD3 = "svd", "sd3"
-FLUX, FLUX_FILL, FLUX_CONTROLS, FLEX_2, CHROMA, CHROMA_RADIANCE = (
-    "flux", "flux_fill", "flux_controls", "flex_2", "chroma", "chroma_radiance")
 WAN2, WAN2_2_I2V, WAN2_2_TI2V = "wan2", "wan2.2_i2v", "wan2.2_ti2v"
 FLUX2, FLUX2_KLEIN = "flux2", "flux2_klein"
 QWEN_IMAGE, QWEN_IMAGE_LAYERED = "qwen_image", "qwen_image_layered"
@@ -54,19 +52,6 @@ def _flux2_of(f: Facts):
     return None
 
 
-def _flux(f: Facts):
-    if not (f.has(DM + "double_blocks.") or f.has(DM + "single_transformer_blocks.")):
-        return None
-    v = _flux2_of(f)
-    if v:
-        return v
-    if dim(f.context_embedding, 0) == 3584:
-        return LONGCAT
-    if f.has("distilled_guidance_layer.in_proj.weight"):
-        return CHROMA
-    return {384: FLUX_FILL, 128: FLUX_CONTROLS, 196: FLEX_2}.get(dim(f.input_block, 0), FLUX)
-
-
 def _flux_shift(version, table):
     """1.15 with a guidance embedder (Flux dev), else 1.0 (schnell)."""
     table = getattr(table, "tensors", table) or {}
@@ -92,13 +77,6 @@ _one(IDEOGRAM4, "Ideogram 4", (marker(1, "embed_image_indicator.weight", IDEOGRA
      default_scheduler="logit_normal")
 _one(KREA2, "Krea 2", (marker(2, DM + "txtfusion.projector.weight", KREA2),
                        marker(3, DM + "text_fusion.projector.weight", KREA2)), "flux_flow", 1.15)
-register_family(Family(
-    "flux", {v: Variant() for v in (FLUX, FLUX_FILL, FLUX_CONTROLS, FLEX_2, OVIS_IMAGE, CHROMA, CHROMA_RADIANCE)},
-    "Flux", detect=(marker(4, DM + "nerf_final_layer_conv.", CHROMA_RADIANCE),
-                    marker(15, DM + "double_blocks.0.img_mlp.gate_proj.weight", OVIS_IMAGE), (120, _flux)),
-    latent_channels=16, size_multiple=16, latent_scale=0.3611, latent_shift=0.1159, prediction="flux_flow",
-    flow_shift=_flux_shift, default_scheduler="flux", convert_diffusion_name=_flux_names,
-    diffusers_te_prefixes={"te1.": "text_encoders.clip_l.transformer."}))
 _one(SD3, "SD 3.x", (marker(5, DM + "joint_blocks.", SD3),), "flow", 3.0, latent_channels=16,
      latent_scale=1.5305, latent_shift=0.0609, convert_diffusion_name=_sd3_names)
 _one(HIDREAM_O1, "HiDream-O1", (marker(6, "model.x_embedder.proj1.weight", HIDREAM_O1,

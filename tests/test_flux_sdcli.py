@@ -1,0 +1,95 @@
+"""sdrt vs sd-cli on Flux.1 dev / schnell and Chroma random-weight checkpoints that sd-cli can load:
+the DiT at full width with reduced depth (sd-cli counts double/single blocks from the names), the
+full ae VAE and CLIP-L (fixed architectures in sd-cli), and a T5-XXL at full width with
+$SDRT_SDCLI_T5_LAYERS blocks (default 1: needs an sd-cli that counts `encoder.block.N`, as upstream
+stable-diffusion.cpp does; the 0.4.7 sdist's T5 is fixed at 24 layers, ~19 GB in f32: set 24 for it).
+
+Opt-in: runs only when SDRT_SDCLI names an sd-cli binary. Both sides get the same split files and
+flags, `--type f32`, 256x256, 4 steps, `--cfg-scale 1`; the bar is issue 14's: PSNR >= 40 dB.
+The files are written once per session under $SDRT_SDCLI_FLUX_DIR (default: a temp dir).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import flux_tiny as ft
+from sdrt.cli import main as cli
+from sdrt.io import write_safetensors
+from sdrt.models.diffusion.flux import FluxConfig
+from sdrt.ops.threads import get_threads, set_threads
+from test_image_regression import psnr, read_rgb
+
+MIN_PSNR = 40.0
+# --scheduler discrete on both sides: the sd-cli built here (/work/sdcli, 2026-12) predates sd.cpp's
+# `flux` scheduler and samples Flux on `discrete` (t_to_sigma with the flux time shift); sdrt's
+# default is the `flux` scheduler, as upstream sd.cpp now picks (docs/flux.md)
+ARGS = ["-p", "a lovely cat, (masterpiece:1.2)", "-W", "256", "-H", "256", "--steps", "4", "--cfg-scale", "1",
+        "--scheduler", "discrete", "-s", "42", "--type", "f32", "-t", "2"]
+
+
+def _sdcli() -> str | None:
+    exe = os.environ.get("SDRT_SDCLI") or os.environ.get("SDRT_SD_CLI")
+    return exe if exe and os.access(exe, os.X_OK) else None
+
+
+def _write(path: str, names: dict, seed: int = 0, key=lambda n: n) -> str:
+    if not os.path.exists(path):
+        arrays = {}
+        for n, shape in names.items():
+            v = ft.mkflux.values(key(n), shape, seed)
+            arrays[n] = v.astype(np.float16) if v.ndim > 1 else v
+        write_safetensors(path, arrays)
+    return path
+
+
+def t5_full(layers: int) -> dict:
+    t = {"shared.weight": (ft.T5_VOCAB, 4096), "encoder.final_layer_norm.weight": (4096,),
+         "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight": (32, 64)}
+    for i in range(layers):
+        p = f"encoder.block.{i}.layer."
+        for q in "qkvo":
+            t[f"{p}0.SelfAttention.{q}.weight"] = (4096, 4096)
+        t[f"{p}0.layer_norm.weight"] = (4096,)
+        for w in ("wi_0", "wi_1"):
+            t[f"{p}1.DenseReluDense.{w}.weight"] = (10240, 4096)
+        t[f"{p}1.DenseReluDense.wo.weight"] = (4096, 10240)
+        t[f"{p}1.layer_norm.weight"] = (4096,)
+    return t
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    if _sdcli() is None:
+        pytest.skip("sd-cli comparison: set SDRT_SDCLI=/path/to/sd-cli to run it (no sd-cli binary given)")
+    d = os.environ.get("SDRT_SDCLI_FLUX_DIR") or str(tmp_path_factory.mktemp("flux_sdcli"))
+    os.makedirs(d, exist_ok=True)
+    layers = int(os.environ.get("SDRT_SDCLI_T5_LAYERS", "1"))
+    out = {"vae": _write(os.path.join(d, "ae.safetensors"), ft.mkflux.vae_layout()),
+           "clip_l": _write(os.path.join(d, "clip_l.safetensors"), ft.mksd.clip_hf("", 768, 12)),
+           "t5xxl": _write(os.path.join(d, f"t5xxl_{layers}l.safetensors"), t5_full(layers))}
+    for variant in ("dev", "schnell", "chroma"):
+        names = FluxConfig(depth=1, depth_single_blocks=2, **ft.VARIANTS[variant]).weight_shapes()
+        out[variant] = _write(os.path.join(d, f"flux-{variant}-1-2.safetensors"), names)
+    return out
+
+
+@pytest.mark.parametrize("variant", ["dev", "schnell", "chroma"])
+def test_matches_sd_cli(parts, tmp_path, variant):
+    files = ["--diffusion-model", parts[variant], "--vae", parts["vae"], "--t5xxl", parts["t5xxl"]]
+    if variant != "chroma":
+        files += ["--clip_l", parts["clip_l"]]
+    ref, ours = str(tmp_path / "sdcli.png"), str(tmp_path / "sdrt.png")
+    r = subprocess.run([_sdcli(), *files, *ARGS, "-o", ref], capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0 and os.path.exists(ref), r.stdout[-3000:] + r.stderr[-3000:]
+    before = get_threads()
+    try:
+        assert cli.main([*files, *ARGS, "-o", ours]) == 0
+    finally:
+        set_threads(before)
+    p = psnr(read_rgb(ours), read_rgb(ref))
+    print(f"sdrt vs sd-cli, Flux {variant} (1+2 blocks, 256x256, 4 steps, f32): PSNR {p:.2f} dB")
+    assert p >= MIN_PSNR, f"sdrt vs sd-cli ({variant}): PSNR {p:.2f} dB (need >= {MIN_PSNR})"

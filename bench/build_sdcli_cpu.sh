@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build stable-diffusion.cpp's sd-cli for the CPU (f32-capable; the test oracle of
-# tests/test_image_regression.py, tests/test_io_writer.py and tests/test_flux_vs_sdcli.py) from the
+# tests/test_image_regression.py, tests/test_io_writer.py and tests/test_flux_sdcli.py) from the
 # vendored source of the PyPI sdist stable-diffusion-cpp-python 0.4.7, outside the repo.
 #   bench/build_sdcli_cpu.sh SDIST_TAR_GZ SRC_DIR BUILD_DIR OUT_DIR [JOBS]
 #   (SDIST_TAR_GZ: `pip download --no-deps --no-binary :all: stable-diffusion-cpp-python==0.4.7`;

@@ -10,9 +10,11 @@ activation is ne [W, H, C, N], a torch [N, L, C] sequence is ne [C, L, N].
 from __future__ import annotations
 
 import weakref
-from typing import Mapping
+from typing import Callable, Mapping
 
-from ..errors import ModelFileError
+import numpy as np
+
+from ..errors import ModelFileError, UsageError
 from ..ops import api as F
 from ..ops.tensor import Tensor
 
@@ -135,3 +137,47 @@ def multihead_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, mask: Tens
 
     out = F.attention(heads(q), heads(k), heads(v), mask=mask)  # [D, Lq, H, N]
     return F.cont(out.permute(0, 2, 1, 3)).reshape(C, Lq, N)     # [D, H, Lq, N] -> [C, Lq, N]
+
+
+# ---- what every diffusion model's numpy entry point needs -------------------------------------------
+
+class GraphCache:
+    """A model's graph per input-shape key, built once and run again every sampling step: the
+    graph's input leaves are numpy holders each call copies its arrays into. The last `size`
+    shapes are kept."""
+
+    def __init__(self, size: int = 4):
+        self.size, self.graphs = size, {}
+
+    def __len__(self) -> int:
+        return len(self.graphs)
+
+    def run(self, arrays: list, build: Callable, backend, extra: tuple = ()) -> np.ndarray:
+        """arrays: float32 numpy inputs (None: absent); build(leaves) -> the output node, leaves
+        in the order of `arrays`; extra: what besides the shapes tells graphs apart."""
+        key = tuple(None if a is None else a.shape for a in arrays) + tuple(extra)
+        entry = self.graphs.get(key)
+        if entry is None:
+            holders = [None if a is None else np.empty(a.shape, np.float32) for a in arrays]
+            out = build([None if h is None else Tensor.from_numpy(h) for h in holders])
+            if len(self.graphs) >= self.size:
+                self.graphs.pop(next(iter(self.graphs)))
+            entry = self.graphs[key] = (holders, F.Graph({"out": out}))
+        holders, graph = entry
+        for h, a in zip(holders, arrays):
+            if h is not None:
+                np.copyto(h, a)
+        return graph.run(backend)["out"].to_f32()
+
+
+def batch_cond(t: Tensor, N: int, what: str) -> Tensor:
+    """Repeat a batch-1 conditioning tensor to N (its last dim), as sd.cpp's ggml_repeat; a 1-D
+    vector becomes [C, N]. `what` names it in the error ("Flux: context")."""
+    b = t.ne[-1] if t.ndim > 1 else 1
+    if b == N:
+        return t
+    if b != 1:
+        raise UsageError(f"{what} has batch {b}, x has {N}")
+    ne = list(t.ne) if t.ndim > 1 else [t.ne[0], 1]
+    ne[-1] = N
+    return F.repeat(t if t.ndim > 1 else t.reshape(t.ne[0], 1), tuple(ne))

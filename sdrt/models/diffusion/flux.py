@@ -34,7 +34,7 @@ import numpy as np
 from ...errors import ModelFileError, UnsupportedError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import Linear, Weights
+from ..common import GraphCache, batch_cond, Linear, Weights
 from .flux_blocks import (ChromaApproximator, DoubleStreamBlock, LastLayer, MLPEmbedder, SingleStreamBlock,
                           pad_to_patch, patchify, unpatchify)
 
@@ -305,7 +305,7 @@ class FluxModel:
         self.single_blocks = [SingleStreamBlock(w.sub(f"single_blocks.{i}."), nh, H)
                               for i in range(cfg.depth_single_blocks)]
         self.final_layer = LastLayer(w.sub("final_layer."))
-        self._graphs: dict = {}
+        self._graphs = GraphCache()
 
     # ---- graph ------------------------------------------------------------------------------
     def forward(self, x: Tensor, timesteps: Tensor, context: Tensor, y: Tensor | None = None,
@@ -344,9 +344,9 @@ class FluxModel:
             img = F.concat_many([img] + refs, 1)                                # [C*4, Li + Lr, N]
         if context.ne[0] != cfg.context_in_dim:
             raise UsageError(f"Flux: context has width {context.ne[0]}, the model takes {cfg.context_in_dim}")
-        context = _batch(context, N, "context")
-        y = _batch(y, N, "y") if y is not None else None
-        txt_mask = _batch(txt_mask, N, "txt_mask") if txt_mask is not None else None
+        context = batch_cond(context, N, "Flux: context")
+        y = batch_cond(y, N, "Flux: y") if y is not None else None
+        txt_mask = batch_cond(txt_mask, N, "Flux: txt_mask") if txt_mask is not None else None
         Lt = context.ne[1]
         if pe is None:
             ids = flux_ids(Hh, W, Lt, [(r.ne[1], r.ne[0]) for r in ref_latents], p, ref_index_mode)
@@ -456,30 +456,8 @@ class FluxModel:
         for i in (1, 4):
             if arrays[i] is not None:
                 arrays[i] = np.broadcast_to(arrays[i].reshape(-1), (N,)).copy() if arrays[i].size == 1 else arrays[i].reshape(-1)
-        key = tuple(None if a is None else a.shape for a in arrays) + (ref_index_mode,)
-        entry = self._graphs.get(key)
-        if entry is None:
-            holders = [None if a is None else np.empty(a.shape, np.float32) for a in arrays]
-            leaves = [None if a is None else Tensor.from_numpy(a) for a in holders]
-            out = self.forward(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], c_concat=leaves[5],
-                               ref_latents=leaves[7:], ref_index_mode=ref_index_mode, txt_mask=leaves[6])
-            if len(self._graphs) >= 4:
-                self._graphs.pop(next(iter(self._graphs)))
-            entry = self._graphs[key] = (holders, F.Graph({"out": out}))
-        holders, graph = entry
-        for h, a in zip(holders, arrays):
-            if h is not None:
-                np.copyto(h, a)
-        return graph.run(backend)["out"].to_f32()
+        def build(v):
+            return self.forward(v[0], v[1], v[2], v[3], v[4], c_concat=v[5], ref_latents=v[7:],
+                                ref_index_mode=ref_index_mode, txt_mask=v[6])
+        return self._graphs.run(arrays, build, backend, extra=(ref_index_mode,))
 
-
-def _batch(t: Tensor, N: int, what: str) -> Tensor:
-    """Repeat a batch-1 conditioning tensor to N (its last dim), as sd.cpp's ggml_repeat."""
-    b = t.ne[-1] if t.ndim > 1 else 1
-    if b == N:
-        return t
-    if b != 1:
-        raise UsageError(f"Flux: {what} has batch {b}, x has {N}")
-    ne = list(t.ne) if t.ndim > 1 else [t.ne[0], 1]
-    ne[-1] = N
-    return F.repeat(t if t.ndim > 1 else t.reshape(t.ne[0], 1), tuple(ne))

@@ -35,7 +35,7 @@ import numpy as np
 from ...errors import ModelFileError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import Conv2d, Linear, Weights
+from ..common import GraphCache, batch_cond, Conv2d, Linear, Weights
 from .flux_blocks import pad_to_patch, unpatchify
 from .mmdit_blocks import Embedder, FinalLayer, JointBlock
 
@@ -187,7 +187,7 @@ class MMDiTModel:
         self.joint_blocks = [JointBlock(w.sub(f"joint_blocks.{i}."), cfg.num_heads, cfg.qk_norm)
                              for i in range(cfg.depth)]
         self.final_layer = FinalLayer(w.sub("final_layer."))
-        self._graphs: dict = {}
+        self._graphs = GraphCache()
 
     def cropped_pos_embed(self, h: int, w: int) -> Tensor:
         """F32 [H, h*w, 1]: the centre h x w window of the S x S pos_embed grid (h, w in patches)."""
@@ -218,7 +218,7 @@ class MMDiTModel:
             raise UsageError(f"MMDiT: context has width {context.ne[0]}, the model takes {cfg.context_in_dim}")
         if timesteps.nelements != N:
             raise UsageError(f"MMDiT: {timesteps.nelements} timesteps for a batch of {N}")
-        context = _batch(context, N, "context")
+        context = batch_cond(context, N, "MMDiT: context")
         hl, wl = (Hh + p - 1) // p, (W + p - 1) // p
 
         img = self.x_embedder(pad_to_patch(x, p))                                # [wl, hl, H, N]
@@ -229,7 +229,7 @@ class MMDiTModel:
         if self.y_embedder is not None:
             if y is None:
                 raise UsageError(f"MMDiT: this model needs the pooled text vector y [{cfg.adm_in_channels}, N]")
-            y = _batch(y, N, "y")
+            y = batch_cond(y, N, "MMDiT: y")
             if y.ne[0] != cfg.adm_in_channels:
                 raise UsageError(f"MMDiT: y has width {y.ne[0]}, the model takes {cfg.adm_in_channels}")
             c = F.add(c, self.y_embedder(y))
@@ -277,20 +277,7 @@ class MMDiTModel:
         t = arrays[1].reshape(-1)
         arrays[1] = np.broadcast_to(t, (N,)).copy() if t.size == 1 else t
         skip = frozenset(int(i) for i in (skip_layers or ()))
-        key = tuple(None if a is None else a.shape for a in arrays) + (skip,)
-        entry = self._graphs.get(key)
-        if entry is None:
-            holders = [None if a is None else np.empty(a.shape, np.float32) for a in arrays]
-            leaves = [None if a is None else Tensor.from_numpy(a) for a in holders]
-            out = self.forward(leaves[0], leaves[1], leaves[2], leaves[3], skip_layers=skip)
-            if len(self._graphs) >= 4:
-                self._graphs.pop(next(iter(self._graphs)))
-            entry = self._graphs[key] = (holders, F.Graph({"out": out}))
-        holders, graph = entry
-        for h, a in zip(holders, arrays):
-            if h is not None:
-                np.copyto(h, a)
-        return graph.run(backend)["out"].to_f32()
+        return self._graphs.run(arrays, lambda v: self.forward(*v, skip_layers=skip), backend, extra=(skip,))
 
 
 def _squeeze(shape) -> tuple[int, ...]:
@@ -300,14 +287,3 @@ def _squeeze(shape) -> tuple[int, ...]:
         shape = shape[1:]
     return shape
 
-
-def _batch(t: Tensor, N: int, what: str) -> Tensor:
-    """Repeat a batch-1 conditioning tensor to N (its last dim), as sd.cpp's ggml_repeat."""
-    b = t.ne[-1] if t.ndim > 1 else 1
-    if b == N:
-        return t
-    if b != 1:
-        raise UsageError(f"MMDiT: {what} has batch {b}, x has {N}")
-    ne = list(t.ne) if t.ndim > 1 else [t.ne[0], 1]
-    ne[-1] = N
-    return F.repeat(t if t.ndim > 1 else t.reshape(t.ne[0], 1), tuple(ne))

@@ -31,7 +31,7 @@ import numpy as np
 from ...errors import ModelFileError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import Conv2d, GroupNorm, Linear, Weights
+from ..common import GraphCache, batch_cond, Conv2d, GroupNorm, Linear, Weights
 from .unet_blocks import Downsample, ResBlock, SpatialTransformer, Upsample
 
 __all__ = ["PRESETS", "Layer", "UNetConfig", "UNetModel"]
@@ -401,7 +401,7 @@ class UNetModel:
         self.output_blocks = blocks("output_blocks", cfg.output_blocks)
         self.out_norm = GroupNorm(w.sub("out.0."), g, eps)
         self.out_conv = Conv2d(w.sub("out.2."), padding=1)
-        self._graphs: dict = {}
+        self._graphs = GraphCache()
 
     # ---- graph ------------------------------------------------------------------------------
     def forward(self, x: Tensor, timesteps: Tensor, context: Tensor | None = None, y: Tensor | None = None,
@@ -411,7 +411,7 @@ class UNetModel:
         cfg = self.config
         N = x.ne4[3]
         if c_concat is not None:
-            x = F.concat(x, _batch(c_concat, N, "c_concat"), 2)
+            x = F.concat(x, batch_cond(c_concat, N, "UNet: c_concat"), 2)
         if x.ne4[2] != cfg.in_channels:
             raise UsageError(f"UNet: x (+ c_concat) has {x.ne4[2]} channels, the model takes {cfg.in_channels}")
         if timesteps.nelements not in (1, N):
@@ -423,7 +423,7 @@ class UNetModel:
                 raise UsageError("UNet: this model (SDXL-style label_emb) needs y [adm, N]")
             if y.ne[0] != cfg.adm_in_channels:
                 raise UsageError(f"UNet: y has {y.ne[0]} features, label_emb takes {cfg.adm_in_channels}")
-            lab = self.label_emb[1](F.silu(self.label_emb[0](_batch(y, N, "y"))))  # [E, N]
+            lab = self.label_emb[1](F.silu(self.label_emb[0](batch_cond(y, N, "UNet: y"))))  # [E, N]
             emb = F.add(lab, emb)
         elif y is not None:
             raise UsageError("UNet: y given, but this model has no label_emb")
@@ -433,7 +433,7 @@ class UNetModel:
         if context is not None:
             if context.ne[0] != cfg.context_dim:
                 raise UsageError(f"UNet: context has width {context.ne[0]}, the model takes {cfg.context_dim}")
-            context = _batch(context, N, "context")
+            context = batch_cond(context, N, "UNet: context")
         elif cfg.transformer_depth or cfg.transformer_depth_middle > 0:
             raise UsageError("UNet: this model has cross-attention and needs a context")
 
@@ -473,30 +473,5 @@ class UNetModel:
         if x.ndim != 4:
             raise UsageError(f"UNet: x must be [N, C, H, W], got shape {x.shape}")
         arrays[1] = arrays[1].reshape(-1)
-        key = tuple(None if a is None else a.shape for a in arrays)
-        entry = self._graphs.get(key)
-        if entry is None:
-            holders = [None if a is None else np.empty(a.shape, np.float32) for a in arrays]
-            leaves = [None if a is None else Tensor.from_numpy(a) for a in holders]
-            out = self.forward(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4])
-            if len(self._graphs) >= 4:
-                self._graphs.pop(next(iter(self._graphs)))
-            entry = self._graphs[key] = (holders, F.Graph({"out": out}))
-        holders, graph = entry
-        for h, a in zip(holders, arrays):
-            if h is not None:
-                np.copyto(h, a)
-        return graph.run(backend)["out"].to_f32()
+        return self._graphs.run(arrays, lambda v: self.forward(*v), backend)
 
-
-def _batch(t: Tensor, N: int, what: str) -> Tensor:
-    """Repeat a batch-1 conditioning tensor to N (sd.cpp does the same with ggml_repeat)."""
-    nd = t.ndim
-    b = t.ne4[nd - 1] if nd > 1 else 1
-    if b == N:
-        return t
-    if b != 1:
-        raise UsageError(f"UNet: {what} has batch {b}, x has {N}")
-    ne = list(t.ne)
-    ne[-1] = N
-    return F.repeat(t, tuple(ne))

@@ -61,7 +61,8 @@ _RE_BLOCK = re.compile(r"(single_transformer_blocks|transformer_blocks)\.(\d+)\.
 _RE_CHROMA = re.compile(r"distilled_guidance_layer\.(?:(in_proj|out_proj)\.|layers\.(\d+)\.linear_([12])\.|norms\.(\d+)\.weight$)")
 
 
-def _strip(name: str) -> str:
+def strip_diffusers_prefix(name: str) -> str:
+    """The name without its `transformer.` / `model.diffusion_model.` wrapper."""
     for p in DIFFUSERS_PREFIXES:
         if name.startswith(p):
             return name[len(p):]
@@ -73,7 +74,7 @@ def diffusers_to_bfl_plan(names: Iterable[str]) -> dict[str, Part]:
     `model.diffusion_model.` prefix is accepted). Raises ModelFileError for a name it does not
     know or a fused tensor with a part missing."""
     names = list(names)
-    by_plain = {_strip(n): n for n in names}
+    by_plain = {strip_diffusers_prefix(n): n for n in names}
     plan: dict[str, Part] = {}
     used: set[str] = set()
 

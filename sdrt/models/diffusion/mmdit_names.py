@@ -25,11 +25,9 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from ...errors import ModelFileError
-from .flux_names import Part, apply_part
+from .flux_names import DIFFUSERS_PREFIXES, Part, apply_part, strip_diffusers_prefix
 
 __all__ = ["diffusers_to_sai_plan", "convert_diffusers_sd3", "DIFFUSERS_PREFIXES"]
-
-DIFFUSERS_PREFIXES = ("transformer.", "model.diffusion_model.")
 
 _TOP = {"pos_embed.proj": "x_embedder.proj",
         "time_text_embed.timestep_embedder.linear_1": "t_embedder.mlp.0",
@@ -51,18 +49,11 @@ _FUSED = {"x_block.attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
 _RE_BLOCK = re.compile(r"transformer_blocks\.(\d+)\.(.+)\.(weight|bias)$")
 
 
-def _strip(name: str) -> str:
-    for p in DIFFUSERS_PREFIXES:
-        if name.startswith(p):
-            return name[len(p):]
-    return name
-
-
 def diffusers_to_sai_plan(names: Iterable[str]) -> dict[str, Part]:
     """{SAI name: Part} covering every given diffusers name exactly once (a `transformer.` or
     `model.diffusion_model.` prefix is accepted). Raises ModelFileError for an unknown name or a
     fused tensor with a part missing."""
-    by_plain = {_strip(n): n for n in names}
+    by_plain = {strip_diffusers_prefix(n): n for n in names}
     last = max((int(m.group(1)) for n in by_plain if (m := _RE_BLOCK.match(n))), default=-1)
     plan: dict[str, Part] = {}
     used: set[str] = set()

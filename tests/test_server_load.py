@@ -45,10 +45,13 @@ def server(tmp_path_factory):
     port = s.getsockname()[1]
     s.close()
     env = dict(os.environ, PYTHONPATH=ROOT)
+    # the server's log goes to a file: a pipe nobody reads fills up (64 KiB) within minutes of
+    # per-request warnings and then blocks the server on its next write
+    log = open(tmp_path_factory.mktemp("load-log") / "server.log", "w+b")
     proc = subprocess.Popen([sys.executable, "-m", "sdrt.cli.main", "serve", "-m", ckpt, "--listen-port", str(port),
                              "-W", "64", "-H", "64", "--steps", "1", "-t", "1", "--max-queue", str(MAX_QUEUE),
                              "--job-ttl", "5", "--max-body-mb", "1", "--log-level", "warn"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=env, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     t0 = time.time()
     while time.time() - t0 < 120:
@@ -58,13 +61,17 @@ def server(tmp_path_factory):
         except httpx.TransportError:
             time.sleep(0.2)
         if proc.poll() is not None:
-            raise AssertionError(proc.stderr.read().decode()[-2000:])
+            log.seek(0)
+            raise AssertionError(log.read().decode()[-2000:])
     yield url, proc, port
     proc.terminate()
     try:
         proc.wait(30)
     except subprocess.TimeoutExpired:
         proc.kill()
+    log.seek(0)
+    print(f"server log: {len(log.read())} bytes")
+    log.close()
 
 
 def test_load_and_faults(server):

@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     if "--guidance" in _family_flags():
         g.add_argument("--guidance", type=_float, default=3.5, help="distilled guidance scale (default: 3.5)")
     g.add_argument("--flow-shift", type=_float, default=math.inf,
-                   help="shift value for flow-matching models (default: the model's: Flux dev 1.15, schnell 1.0)")
+                   help="shift value for flow-matching models (default: the model's: Flux dev 1.15, schnell 1.0, SD3 3.0)")
     g.add_argument("--slg-scale", type=_float, default=0.0,
                    help="skip layer guidance (SLG) scale, only for DiT models (SD3): 0 means disabled, "
                         "a value of 2.5 is nice for sd3.5 medium (default: 0)")

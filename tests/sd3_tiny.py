@@ -37,10 +37,18 @@ def clip_g_names() -> dict:
     return t
 
 
+def t5_names(d: int = T5_D, inner: int = 64, ff: int = 128) -> dict:
+    """flux_tiny's one-block T5 v1.1 layout at d_model `d`."""
+    t = {}
+    for n, shape in ft.t5_names(1, inner, ff).items():
+        t[n] = tuple(d if v == ft.T5_D else v for v in shape)
+    return t
+
+
 PARTS = {"diffusion_model": ("model.diffusion_model.", dit_names), "vae": ("first_stage_model.", ft.vae_names),
          "clip_l": ("text_encoders.clip_l.transformer.", lambda: ft.mksd.clip_hf("", CLIP_L, 2)),
          "clip_g": ("text_encoders.clip_g.transformer.", clip_g_names),
-         "t5xxl": ("text_encoders.t5xxl.transformer.", lambda: ft.t5_names(1, 64, 128))}
+         "t5xxl": ("text_encoders.t5xxl.transformer.", t5_names)}
 
 
 def arrays(seed: int = 0) -> dict:

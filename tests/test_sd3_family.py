@@ -79,9 +79,9 @@ def test_flags():
     assert (d.slg_scale, d.skip_layers, d.skip_layer_start, d.skip_layer_end) == (0.0, [7, 8, 9], 0.01, 0.2)
     assert p.parse_args(["-m", "x", "--skip-layers", "[]"]).skip_layers == []
     assert p.parse_args(["-m", "x", "--skip-layers", "3,4"]).skip_layers == [3, 4]
-    with pytest.raises(SystemExit):
+    with pytest.raises(UsageError, match="--skip-layers"):
         p.parse_args(["-m", "x", "--skip-layers", "[a]"])
-    mp, gp = cli.params_from_args(p.parse_args(["-m", "x", "--slg-scale", "2", "--skip-layers", "[1]"]))
+    mp, gp = cli.params_from_args(p.parse_args(["-m", __file__, "--slg-scale", "2", "--skip-layers", "[1]"]))
     assert (gp.slg_scale, gp.skip_layers, gp.skip_layer_start, gp.skip_layer_end) == (2.0, [1], 0.01, 0.2)
     with pytest.raises(UsageError, match="--skip-layers"):
         GenParams(skip_layers=[-1]).validate()
@@ -224,7 +224,7 @@ def test_diffusers_file_matches_golden(tmp_path, case):
     from sdrt.models.sd3 import join_sd3_diffusers, sd3_model
     from test_mmdit import diffusers_state, inputs, rel_err
     path = str(tmp_path / "diffusion_pytorch_model.safetensors")
-    write_safetensors(path, {"transformer." + k: np.ascontiguousarray(v) for k, v in diffusers_state(case).items()})
+    write_safetensors(path, {k: np.ascontiguousarray(v) for k, v in diffusers_state(case).items()})
     models = load_models(ModelParams(diffusion_model=path))
     assert models.version == "sd3" and DM + "joint_blocks.0.x_block.attn.qkv.weight.1" in models.tensors
     m = sd3_model(models.tensors, DM, path)
@@ -244,5 +244,5 @@ def test_missing_text_encoder_warns_and_runs_with_zeros(pipe, caplog):
 
 
 def test_errors_are_sdrt_errors(files, tmp_path):
-    with pytest.raises(SdrtError):
-        cli.params_from_args(cli.build_parser().parse_args(["-m", "x", "--skip-layer-end", "inf"]))
+    with pytest.raises(SdrtError, match="--skip-layer-end"):
+        cli.params_from_args(cli.build_parser().parse_args(["-m", __file__, "--skip-layer-end", "inf"]))

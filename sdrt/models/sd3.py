@@ -2,7 +2,8 @@
 
 - detection: sd.cpp's get_sd_version marker (order 5): any tensor under
   `model.diffusion_model.joint_blocks.` is SD3 (the MMDiT variant is read from the shapes by
-  MMDiTConfig.detect_from_weights).
+  MMDiTConfig.detect_from_weights); diffusers names (order 23, after the markers): `pos_embed.proj`
+  with joint `transformer_blocks` and no Flux single blocks.
 - components: `--clip_l`, `--clip_g` (sd.py's records, under `text_encoders.*` in this layout),
   `--t5xxl` (flux.py's record: one registry entry per role), `--diffusion-model`, `--vae`.
 - conditioning: sd.cpp's SD3CLIPEmbedder (sdrt.models.sd3_conditioning): context
@@ -22,6 +23,7 @@ import logging
 import re
 from collections.abc import Mapping
 
+from . import flux as _flux  # noqa: F401 - registers the clip_l / clip_g (sd.py) and t5xxl components first
 from .families import Family, Variant, register_family
 from .recognized import marker
 
@@ -31,7 +33,20 @@ log = logging.getLogger("sdrt")
 DM = "model.diffusion_model."
 SD3 = "sd3"
 _RULE = marker(5, DM + "joint_blocks.", SD3)
-detect_sd3 = _RULE[1]
+
+
+def detect_sd3_diffusers(f):
+    """A diffusers SD3Transformer2DModel (names as the loader's prefix map leaves them): the
+    patch embedder `pos_embed.proj` with joint `transformer_blocks` (add_q_proj), and no Flux
+    single blocks. sd.cpp converts diffusers names before its marker test; this is that case."""
+    if f.has(DM + "pos_embed.proj.weight") and f.has(DM + "transformer_blocks.0.attn.add_q_proj.weight") \
+            and not f.has(DM + "single_transformer_blocks."):
+        return SD3
+    return None
+
+
+def detect_sd3(f):
+    return _RULE[1](f) or detect_sd3_diffusers(f)
 _CONTEXT_ADALN = re.compile(r"joint_blocks\.(\d+)\.context_block\.adaLN_modulation\.1\.(weight|bias)$")
 
 
@@ -80,7 +95,7 @@ def sd3_model(tensors, prefix: str, source: str):
 
 register_family(Family(
     SD3, {SD3: Variant()}, "SD 3.x",
-    detect=(_RULE,), text_encoders=("clip_l", "clip_g", "t5xxl"), te_layout="dit",
+    detect=(_RULE, (23, detect_sd3_diffusers)), text_encoders=("clip_l", "clip_g", "t5xxl"), te_layout="dit",
     convert_diffusion_name=_names,
     diffusers_te_prefixes={"te1.": "text_encoders.clip_l.transformer."},
     conditioner=sd3_conditioner, diffusion_model=sd3_model,

@@ -266,7 +266,7 @@ class Pipeline:
         if guidance.slg_scale != 0 and guidance.skip_layers and \
                 "skip_layers" not in _kwargs_of(getattr(self.diffusion_model, "predict", None)):
             raise UnsupportedError(f"--slg-scale: skip-layer guidance needs a DiT whose layers can be skipped "
-                             f"(SD3); {self.family.description} has none (use --slg-scale 0)")
+                                   f"(SD3); {self.family.description} has none (use --slg-scale 0)")
         self._set_flow_shift(gp.flow_shift)
         # RNGs: one context RNG, the sampler's own only when --sampler-rng differs
         ctx_rng = make_rng(mp.rng, size.seed)

@@ -46,7 +46,10 @@ def detect_sd3_diffusers(f):
 
 
 def detect_sd3(f):
+    """Either rule: the `joint_blocks` marker or diffusers names."""
     return _RULE[1](f) or detect_sd3_diffusers(f)
+
+
 _CONTEXT_ADALN = re.compile(r"joint_blocks\.(\d+)\.context_block\.adaLN_modulation\.1\.(weight|bias)$")
 
 

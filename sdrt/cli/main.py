@@ -36,7 +36,7 @@ _SDCLI_FLAGS = (
     "--prompt-file", "--negative-prompt-file", "--end-img", "--control-image", "--control-video", "--ip-adapter-image",
     "--ref-video", "--ref-audio", "--ref-image-args", "--disable-auto-resize-ref-image", "--video-frames", "--fps",
     "--qwen-image-layers", "--guidance",
-    "--timestep-shift", "--slg-scale", "--skip-layer-start", "--skip-layer-end", "--skip-layers",
+    "--timestep-shift",
     "--high-noise-steps", "--moe-boundary", "--extra-sample-args", "--preview", "--preview-path",
     "--preview-interval", "--taesd-preview-only", "--preview-noisy", "--canny", "--convert-name", "--color",
     "--imat-out", "--imat-in", "--image", "--metadata-format", "--metadata-raw", "--metadata-brief",
@@ -45,6 +45,17 @@ _SDCLI_FLAGS = (
     "--scm-mask", "--scm-policy", "--control-strength", "--circular", "--circularx", "--circulary",
     "--pm-id-images-dir", "--pm-id-embed-path", "--pm-style-strength", "--upscale-repeats", "--upscale-tile-size",
     "--vace-strength", "--qwen-image-zero-cond-t")
+
+
+def _skip_layers(text: str) -> list[int]:
+    """`--skip-layers`: sd-cli's "[7,8,9]" (brackets optional; "[]": none)."""
+    body = text.strip()
+    if body.startswith("[") and body.endswith("]"):
+        body = body[1:-1]
+    try:
+        return [int(v) for v in body.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer indices like [7,8,9], got '{text}'") from None
 
 
 def _component_flags() -> dict:
@@ -160,7 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     if "--guidance" in _family_flags():
         g.add_argument("--guidance", type=_float, default=3.5, help="distilled guidance scale (default: 3.5)")
     g.add_argument("--flow-shift", type=_float, default=math.inf,
-                   help="shift value for flow-matching models (default: the model's: Flux dev 1.15, schnell 1.0)")
+                   help="shift value for flow-matching models (default: the model's: Flux dev 1.15, schnell 1.0, SD3 3.0)")
+    g.add_argument("--slg-scale", type=_float, default=0.0,
+                   help="skip layer guidance (SLG) scale, only for DiT models (SD3): 0 means disabled, "
+                        "a value of 2.5 is nice for sd3.5 medium (default: 0)")
+    g.add_argument("--skip-layers", type=_skip_layers, default=[7, 8, 9],
+                   help="layers to skip for SLG steps (default: [7,8,9])")
+    g.add_argument("--skip-layer-start", type=_float, default=0.01, help="SLG enabling point (default: 0.01)")
+    g.add_argument("--skip-layer-end", type=_float, default=0.2, help="SLG disabling point (default: 0.2)")
     g.add_argument("--img-cfg-scale", type=_float, default=math.inf,
                    help="image guidance scale for inpaint or instruct-pix2pix models (default: same as --cfg-scale)")
     g.add_argument("--sampling-method", choices=tuple(SAMPLERS), default=None, metavar="METHOD",
@@ -304,7 +322,9 @@ def params_from_args(args):
                    vae_relative_tile_size=(parse_rel_tile_size(args.vae_relative_tile_size)
                                            if args.vae_relative_tile_size else (0.0, 0.0)),
                    ref_images=list(args.ref_image), increase_ref_index=args.increase_ref_index,
-                   flow_shift=args.flow_shift, embed_metadata=not args.disable_image_metadata)
+                   flow_shift=args.flow_shift, slg_scale=args.slg_scale, skip_layers=list(args.skip_layers),
+                   skip_layer_start=args.skip_layer_start, skip_layer_end=args.skip_layer_end,
+                   embed_metadata=not args.disable_image_metadata)
     if not 1 <= args.compression_quality <= 100:
         raise UsageError(f"--compression-quality: must be in [1, 100], got {args.compression_quality}")
     return mp.validate(), gp.validate()

@@ -138,6 +138,10 @@ class GenParams:
     ref_images: list = field(default_factory=list)  # -r/--ref-image (repeatable): paths, PIL images or arrays
     increase_ref_index: bool = False     # --increase-ref-index: reference RoPE index 1, 2, ... (else all 1)
     flow_shift: float = math.inf         # --flow-shift; inf: the model's default
+    slg_scale: float = 0.0               # --slg-scale: skip-layer guidance (DiT families); 0: off
+    skip_layers: list = field(default_factory=lambda: [7, 8, 9])   # --skip-layers
+    skip_layer_start: float = 0.01       # --skip-layer-start
+    skip_layer_end: float = 0.2          # --skip-layer-end
     embed_metadata: bool = True          # not --disable-image-metadata
     loras: list = field(default_factory=list)  # LoRAs besides the prompt's <lora:...> tags: LoraSpec or (path, multiplier)
     extra: dict = field(default_factory=dict)  # free-form, recorded nowhere
@@ -186,6 +190,12 @@ class GenParams:
             raise UsageError(f"--vae-relative-tile-size: must be non-negative, got {rx}x{ry}")
         if math.isnan(self.flow_shift) or self.flow_shift == -math.inf:
             raise UsageError(f"--flow-shift: must be a number, got {self.flow_shift}")
+        for flag, v in (("--slg-scale", self.slg_scale), ("--skip-layer-start", self.skip_layer_start),
+                        ("--skip-layer-end", self.skip_layer_end)):
+            if not math.isfinite(v):
+                raise UsageError(f"{flag}: must be a finite number, got {v}")
+        if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in self.skip_layers):
+            raise UsageError(f"--skip-layers: must be non-negative layer indices, got {self.skip_layers}")
         if self.mask_image is not None and self.init_image is None:
             raise UsageError("--mask: needs an init image (-i/--init-img) to repaint")
         from .limits import check_request  # sizes, steps, prompts, non-finite numbers (docs: "Limits")

@@ -263,6 +263,10 @@ class Pipeline:
         gp = size.gp
         log.info("generate_image %dx%d", size.width, size.height)
         guidance = plan_guidance(gp, self.variant)                          # 2. guidance
+        if guidance.slg_scale != 0 and guidance.skip_layers and \
+                "skip_layers" not in _kwargs_of(getattr(self.diffusion_model, "predict", None)):
+            raise UnsupportedError(f"--slg-scale: skip-layer guidance needs a DiT whose layers can be skipped "
+                                   f"(SD3); {self.family.description} has none (use --slg-scale 0)")
         self._set_flow_shift(gp.flow_shift)
         # RNGs: one context RNG, the sampler's own only when --sampler-rng differs
         ctx_rng = make_rng(mp.rng, size.seed)
@@ -362,7 +366,7 @@ class Pipeline:
         noise = ctx_rng.randn(latents.init.shape)
         x = den.noise_scaling(plan.sigmas[0], noise, latents.init)
         denoise = self._denoise_fn(den, *passes, guidance.cfg, guidance.img_cfg, latents.init, latents.denoise_mask,
-                                   plan.steps, bar)
+                                   plan.steps, bar, slg=guidance, n_sigmas=len(plan.sigmas))
         if first:  # start-up cost (README "Start-up"): imports, kernel cache, tokenizer, text encoder
             age = process_age()
             log.info("first sampling step after %s (%.2fs CPU)",
@@ -443,8 +447,10 @@ class Pipeline:
                 total += o.span_bytes()
         return total
 
-    def _denoise_fn(self, den, cond, uncond, img_cond, cfg, icfg, init_latent, denoise_mask, steps, bar):
-        """sd.cpp's denoise lambda: scalings, timestep, the model passes, CFG, the mask blend."""
+    def _denoise_fn(self, den, cond, uncond, img_cond, cfg, icfg, init_latent, denoise_mask, steps, bar,
+                    slg: GuidancePlan | None = None, n_sigmas: int = 0):
+        """sd.cpp's denoise lambda: scalings, timestep, the model passes, CFG, skip-layer guidance
+        (on the model output, before c_out), the mask blend."""
         from .samplers import Guided
         passes = [c for c in (cond, uncond, img_cond) if c is not None]
         t0 = time.time()
@@ -459,6 +465,11 @@ class Pipeline:
             u_o = res.get(id(uncond)) if uncond is not None else None
             i_o = res.get(id(img_cond)) if img_cond is not None else None
             guided = cfg_combine(c_o, u_o, i_o, cfg, icfg)
+            if slg is not None and slg.slg_active(step, n_sigmas):
+                log.debug("Skipping layers at step %d", step)
+                skipped = np.asarray(self._predict(noised, np.full((1,), t, F32), cond,
+                                                   skip_layers=slg.skip_layers), F32)
+                guided = guided + (c_o - skipped) * slg.slg_scale
             denoised = guided * c_out + x * c_skip
             pred_uncond = None if u_o is None else u_o * c_out + x * c_skip
             if denoise_mask is not None:
@@ -480,12 +491,12 @@ class Pipeline:
             return [np.asarray(out[i:i + 1], F32) for i in range(n)]
         return [np.asarray(self._predict(x, tt, c), F32) for c in passes]
 
-    def _predict(self, x: np.ndarray, t: np.ndarray, cond: Cond) -> np.ndarray:
+    def _predict(self, x: np.ndarray, t: np.ndarray, cond: Cond, **kw) -> np.ndarray:
         """One diffusion-model call where the model lives (a plain callable takes the UNet's
-        positional (x, t, context, y, c_concat))."""
+        positional (x, t, context, y, c_concat)); kw: skip_layers for skip-layer guidance."""
         model = self.diffusion_model
         if hasattr(model, "predict"):
-            return model.predict(x, t, cond, **self._on("diffusion"))
+            return model.predict(x, t, cond, **self._on("diffusion"), **kw)
         return model(x, t, cond.context, cond.y, cond.c_concat, **self._on("diffusion"))
 
     def _on(self, component: str) -> dict:

@@ -229,6 +229,18 @@ class GuidancePlan:
     img_cfg: np.float32
     use_uncond: bool
     use_img_cond: bool
+    slg_scale: np.float32 = np.float32(0.0)   # skip-layer guidance (sd.cpp's slg); 0 or no layers: off
+    skip_layers: tuple = ()
+    slg_start: float = 0.01
+    slg_end: float = 0.2
+
+    def slg_active(self, step: int, n_sigmas: int) -> bool:
+        """sd.cpp's is_skiplayer_step: step (1-based; negative for a sampler's extra calls) with
+        int(start * n_sigmas) < step < int(end * n_sigmas), products in float32 as sd.cpp's."""
+        if not self.skip_layers or self.slg_scale == 0:
+            return False
+        n = np.float32(n_sigmas)
+        return int(np.float32(self.slg_start) * n) < step < int(np.float32(self.slg_end) * n)
 
 
 def plan_guidance(gp: GenParams, variant) -> GuidancePlan:
@@ -244,7 +256,8 @@ def plan_guidance(gp: GenParams, variant) -> GuidancePlan:
     if cfg < 1:
         log.warning("unconditioned mode, images won't follow the prompt (use cfg-scale=1 for distilled models)"
                     if cfg == 0 else "cfg value out of expected range may produce unexpected results")
-    return GuidancePlan(cfg, icfg, use_uncond, use_img_cond)
+    return GuidancePlan(cfg, icfg, use_uncond, use_img_cond, F32(gp.slg_scale), tuple(int(i) for i in gp.skip_layers),
+                        float(gp.skip_layer_start), float(gp.skip_layer_end))
 
 
 @dataclass

@@ -47,7 +47,7 @@ PREFIX_T5 = "text_encoders.t5xxl.transformer."
 MODEL_ARGS = {"chroma_use_dit_mask": True, "chroma_use_t5_mask": False, "chroma_t5_mask_pad": 1}
 
 T5XXL = register_component(Component(
-    "t5xxl", "--t5xxl", "t5xxl", "path to the T5-XXL text encoder (Flux, Chroma; e.g. t5xxl_fp16.safetensors)",
+    "t5xxl", "--t5xxl", "t5xxl", "path to the T5-XXL text encoder (Flux, Chroma, SD3; e.g. t5xxl_fp16.safetensors)",
     strip=(PREFIX_T5, "text_encoders.t5xxl.", "t5xxl.transformer.", "t5xxl."),
     prefix={"dit": PREFIX_T5}, replaces=("text_encoders.t5xxl.",)))
 

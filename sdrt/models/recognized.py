@@ -6,7 +6,7 @@ Making one runnable moves its entry into its own module with its model files
 
 Detection order: sd.cpp's early returns on marker tensors come first (orders 0-22, in its order,
 first match wins), then the shape rules: Wan 100, SDXL 110 (sd.py), Flux 120 (flux.py, with the
-Chroma Radiance and Ovis-Image markers), Flux.2 130, SD 1.x / 2.x 140 (sd.py).
+Chroma Radiance and Ovis-Image markers; SD3's marker 5 is in sd3.py), Flux.2 130, SD 1.x / 2.x 140 (sd.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .families import Family, Variant, register_family
 
 DM = "model.diffusion_model."
 
-SVD, SD3 = "svd", "sd3"
+SVD = "svd"
 WAN2, WAN2_2_I2V, WAN2_2_TI2V = "wan2", "wan2.2_i2v", "wan2.2_ti2v"
 FLUX2, FLUX2_KLEIN = "flux2", "flux2_klein"
 QWEN_IMAGE, QWEN_IMAGE_LAYERED = "qwen_image", "qwen_image_layered"
@@ -62,10 +62,6 @@ def _flux_names(rest, version, layout):
     return dit_to_original(rest, "flux")
 
 
-def _sd3_names(rest, version, layout):
-    return dit_to_original(rest, "sd3")
-
-
 def _one(name, description, detect=(), prediction=None, flow_shift=None, **kw):
     return register_family(Family(name, {name: Variant()}, description, detect=detect, prediction=prediction,
                                   flow_shift=flow_shift, **kw))
@@ -77,8 +73,6 @@ _one(IDEOGRAM4, "Ideogram 4", (marker(1, "embed_image_indicator.weight", IDEOGRA
      default_scheduler="logit_normal")
 _one(KREA2, "Krea 2", (marker(2, DM + "txtfusion.projector.weight", KREA2),
                        marker(3, DM + "text_fusion.projector.weight", KREA2)), "flux_flow", 1.15)
-_one(SD3, "SD 3.x", (marker(5, DM + "joint_blocks.", SD3),), "flow", 3.0, latent_channels=16,
-     latent_scale=1.5305, latent_shift=0.0609, convert_diffusion_name=_sd3_names)
 _one(HIDREAM_O1, "HiDream-O1", (marker(6, "model.x_embedder.proj1.weight", HIDREAM_O1,
                                        lambda f: "model.language_model.layers.0.self_attn.q_proj.weight" in f.names),),
      "flow", 3.0, default_eta=8.0)

@@ -42,7 +42,7 @@ CLIP_L = register_component(Component(
     prefix={"unet": TE_L, "dit": "text_encoders.clip_l.transformer."},
     replaces=(TE_L, "text_encoders.clip_l.")))
 CLIP_G = register_component(Component(
-    "clip_g", "--clip_g", "clip_g", "path to the OpenCLIP-bigG text encoder (SDXL)",
+    "clip_g", "--clip_g", "clip_g", "path to the OpenCLIP-bigG text encoder (SDXL, SD3)",
     strip=(TE_G, "text_encoders.clip_g.transformer."),
     prefix={"unet": TE_G, "dit": "text_encoders.clip_g.transformer."},
     replaces=(TE_G, "cond_stage_model.1.", "text_encoders.clip_g.")))

@@ -259,8 +259,8 @@ def _compare(env, no_lora, tag: str, names: list, extra: list, mode: str):
 # run order = what a partial run covers first: kohya in both modes, then the Q8_0 run (all four
 # files at run time), then the other formats
 CASES = [("kohya", "f32", "immediately"), ("kohya", "f32", "at_runtime"), ("all", "q8_0", "at_runtime"),
-         ("lokr", "f32", "immediately"), ("loha", "f32", "immediately"), ("peft", "f32", "immediately"),
-         ("lokr", "f32", "at_runtime"), ("loha", "f32", "at_runtime"), ("peft", "f32", "at_runtime")]
+         ("lokr", "f32", "immediately"), ("loha", "f32", "at_runtime"), ("peft", "f32", "at_runtime"),
+         ("lokr", "f32", "at_runtime"), ("loha", "f32", "immediately"), ("peft", "f32", "immediately")]
 
 
 @pytest.mark.parametrize("fmt, wtype, mode", CASES, ids=[f"{f}-{w}-{m}" for f, w, m in CASES])

@@ -258,12 +258,14 @@ def _compare(env, no_lora, tag: str, names: list, extra: list, mode: str):
 
 # run order = what a partial run covers first: kohya in both modes, then the Q8_0 run (all four
 # files at run time), then the other formats
-CASES = [("kohya", "f32", "immediately"), ("kohya", "f32", "at_runtime"), ("all", "q8_0", "at_runtime"),
+CASES = [("kohya", "f32", "immediately"), ("kohya", "f32", "at_runtime"), ("q8set", "q8_0", "at_runtime"),
          ("lokr", "f32", "immediately"), ("loha", "f32", "at_runtime"), ("peft", "f32", "at_runtime"),
          ("lokr", "f32", "at_runtime"), ("loha", "f32", "immediately"), ("peft", "f32", "immediately")]
 
 
 @pytest.mark.parametrize("fmt, wtype, mode", CASES, ids=[f"{f}-{w}-{m}" for f, w, m in CASES])
 def test_lora_matches_sd_cli(env, no_lora, fmt, wtype, mode):
-    names = list(FORMATS) if fmt == "all" else [fmt]
+    # Q8_0: LoHa left out, sd-cli 0.4.7 aborts on it (its run-time weight patch casts the Q8_0
+    # weight with ggml_ext_cast_f32, GGML_ASSERT(src1->type == GGML_TYPE_F32) in ggml-cpu.c)
+    names = ["kohya", "peft", "lokr"] if fmt == "q8set" else [fmt]
     _compare(env, no_lora, f"{fmt}_{wtype}_{mode}", names, ["--type", wtype, "--lora-apply-mode", mode], mode)

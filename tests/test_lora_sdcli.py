@@ -2,8 +2,8 @@
 LoCon + text encoder), diffusers/PEFT, LoHa and LoKr form on the full-size random SD1.5 checkpoint,
 each applied with `<lora:name:0.8>` and `--lora-model-dir`, run by sd-cli and by
 `python -m sdrt.cli.main` with the same flags (`--type f32`, euler, fixed seed), in both
-`--lora-apply-mode immediately` and `at_runtime`, and all four at once on a Q8_0 base
-(`--type q8_0`) at run time. Each pair must agree at >= 40 dB, both logs must report every LoRA
+`--lora-apply-mode immediately` and `at_runtime`, and kohya + PEFT + LoKr at once on a Q8_0
+base (`--type q8_0`) at run time (LoHa there aborts sd-cli 0.4.7, see CASES). Each pair must agree at >= 40 dB, both logs must report every LoRA
 tensor of the file as applied, and the LoRA must move the image far from the no-LoRA image (else
 the comparison would prove nothing).
 

@@ -17,6 +17,7 @@ class CudaDev:
         if not cuda.available():
             sys.exit(f"{script}: no CUDA device ({cuda.unavailable_reason()})")
         from sdrt.gpu.cuda.driver import pycuda_driver
+        import sdrt.gpu  # noqa: F401 - registers cuda0
         from sdrt.ops.backend import get_backend
         self.be = get_backend("cuda0")
         self.rt, self.mem, self.cuda = self.be.rt, self.be.memory, pycuda_driver()

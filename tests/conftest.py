@@ -15,6 +15,8 @@ import sys
 import numpy as np
 import pytest
 
+import sdrt.gpu  # noqa: F401 - the device backends register themselves (tests use sdrt.ops alone too)
+
 # hypothesis imports its third-party entry-point plugins when the terminal summary is written;
 # trio's (installed with the server test oracles) fails to load there after this suite has run,
 # which crashed the whole run before it printed its counts. No test here needs those plugins.

@@ -12,9 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from sdrt.ops.backend import entries
-
-entries()   # the registry imports the backend packages in BACKEND_PACKAGES order (docs/ops.md's columns)
+import sdrt.gpu  # noqa: E402,F401 - registers the device backends (docs/ops.md's column order)
 from sdrt.gpu.vulkan import shaders  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import sdrt.gpu  # noqa: E402,F401 - every backend's column
 from sdrt.ops.cases import support_markdown  # noqa: E402
 
 OPS_MD = ROOT / "docs" / "ops.md"

@@ -2,10 +2,9 @@
 
 A backend is one unit that registers itself here: `register_backend(prefix, factory,
 list_devices, ...)`. The host backends ("cpu", "reference") are registered below; a device
-backend package (sdrt.gpu.cuda, later sdrt.gpu.vulkan) registers itself when it is imported,
-and this module imports the packages named in BACKEND_PACKAGES by name, lazily, the first time
-a name or a device list is asked for. Nothing in sdrt.ops imports sdrt.gpu: the one direction
-is gpu -> ops.
+backend package (sdrt.gpu.cuda, sdrt.gpu.vulkan) registers itself when it is imported;
+`import sdrt.gpu` imports them all, and the engine does that (so do scripts that use sdrt.ops
+alone). Nothing in sdrt.ops names sdrt.gpu: the one direction is gpu -> ops.
 
 - `get_backend("cuda0")` makes (once) and returns the backend of a device name;
 - `list_devices()` gives every usable compute device, name and description (`--list-devices`);
@@ -16,16 +15,12 @@ This module stays light (no numpy kernels, no driver): placement and the CLI rea
 """
 from __future__ import annotations
 
-import importlib
-import logging
 import re
 from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
 from ..errors import UnsupportedError
 
-# device backend packages imported on demand (each calls register_backend when imported)
-BACKEND_PACKAGES = ("sdrt.gpu.cuda", "sdrt.gpu.vulkan")
 
 
 # ---- protocols --------------------------------------------------------------------------------
@@ -97,7 +92,6 @@ class BackendEntry:
 
 _REGISTRY: dict[str, BackendEntry] = {}
 _BACKENDS: dict[str, object] = {}
-_imported = False
 
 
 def register_backend(prefix: str, factory: Callable, list_devices: Callable, *,
@@ -116,20 +110,9 @@ def register_backend(prefix: str, factory: Callable, list_devices: Callable, *,
     return entry
 
 
-def _import_packages() -> None:
-    global _imported
-    if not _imported:
-        _imported = True
-        for pkg in BACKEND_PACKAGES:
-            try:
-                importlib.import_module(pkg)
-            except ImportError as e:  # a backend package that cannot load has no devices
-                logging.getLogger("sdrt").debug("backend package %s not loaded: %s", pkg, e)
-
 
 def entries() -> list[BackendEntry]:
     """Every registered backend, host ones first."""
-    _import_packages()
     return list(_REGISTRY.values())
 
 

@@ -169,6 +169,34 @@ def plans(table: dict, dst, base, seed: int, key_of=lambda n: n) -> list[TensorP
     return out
 
 
+_PLANS: list[TensorPlan] = []
+
+
+def _produce(i: int):
+    return _PLANS[i].produce()
+
+
+def in_parallel(ps: list[TensorPlan], jobs: int) -> list[TensorPlan]:
+    """The same plans, their values made by `jobs` forked processes a window of tensors ahead of
+    the writer (full-size files on a many-core machine: minutes become seconds)."""
+    import multiprocessing as mp
+    _PLANS[:] = ps
+    pool = mp.get_context("fork").Pool(jobs)
+    done: dict[int, object] = {}
+    window = 2 * jobs
+
+    def fetch(i):
+        if i not in done:
+            idx = list(range(i, min(i + window, len(ps))))
+            done.clear()
+            done.update(zip(idx, pool.map(_produce, idx)))
+        if i == len(ps) - 1:
+            pool.close()
+        return done.pop(i)
+
+    return [TensorPlan(p.name, p.dtype, p.ne, lambda i=i: fetch(i)) for i, p in enumerate(ps)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", choices=tuple(VARIANTS), default="dev")
@@ -179,6 +207,7 @@ def main(argv=None):
     ap.add_argument("--type", default="bf16", help="bf16, f16, f32 (safetensors) or q8_0, q4_0, q4_K, ... (GGUF)")
     ap.add_argument("--base-type", default="bf16", help="type of the tensors a quantized --type leaves alone")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="processes generating/quantizing tensors (same bytes)")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args(argv)
     dst, base = parse_type(a.type), parse_type(a.base_type)
@@ -205,6 +234,8 @@ def main(argv=None):
         raise SystemExit(f"--type {a.type}: safetensors holds f32/f16/bf16; use a GGUF type")
     quant_dst = dst if gguf else None
     ps = plans(table, quant_dst, dst if not gguf else base, a.seed, key_of)
+    if a.jobs > 1:
+        ps = in_parallel(ps, a.jobs)
     n = sum(int(np.prod(s)) for s in table.values())
     t0, last = time.time(), [0.0]
 

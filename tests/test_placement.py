@@ -87,7 +87,9 @@ H200 = [GpuInfo("cuda0", 140 * GiB, 141 * GiB)]
 def test_explicit_devices_and_params():
     p = resolve_placement(mp(backend="diffusion=cuda0,te=cpu,vae=cuda0", auto_fit=True), SD15, gpus=H200)
     assert p.backend == {"diffusion": "cuda0", "te": "cpu", "vae": "cuda0"} and p.params == p.backend
-    assert not p.auto_fit
+    assert p.auto_fit       # no --params-backend: auto-fit placed the weights (all fit on the H200)
+    p = resolve_placement(mp(backend="diffusion=cuda0,te=cpu,vae=cuda0", auto_fit=False), SD15, gpus=H200)
+    assert p.params == p.backend and not p.auto_fit
     p = resolve_placement(mp(backend="cuda0", offload_to_cpu=True, params_backend="vae=disk"), SD15, gpus=H200)
     assert p.params == {"diffusion": "cpu", "te": "cpu", "vae": "disk"}
     p = resolve_placement(mp(backend="cuda0", clip_on_cpu=True, vae_on_cpu=True), SD15, gpus=H200)
@@ -111,6 +113,22 @@ def test_missing_and_impossible_devices():
         resolve_placement(mp(backend="gpu"), SD15, gpus=[])
     with pytest.raises(UnsupportedError, match="diffusion weights on cuda0 while diffusion computes on cpu"):
         resolve_placement(mp(backend="cpu", params_backend="diffusion=cuda0"), SD15, gpus=H200)
+
+
+def test_explicit_backend_with_a_budget_lets_auto_fit_place_the_weights():
+    """sd.cpp: without --params-backend auto-fit chooses where weights live, also under an explicit
+    --backend: full-size Flux (22.7 GB DiT, 9.3 GB T5) on cuda0 under --max-vram 8 streams both
+    from host RAM instead of failing to keep them on the device."""
+    flux = {"diffusion": (22700 * MiB, 400 * MiB), "te": (9318 * MiB, 368 * MiB), "vae": (160 * MiB, 10 * MiB)}
+    p = resolve_placement(mp(backend="cuda0", max_vram="8"), flux, gpus=H200, ram=100 * GiB)
+    assert p.backend == dict.fromkeys(flux, "cuda0")
+    assert p.params == {"diffusion": "cpu", "te": "cpu", "vae": "cpu"}   # sd.cpp's headroom rule
+    p = resolve_placement(mp(backend="cuda0", max_vram="8"), flux, gpus=H200, ram=20 * GiB)
+    assert p.params == {"diffusion": "disk", "te": "cpu", "vae": "cpu"}
+    p = resolve_placement(mp(backend="cuda0"), flux, gpus=H200, ram=100 * GiB)          # fits: kept there
+    assert p.params == p.backend
+    p = resolve_placement(mp(backend="cuda0", max_vram="8", auto_fit=False), flux, gpus=H200)
+    assert p.params == p.backend                                                     # as asked
 
 
 def test_auto_fit_plans():

@@ -11,10 +11,11 @@
   and ignore `-`/`_`; later entries win.
 - `--offload-to-cpu` prepends `*=cpu` to the params spec, `--clip-on-cpu` / `--vae-on-cpu`
   prepend `te=cpu` / `vae=cpu` to the backend spec (so an explicit entry still overrides them).
-- Auto-fit (on unless `--auto-fit off` or any placement above is given) picks one main GPU (the
-  largest budget) for every component's compute and places weights, in priority order
-  diffusion > te > vae, on the first location with room: the main GPU (leaving a compute reserve
-  and staging space), host RAM (keeping max(2 GiB, 10%) free), then disk. sd.cpp's third choice,
+- Auto-fit (on unless `--auto-fit off`) places the weights when `--params-backend` (and
+  `--offload-to-cpu`) is not given: in priority order diffusion > te > vae, on the first location
+  with room: the component's compute GPU (leaving a compute reserve and staging space), host RAM
+  (keeping max(2 GiB, 10%) free), then disk. Without `--backend` (and the --*-on-cpu flags) it
+  also picks one main GPU (the largest budget) for every component's compute. sd.cpp's third choice,
   another GPU, needs device-to-device staging, which sdrt does not have: it is skipped.
 
 Nothing here imports numba, the models or a GPU driver unless a GPU name is resolved.
@@ -209,54 +210,63 @@ class Placement:
         return be, pa
 
 
+def _gpu_budget(g: GpuInfo, max_vram: dict[str, float]) -> int:
+    gib = max_vram_for(max_vram, g.name)
+    if gib is not None and gib > 0:
+        return min(int(gib * GiB), g.free)
+    if gib is not None and gib < 0:
+        return max(int(g.free + gib * GiB), 0)
+    return max(g.free - GPU_MARGIN, 0)
+
+
 def auto_fit(sizes: dict[str, tuple[int, int]], gpus: list[GpuInfo], max_vram: dict[str, float],
-             ram: int | None) -> Placement:
-    """sd.cpp's auto-fit plan (compute_plan): one main GPU computes everything; weights go to the
-    main GPU, else host RAM, else disk, in priority order diffusion > te > vae."""
+             ram: int | None, backend: dict[str, str] | None = None) -> Placement:
+    """sd.cpp's auto-fit plan (compute_plan): one main GPU computes everything (or each component
+    where `backend` says: an explicit --backend without --params-backend); weights go to their
+    compute GPU, else host RAM, else disk, in priority order diffusion > te > vae."""
     comps = [c for c in COMPONENTS if c in sizes]
     plan = Placement(auto_fit=True, max_vram=dict(max_vram))
-
-    def budget(g: GpuInfo) -> int:
-        gib = max_vram_for(max_vram, g.name)
-        if gib is not None and gib > 0:
-            return min(int(gib * GiB), g.free)
-        if gib is not None and gib < 0:
-            return max(int(g.free + gib * GiB), 0)
-        return max(g.free - GPU_MARGIN, 0)
-
-    budgets = {g.name: budget(g) for g in gpus}
-    usable = [g for g in gpus if budgets[g.name] > 0]
-    if not usable:
-        for c in comps:
-            plan.backend[c] = plan.params[c] = "cpu"
-        why = "no GPU" if not gpus else "no GPU has memory to spare"
-        log.info("auto-fit: %s; everything runs on cpu", why)
-        return plan
-    main = max(usable, key=lambda g: budgets[g.name]).name  # max() keeps the first on a tie
-    remaining, ram_left = budgets[main], ram
+    budgets = {g.name: _gpu_budget(g, max_vram) for g in gpus}
+    if backend is None:
+        usable = [g for g in gpus if budgets[g.name] > 0]
+        if not usable:
+            for c in comps:
+                plan.backend[c] = plan.params[c] = "cpu"
+            why = "no GPU" if not gpus else "no GPU has memory to spare"
+            log.info("auto-fit: %s; everything runs on cpu", why)
+            return plan
+        main = max(usable, key=lambda g: budgets[g.name]).name  # max() keeps the first on a tie
+        backend = dict.fromkeys(comps, main)
+    remaining, ram_left = dict(budgets), ram
     rank = {c: i for i, c in enumerate(COMPONENTS)}
     for c in comps:
-        plan.backend[c] = main
+        dev = plan.backend[c] = backend[c]
 
-        def headroom(c=c) -> int:
+        def headroom(c=c, dev=dev) -> int:
             h = 0
             for o in comps:
-                resident = o == c or plan.params.get(o) == main
+                if backend[o] != dev:
+                    continue
+                resident = o == c or plan.params.get(o) == dev
                 extra = 0 if resident else (sizes[o][0] if rank[o] < rank[c] else sizes[o][1])
                 h = max(h, RESERVE[o] + extra)
             return h
 
         need = sizes[c][0]
-        if need <= remaining - headroom():
-            plan.params[c] = main
-            remaining -= need
+        if dev == "cpu":
+            plan.params[c] = "cpu"
+        elif dev in remaining and need <= remaining[dev] - headroom():
+            plan.params[c] = dev
+            remaining[dev] -= need
         elif ram_left is not None and need <= ram_left:
             plan.params[c] = "cpu"
             ram_left -= need
         else:
             plan.params[c] = "disk"
     be, pa = plan.spec()
-    log.info("auto-fit plan (single-GPU compute on %s): budget %.0f MB; %s", main, budgets[main] / MiB,
+    devs = sorted({d for d in plan.backend.values() if d in budgets})
+    log.info("auto-fit plan (compute on %s): budget %s; %s", ", ".join(devs) or "cpu",
+             ", ".join(f"{d} {budgets[d] / MiB:.0f} MB" for d in devs) or "-",
              ", ".join(f"{c} {sizes[c][0] / MiB:.0f} MB -> {plan.params[c]}" for c in comps))
     log.info('auto-fit: --backend "%s" --params-backend "%s"', be, pa)
     return plan
@@ -334,4 +344,7 @@ def resolve_placement(mp, sizes: dict[str, tuple[int, int]], gpus: list[GpuInfo]
             raise UnsupportedError(f"--params-backend: {c} weights on {where} while {c} computes on {run}: sdrt "
                                    f"stages weights from host memory or disk only (use cpu, disk or {run})")
         plan.backend[c], plan.params[c] = run, where
+    if mp.auto_fit and not params and any(d in names for d in plan.backend.values()):
+        # sd.cpp: without --params-backend, auto-fit chooses where the weights live
+        return auto_fit(sizes, gpus, max_vram, ram_budget() if ram is None else ram, backend=plan.backend)
     return plan

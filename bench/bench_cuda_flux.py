@@ -36,6 +36,7 @@ import numpy as np
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 MAKE = os.path.join(ROOT, "tools", "make_flux_checkpoint.py")
+LAST_TORCH_STEP = None   # bench/profile_cuda_kernels.py profiles the step run_torch timed
 PROMPT = "a photograph of a red fox in fresh snow, morning light"
 
 
@@ -117,6 +118,8 @@ def run_torch(a, compiled):
     def step():
         f(**kw)
 
+    global LAST_TORCH_STEP
+    LAST_TORCH_STEP = step
     r = time_calls(step, a.steps, torch.cuda.synchronize if dev == "cuda" else lambda: None)
     r.update(torch=torch.__version__, peak_alloc_gib=torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else 0)
     return r

@@ -1,6 +1,7 @@
-"""Every CUDA kernel of one sdrt UNet forward on cuda0, timed by CUPTI (GPU only; needs PyTorch).
+"""Every CUDA kernel of one sdrt UNet (or Flux) forward on cuda0, timed by CUPTI (GPU only; needs PyTorch).
 
     python bench/profile_cuda_kernels.py [--arch sdxl|sd15] [--ckpt FILE] [--rows 45]
+    python bench/profile_cuda_kernels.py --arch flux --ckpt FLUX_TRANSFORMER_FILE [--torch]
 
 One CFG step (batch-2 UNet forward at 1024x1024 for SDXL, 512x512 for SD1.5) is run until its
 CUDA graph replays, then once more under torch.profiler with CUDA activities: CUPTI traces the
@@ -8,7 +9,9 @@ whole process, so sdrt's own kernels (PyCUDA launches, graph replays) and cuBLAS
 name with their GPU time — unlike SDRT_DEBUG=2, whose per-node event times of an eager run
 include the gaps while Python launches the next node. Without --ckpt the weights are random
 arrays in host memory, which the backend copies in on every call (the "Memcpy HtoD" row); with a
-checkpoint (tools/make_sd_checkpoint.py) they stay resident.
+checkpoint (tools/make_sd_checkpoint.py) they stay resident. Flux: the DiT of a transformer file
+(tools/make_flux_checkpoint.py, any depth) on bench_cuda_flux.py's 1024x1024 inputs; --torch also
+profiles diffusers' FluxTransformer2DModel (bf16, same depth) for the kernel-by-kernel comparison.
 """
 from __future__ import annotations
 
@@ -27,13 +30,16 @@ import numpy as np  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", choices=("sdxl", "sd15"), default="sdxl")
+    ap.add_argument("--arch", choices=("sdxl", "sd15", "flux"), default="sdxl")
+    ap.add_argument("--torch", action="store_true", help="flux: profile diffusers' transformer too")
     ap.add_argument("--ckpt", default=None, help="checkpoint to take the UNet from (default: random weights)")
     ap.add_argument("--rows", type=int, default=45)
     a = ap.parse_args()
     import torch
     from sdrt.models.diffusion.unet import UNetConfig, UNetModel
     torch.zeros(1, device="cuda")  # torch's context first: the primary context sdrt then shares
+    if a.arch == "flux":
+        return profile_flux(a, torch)
     cfg = UNetConfig.preset("sdxl" if a.arch == "sdxl" else "sd1")
     if a.ckpt:
         from sdrt.io import open_model
@@ -52,6 +58,36 @@ def main():
         model(x, t, ctx, y, backend="cuda0")
         torch.cuda.synchronize()
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows, max_name_column_width=80))
+
+
+def profile_flux(a, torch):
+    from types import SimpleNamespace
+
+    from sdrt.io import open_model
+    from sdrt.models.diffusion.flux import FluxModel
+    import bench_cuda_flux as bf
+    model = FluxModel(open_model(a.ckpt).tensors, prefix="")
+    args = (*bf.inputs(1024, 512), )
+    for _ in range(4):
+        model(*args, backend="cuda0")
+    t0 = time.perf_counter()
+    model(*args, backend="cuda0")
+    cfg = model.config
+    print(f"flux {cfg.depth}+{cfg.depth_single_blocks} blocks: replayed forward {1e3 * (time.perf_counter() - t0):.1f} ms")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        model(*args, backend="cuda0")
+        torch.cuda.synchronize()
+    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows, max_name_column_width=80))
+    if a.torch:
+        del model
+        ns = SimpleNamespace(size=1024, txt=512, depth=cfg.depth, single_depth=cfg.depth_single_blocks, steps=3,
+                             backend="cuda0")
+        print("diffusers:", bf.run_torch(ns, False))
+        step = bf.LAST_TORCH_STEP
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+            step()
+            torch.cuda.synchronize()
+        print(p.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows, max_name_column_width=80))
 
 
 if __name__ == "__main__":

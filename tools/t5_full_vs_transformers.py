@@ -13,6 +13,7 @@ tests/test_t5_tokenizer*). Prints max-abs and relative errors of the final hidde
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -77,6 +78,16 @@ def main():
         worst = max(worst, rel)
         print(f"{len(i):4d} tokens: max-abs {err:.3e} (|ref| max {np.abs(theirs).max():.3f}, rel {rel:.2e}), "
               f"mean-abs {float(np.abs(mine - theirs).mean()):.2e}; sdrt {t1 - t0:.1f} s, transformers {t2 - t1:.1f} s")
+    # where the error grows: the final norm of the states after k blocks, both sides (longest prompt)
+    i = np.asarray(ids[-1], np.int64).reshape(1, -1)
+    with torch.no_grad():
+        hs = ref(input_ids=torch.from_numpy(i), output_hidden_states=True).hidden_states
+        for k in sorted({1, a.depth // 4, a.depth // 2, a.depth} - {0}):
+            part = T5Encoder(open_model(a.file).tensors, prefix="", config=dataclasses.replace(enc.config, layers=k))
+            mine = part.run(i)[0]
+            theirs = ref.encoder.final_layer_norm(hs[k]).numpy()[0] if k < a.depth else hs[k].numpy()[0]
+            print(f"after {k:2d} blocks: max-abs {float(np.abs(mine - theirs).max()):.3e}, "
+                  f"|ref| max {float(np.abs(theirs).max()):.3f}")
     print(f"RESULT T5-XXL {a.depth} blocks f32: worst relative max-abs error {worst:.2e}")
 
 

@@ -5,15 +5,14 @@ conditioner = sd.cpp's LLMEmbedder) and a CLI run on tiny random files.
 Golden: tools/make_zimage_goldens.py -> tests/fixtures/zimage_transformer.npz (weights with
 float16-exact values under the original names; diffusers' output, negated as sd.cpp returns it).
 No torch here. The comparison with sd-cli itself is tests/test_zimage_sdcli.py (opt-in)."""
-import importlib.util
 import os
 
 import numpy as np
 import pytest
 
+import zimage_tiny as zt
 from sdrt import ModelFileError, UsageError
 from sdrt.cli import main as cli
-from sdrt.io import write_safetensors
 from sdrt.models import families as FM
 from sdrt.models.diffusion.zimage import ZImageConfig, ZImageModel, zimage_ids
 from sdrt.models.families import Cond
@@ -27,15 +26,7 @@ from sdrt.ops.tensor import Tensor
 from sdrt.ops.threads import get_threads, set_threads
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DM = "model.diffusion_model."
-
-
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -147,22 +138,13 @@ def test_family_record():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """Tiny split files: the golden DiT (width 128, captions 64), a Qwen3 of width 64 (2 layers,
-    32/8 heads of 128: sd.cpp's fixed head counts), the small Flux-layout AE of tests/flux_tiny."""
-    import flux_tiny as ft
-    mk = _tool("make_zimage_checkpoint")
-    d = tmp_path_factory.mktemp("zimage_tiny")
-    g = dict(np.load(os.path.join(FIX, "zimage_transformer.npz")))
-    write_safetensors(str(d / "dit.safetensors"), {k[2:]: v for k, v in g.items() if k.startswith("w/")})
-    mk.write(str(d / "llm.safetensors"), mk.qwen3_layout(64, 2, 128, vocab=151669))
-    write_safetensors(str(d / "ae.safetensors"), {n: ft.mkflux.values(n, s, 0) for n, s in ft.vae_names().items()})
-    return d
+    return zt.write(str(tmp_path_factory.mktemp("zimage_tiny")))
 
 
 def test_conditioner_is_sdcpp_llm_embedder(tiny):
     """Cond.context = apply_token_weights(LLM(template ids), weights) (the final norm: 2 < 35 layers)."""
     from sdrt.io import open_model
-    llm_table = {PREFIX_LLM + k: v for k, v in open_model(str(tiny / "llm.safetensors")).tensors.items()}
+    llm_table = {PREFIX_LLM + k: v for k, v in open_model(tiny["llm"]).tensors.items()}
     fam = FM.get_family("z_image")
     cond = fam.conditioner(llm_table, Z_IMAGE)
     assert isinstance(cond, LLMConditioner)
@@ -178,8 +160,7 @@ def test_conditioner_is_sdcpp_llm_embedder(tiny):
 
 def test_cli_runs_tiny_files(tiny, tmp_path):
     out = str(tmp_path / "z.png")
-    args = ["--diffusion-model", str(tiny / "dit.safetensors"), "--llm", str(tiny / "llm.safetensors"),
-            "--vae", str(tiny / "ae.safetensors"), "-p", "a cat", "-W", "64", "-H", "48", "--steps", "2",
+    args = [*zt.args(tiny), "-p", "a cat", "-W", "64", "-H", "48", "--steps", "2",
             "--cfg-scale", "1", "-s", "7", "-o", out]
     assert cli.main(args) == 0
     from PIL import Image
@@ -187,7 +168,7 @@ def test_cli_runs_tiny_files(tiny, tmp_path):
     assert img.shape == (48, 64, 3) and img.std() > 1.0
 
 def test_missing_llm_is_named(tiny, capsys):
-    args = ["--diffusion-model", str(tiny / "dit.safetensors"), "--vae", str(tiny / "ae.safetensors"), "-p", "x",
+    args = ["--diffusion-model", tiny["diffusion_model"], "--vae", tiny["vae"], "-p", "x",
             "-W", "32", "-H", "32", "--steps", "1", "-o", "unused.png"]
     assert cli.main(args) != 0
     assert "--llm" in capsys.readouterr().err

@@ -172,3 +172,41 @@ def test_missing_llm_is_named(tiny, capsys):
             "-W", "32", "-H", "32", "--steps", "1", "-o", "unused.png"]
     assert cli.main(args) != 0
     assert "--llm" in capsys.readouterr().err
+
+
+_LLAMA = (("model.embed_tokens.", "token_embd."), ("model.norm.", "output_norm."), ("model.layers.", "blk."),
+          ("self_attn.q_proj.", "attn_q."), ("self_attn.k_proj.", "attn_k."), ("self_attn.v_proj.", "attn_v."),
+          ("self_attn.o_proj.", "attn_output."), ("self_attn.q_norm.", "attn_q_norm."),
+          ("self_attn.k_norm.", "attn_k_norm."), ("input_layernorm.", "attn_norm."),
+          ("post_attention_layernorm.", "ffn_norm."), ("mlp.gate_proj.", "ffn_gate."), ("mlp.up_proj.", "ffn_up."),
+          ("mlp.down_proj.", "ffn_down."))
+
+
+def test_llm_gguf_q8_0_with_llama_cpp_names(tiny, tmp_path):
+    """A Q8_0 GGUF of the LLM with llama.cpp's names (as the Qwen3-4B GGUFs people download) loads
+    through --llm, keeps Q8_0 in memory and conditions as the same values in F32 do."""
+    from sdrt.engine.model_manager import load_models
+    from sdrt.engine.params import ModelParams
+    from sdrt.io import open_model, write_gguf
+    src = open_model(tiny["llm"]).tensors
+    q8, f32 = {}, {}
+    for name, t in src.items():
+        llama = name
+        for a, b in _LLAMA:
+            llama = llama.replace(a, b)
+        x = t.to_f32()
+        if x.ndim == 2:
+            q = Tensor.from_numpy(f32_to_raw(x, "Q8_0"), dtype="Q8_0")
+            q8[llama], f32[name] = q, Tensor.from_numpy(q.to_f32())
+        else:
+            q8[llama] = f32[name] = Tensor.from_numpy(x)
+    path = str(tmp_path / "qwen3-q8_0.gguf")
+    write_gguf(path, q8)
+    lm = load_models(ModelParams(diffusion_model=tiny["diffusion_model"], vae=tiny["vae"], parts={"llm": path}))
+    assert lm.version == Z_IMAGE
+    w = lm.tensors[PREFIX_LLM + "model.layers.1.self_attn.q_proj.weight"]
+    assert w.dtype.name == "Q8_0"
+    fam = FM.get_family("z_image")
+    got = fam.conditioner(lm.tensors, Z_IMAGE).encode("a cat").context
+    want = fam.conditioner({PREFIX_LLM + k: v for k, v in f32.items()}, Z_IMAGE).encode("a cat").context
+    np.testing.assert_allclose(got, want, atol=1e-5)

@@ -15,7 +15,6 @@ from sdrt import ModelFileError, UsageError
 from sdrt.cli import main as cli
 from sdrt.models import families as FM
 from sdrt.models.diffusion.zimage import ZImageConfig, ZImageModel, zimage_ids
-from sdrt.models.families import Cond
 from sdrt.models.llm_conditioning import PREFIX_LLM, LLMConditioner
 from sdrt.models.prompt import apply_token_weights
 from sdrt.models.te.qwen_llm import QwenLLM

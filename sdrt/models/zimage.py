@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import ModelFileError, UsageError
 from .families import Cond, Family, Variant, register_family
-from .llm_conditioning import LLM, build_llm_conditioner  # noqa: F401  (registers --llm)
+from .llm_conditioning import build_llm_conditioner   # importing it registers the --llm component
 from .recognized import Z_IMAGE, marker
 
 __all__ = ["Z_IMAGE", "ZImageDiffusion", "join_zimage_parts", "zimage_conditioner", "zimage_diffusers_name",

@@ -13,7 +13,8 @@ pre-tokenizer and BPE from those files, so the ids are HF's, independent of how
 sdrt.models.te.qwen_tokenizer builds its pipeline.
 
 llm: random transformers Qwen3Model (q/k RMS norm, no qkv bias) and Qwen2Model (qkv bias, the text
-stack of Qwen2.5-VL) at small widths (head_dim 32, GQA 4:2, 3 layers), weights rounded to float16
+stack of Qwen2.5-VL) at small widths (head_dim 32, GQA 4:2, 3 layers, a 512-token vocabulary so the
+fixture stays small), weights rounded to float16
 values and stored under the names sd.cpp reads (`model.` + HF names, as in a Qwen3-4B
 safetensors file), with all hidden states (embeddings, each layer, the final norm) for a batch of
 id sequences.

@@ -209,3 +209,24 @@ def test_llm_gguf_q8_0_with_llama_cpp_names(tiny, tmp_path):
     got = fam.conditioner(lm.tensors, Z_IMAGE).encode("a cat").context
     want = fam.conditioner({PREFIX_LLM + k: v for k, v in f32.items()}, Z_IMAGE).encode("a cat").context
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def _stubs(layout: dict, prefix: str) -> dict:
+    """Shape-only F32 tensors (no data) for a {name: torch shape} layout."""
+    from sdrt.ops import dtypes
+    f32 = dtypes.get("F32")
+    return {prefix + n: Tensor(f32, tuple(reversed(s)), nb=(0,) * len(s), storage=np.zeros(8, np.uint8))
+            for n, s in layout.items()}
+
+
+def test_released_shapes_give_sdcpp_numbers():
+    """The released Z-Image DiT and Qwen3-4B layouts (tools/make_zimage_checkpoint.py at full size)
+    detect as sd.cpp's fixed ZImageParams / LLMParams, and every tensor's shape checks out."""
+    mkz = zt.mkz
+    dit = _stubs(mkz.dit_layout(3840, 30, 2, 2560), DM)
+    assert ZImageConfig.detect_from_weights(dit) == ZImageConfig()
+    assert len(ZImageModel(dit).layers) == 30
+    llm = _stubs(mkz.qwen3_layout(2560, 36, 9728), PREFIX_LLM)
+    from sdrt.models.te.qwen_llm import QwenLLMConfig
+    assert QwenLLMConfig.detect_from_weights(llm) == QwenLLMConfig()
+    assert QwenLLM(llm).reads_layer(ZIMAGE_TEMPLATE.out_layer) == 35

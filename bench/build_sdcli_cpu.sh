@@ -14,6 +14,9 @@
 # (widths stay T5-XXL's 4096 / 10240 / 64 heads, as in the sdist): with the 24 blocks of a real
 # t5xxl file nothing changes. Without the patch a Flux reference needs the full 24-block T5-XXL
 # (~18 GB in f32).
+# A second patch (bench/patch_sdcli_zimage.py, same idea): the sdist's Z-Image DiT is fixed at
+# 30 + 2 layers of width 3840; the patch reads layers, width, heads and caption width from the
+# weights (tests/test_zimage_sdcli.py's reduced checkpoint). Released Z-Image files: unchanged.
 set -euo pipefail
 sdist=$1; src=$2; build=$3; out=$4; jobs=${5:-2}
 mkdir -p "$src" "$build" "$out"
@@ -55,6 +58,7 @@ open(p, "w", newline="").write(s)
 print("patched", p)
 EOF
 fi
+python3 "$(dirname "$0")/patch_sdcli_zimage.py" "$sd/src/z_image.hpp"
 cmake -S "$sd" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSD_BUILD_EXAMPLES=ON -DSD_WEBP=OFF -DSD_WEBM=OFF \
       -DBUILD_SHARED_LIBS=OFF -DSD_BUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON > "$build/cmake.log" 2>&1
 ( time nice -n 10 cmake --build "$build" -j"$jobs" --target sd-cli ) > "$build/build.log" 2>&1

@@ -31,7 +31,8 @@ __all__ = ["Component", "Cond", "Family", "Variant", "ALL_MODES", "COMMON_ROLES"
 UNKNOWN = "unknown"
 ALL_MODES = frozenset({"txt2img", "img2img", "inpaint", "edit", "ref_images"})
 # modules whose import registers families (order = registration order)
-FAMILY_MODULES = ["sdrt.models.sd", "sdrt.models.recognized", "sdrt.models.flux", "sdrt.models.sd3"]
+FAMILY_MODULES = ["sdrt.models.sd", "sdrt.models.recognized", "sdrt.models.flux", "sdrt.models.sd3",
+                  "sdrt.models.zimage"]
 
 
 # ---- what the conditioner hands the diffusion model ----------------------------------------------

@@ -6,7 +6,7 @@ Making one runnable moves its entry into its own module with its model files
 
 Detection order: sd.cpp's early returns on marker tensors come first (orders 0-22, in its order,
 first match wins), then the shape rules: Wan 100, SDXL 110 (sd.py), Flux 120 (flux.py, with the
-Chroma Radiance and Ovis-Image markers; SD3's marker 5 is in sd3.py), Flux.2 130, SD 1.x / 2.x 140 (sd.py).
+Chroma Radiance and Ovis-Image markers; SD3's marker 5 is in sd3.py, Z-Image's 16 in zimage.py), Flux.2 130, SD 1.x / 2.x 140 (sd.py).
 """
 from __future__ import annotations
 
@@ -92,8 +92,6 @@ _one(HUNYUAN_VIDEO, "HunyuanVideo", (marker(12, DM + "txt_in.individual_token_re
 _one(ANIMA, "Anima", (marker(13, "llm_adapter.blocks.0.cross_attn.q_proj.weight", ANIMA),), "flow", 3.0)
 _one(SEFI_IMAGE, "SeFi-Image", (marker(14, "dual_time_embed.semantic_embedder.linear_1.weight", SEFI_IMAGE),),
      "sefi_flow", convert_diffusion_name=_flux_names)
-_one(Z_IMAGE, "Z-Image", (marker(16, DM + "cap_embedder.0.weight", Z_IMAGE),), "flow", 3.0, latent_channels=16,
-     latent_scale=0.3611, latent_shift=0.1159)
 _one(BOOGU_IMAGE, "Boogu-Image", (marker(17, "double_stream_layers.0.img_instruct_attn.processor.img_to_q.weight",
                                          BOOGU_IMAGE),), "flow", 3.16)
 _one(ERNIE_IMAGE, "ERNIE-Image", (marker(18, DM + "layers.0.adaLN_sa_ln.weight", ERNIE_IMAGE),), "flow", 4.0)

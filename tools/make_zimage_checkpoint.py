@@ -1,0 +1,126 @@
+"""Random-weight Z-Image checkpoints with the REAL tensor names (sd.cpp / ComfyUI layout), for the
+sd-cli comparison (tests/test_zimage_sdcli.py) and the family tests.
+
+    python tools/make_zimage_checkpoint.py -o DIR [--width 256] [--layers 2] [--refiners 1]
+        [--llm-hidden 64] [--llm-layers 2] [--vae]
+
+Writes DIR/zimage.safetensors (the DiT, `--diffusion-model`: x_embedder, t_embedder, cap_embedder,
+pad tokens, noise/context refiner and main layers, final_layer; FFN sized as sd.cpp's FeedForward
+rounds it: 256 * ceil(int(8/3 * width) / 256)), DIR/qwen3.safetensors (`--llm`: a Qwen3 decoder,
+HF names under `model.`, sd.cpp's fixed 32 query / 8 kv heads of 128, the full 151936-token
+vocabulary, width --llm-hidden = the DiT's caption width) and with --vae DIR/ae.safetensors (the
+Flux AE layout of tools/make_flux_checkpoint.py). Values: make_flux_checkpoint's deterministic
+generator (PCG64 seeded by (seed, crc32(name))); norm weights near 1. float32, or --type f16.
+
+sd-cli 0.4.7 fixes the Z-Image DiT at width 3840 with 30 + 2 layers; the reduced files here need
+its build patched by bench/patch_sdcli_zimage.py (layers, width, heads, caption width from the
+weights). The LLM's depth, width and vocabulary sd-cli reads from the weights as it is.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def _mkflux():
+    spec = importlib.util.spec_from_file_location("make_flux_checkpoint", os.path.join(ROOT, "tools",
+                                                                                     "make_flux_checkpoint.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def sdcpp_ffn(width: int) -> int:
+    return 256 * ((int(8.0 / 3.0 * width) + 255) // 256)
+
+
+def dit_layout(width=256, layers=2, refiners=1, cap_dim=64, ffn=None, latent=16, heads_dim=128) -> dict:
+    """{name: torch shape} of a Z-Image DiT (original names, no prefix)."""
+    ffn = ffn or sdcpp_ffn(width)
+    ad, tm = min(width, 256), min(width, 1024)
+    qkv = 3 * width                                       # heads = kv heads = width / 128
+    s = {"x_embedder.weight": (width, 4 * latent), "x_embedder.bias": (width,),
+         "t_embedder.mlp.0.weight": (tm, 256), "t_embedder.mlp.0.bias": (tm,),
+         "t_embedder.mlp.2.weight": (ad, tm), "t_embedder.mlp.2.bias": (ad,),
+         "cap_embedder.0.weight": (cap_dim,), "cap_embedder.1.weight": (width, cap_dim),
+         "cap_embedder.1.bias": (width,), "cap_pad_token": (width,), "x_pad_token": (width,),
+         "final_layer.adaLN_modulation.1.weight": (width, ad), "final_layer.adaLN_modulation.1.bias": (width,),
+         "final_layer.linear.weight": (4 * latent, width), "final_layer.linear.bias": (4 * latent,)}
+
+    def block(p, mod):
+        s[p + "attention.qkv.weight"] = (qkv, width)
+        s[p + "attention.out.weight"] = (width, width)
+        s[p + "attention.q_norm.weight"] = s[p + "attention.k_norm.weight"] = (heads_dim,)
+        for n in ("attention_norm1", "attention_norm2", "ffn_norm1", "ffn_norm2"):
+            s[p + n + ".weight"] = (width,)
+        s[p + "feed_forward.w1.weight"] = s[p + "feed_forward.w3.weight"] = (ffn, width)
+        s[p + "feed_forward.w2.weight"] = (width, ffn)
+        if mod:
+            s[p + "adaLN_modulation.0.weight"], s[p + "adaLN_modulation.0.bias"] = (4 * width, ad), (4 * width,)
+
+    for i in range(refiners):
+        block(f"noise_refiner.{i}.", True)
+        block(f"context_refiner.{i}.", False)
+    for i in range(layers):
+        block(f"layers.{i}.", True)
+    return s
+
+
+def qwen3_layout(hidden=64, layers=2, ffn=128, vocab=151936, heads=32, kv=8, head_dim=128) -> dict:
+    """{HF name: torch shape} of a Qwen3 decoder (`model.` names, no lm_head)."""
+    s = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        s[p + "input_layernorm.weight"] = s[p + "post_attention_layernorm.weight"] = (hidden,)
+        s[p + "self_attn.q_proj.weight"] = (heads * head_dim, hidden)
+        s[p + "self_attn.k_proj.weight"] = s[p + "self_attn.v_proj.weight"] = (kv * head_dim, hidden)
+        s[p + "self_attn.o_proj.weight"] = (hidden, heads * head_dim)
+        s[p + "self_attn.q_norm.weight"] = s[p + "self_attn.k_norm.weight"] = (head_dim,)
+        s[p + "mlp.gate_proj.weight"] = s[p + "mlp.up_proj.weight"] = (ffn, hidden)
+        s[p + "mlp.down_proj.weight"] = (hidden, ffn)
+    return s
+
+
+def write(path: str, layout: dict, seed: int = 0, dtype: str = "f32") -> str:
+    """Deterministic values (norm weights near 1: the caption RMS norm too) as safetensors."""
+    from sdrt.io import write_safetensors
+    mk = _mkflux()
+    arrays = {}
+    for n, shape in layout.items():
+        key = n.replace("cap_embedder.0.weight", "cap_embedder.0.norm.weight")
+        v = mk.values(key, shape, seed)
+        arrays[n] = v.astype(np.float16) if dtype == "f16" and v.ndim > 1 else v
+    write_safetensors(path, arrays)
+    return path
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-o", "--output", required=True, help="directory")
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--refiners", type=int, default=1)
+    ap.add_argument("--llm-hidden", type=int, default=64)
+    ap.add_argument("--llm-layers", type=int, default=2)
+    ap.add_argument("--vae", action="store_true", help="also write the Flux AE (ae.safetensors)")
+    ap.add_argument("--type", choices=("f32", "f16"), default="f32")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    os.makedirs(a.output, exist_ok=True)
+    print(write(os.path.join(a.output, "zimage.safetensors"),
+                dit_layout(a.width, a.layers, a.refiners, a.llm_hidden), a.seed, a.type))
+    print(write(os.path.join(a.output, "qwen3.safetensors"), qwen3_layout(a.llm_hidden, a.llm_layers), a.seed, a.type))
+    if a.vae:
+        print(write(os.path.join(a.output, "ae.safetensors"), _mkflux().vae_layout(), a.seed, a.type))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

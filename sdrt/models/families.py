@@ -17,6 +17,7 @@ versions that share one record ("sd1"). `family_of(version)` maps the first to t
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -214,6 +215,7 @@ _FAMILIES: dict[str, Family] = {}
 _VERSION: dict[str, Family] = {}
 _UNKNOWN = Family(UNKNOWN, {UNKNOWN: Variant()}, "an unknown model", prediction=None)
 _loaded = False
+_REGISTERED_BY: dict[str, str] = {}   # family name -> the module that registered it
 
 
 def register_family(f: Family) -> Family:
@@ -227,6 +229,7 @@ def register_family(f: Family) -> Family:
         if role not in _COMPONENTS:
             raise ValueError(f"family {f.name!r}: text encoder {role!r} is not a registered component")
     _FAMILIES[f.name] = f
+    _REGISTERED_BY[f.name] = sys._getframe(1).f_globals.get("__name__", "")
     for v in f.versions:
         _VERSION[v] = f
     return f
@@ -241,9 +244,11 @@ def _load() -> None:
 
 
 def families() -> list[Family]:
-    """Every registered family, in registration order."""
+    """Every registered family, in FAMILY_MODULES order (whichever module a caller imported
+    first), then registration order."""
     _load()
-    return list(_FAMILIES.values())
+    rank = {m: i for i, m in enumerate(FAMILY_MODULES)}
+    return sorted(_FAMILIES.values(), key=lambda f: rank.get(_REGISTERED_BY[f.name], len(rank)))
 
 
 def runnable_families() -> list[Family]:

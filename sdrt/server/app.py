@@ -146,6 +146,10 @@ class Server:
     def upscaler_files(self):
         return list_dir_files(self.config.upscalers_dir, UPSCALER_EXTS, False)
 
+    def takes_ref_images(self) -> bool:
+        family = getattr(self.pipeline, "family", None)
+        return family is not None and family.supports("ref_images")
+
     def loras_ctx(self) -> dict:
         return {"dir": self.config.lora_dir, "exts": LORA_EXTS}
 
@@ -357,7 +361,7 @@ class Server:
         name, stem = self.model_stem()
         defaults = self.defaults_json()
         features = {"init_image": True, "mask_image": True, "control_image": False, "ip_adapter_image": False,
-                    "ref_images": False, "lora": True, "vae_tiling": True, "hires": False, "cache": False,
+                    "ref_images": self.takes_ref_images(), "lora": True, "vae_tiling": True, "hires": False, "cache": False,
                     "cancel_queued": True, "cancel_generating": True, "preview": False}
         formats = ["png", "jpeg", "webp"]
         upscalers = [{"name": n, "model": False, "image_upscale": False} for n in ("None", "Lanczos", "Nearest")
@@ -378,6 +382,9 @@ class Server:
     async def img_gen(self, request):
         d = await self._body_json(request)
         req = from_native(d, self.config.defaults, self.config.limits, self.loras_ctx())
+        if req.gen.ref_images and not self.takes_ref_images():
+            return error("ref_images: the loaded model takes no reference images (Flux Kontext and Qwen-Image-Edit "
+                         "do)", 422, "unsupported_feature")
         try:
             job = self.jobs.submit("img_gen", req)
         except QueueFull as e:

@@ -35,7 +35,7 @@ class BadRequest(SdrtError):
 @dataclass
 class Limits:
     """sd-server's limits (64..4096 pixels a side, 8 images, 64 queued jobs) plus sdrt's own
-    (steps, pixels of an uploaded image, request body bytes), all reported by /sdcpp/v1/capabilities."""
+    (steps, reference images, pixels of an uploaded image, request body bytes), all reported by /sdcpp/v1/capabilities."""
     min_width: int = 64
     max_width: int = 4096
     min_height: int = 64
@@ -43,6 +43,7 @@ class Limits:
     max_batch_count: int = 8
     max_queue_size: int = 64
     max_steps: int = 150
+    max_ref_images: int = 8
     max_image_pixels: int = 4096 * 4096
     max_body_bytes: int = 64 * 1024 * 1024
 
@@ -221,9 +222,6 @@ def _unsupported(d: dict, limits: Limits, loras: dict) -> None:
     for key in ("control_image", "ip_adapter_image"):
         if d.get(key):
             raise BadRequest(f"{key}: not supported yet by sdrt", status=422, code="unsupported_feature")
-    if _get(d, "ref_images", list, []):
-        raise BadRequest("ref_images: not supported yet by sdrt (SD1/SD2/SDXL models take none)", status=422,
-                         code="unsupported_feature")
     hires = _get(d, "hires", dict, {})
     if _get(hires, "enabled", bool, False, "hires."):
         raise BadRequest("hires: the highres fix is not supported yet by sdrt", status=422, code="unsupported_feature")
@@ -277,6 +275,14 @@ def apply_native(gp: GenParams, d: dict, limits: Limits, loras: dict) -> GenPara
         v = d.get(key)
         if v:
             kw[attr] = decode_image(v, key, limits, ch)
+    refs = _get(d, "ref_images", list, [])
+    if len(refs) > limits.max_ref_images:
+        raise BadRequest(f"ref_images: at most {limits.max_ref_images} images, got {len(refs)}")
+    if refs:   # the loaded family must take them: the app answers 422 otherwise
+        kw["ref_images"] = [decode_image(v, f"ref_images[{i}]", limits, 3) for i, v in enumerate(refs)]
+    v = _get(d, "increase_ref_index", bool, None)
+    if v is not None:
+        kw["increase_ref_index"] = v
     return gp.replace(**kw)
 
 

@@ -87,7 +87,8 @@ def check_device(name: str, flag: str, allow_disk: bool) -> str:
                              f"file); graphs run on cpu or a GPU")
         return d
     if "&" in d:
-        raise UnsupportedError(f"{flag}: layer split across devices ('{name}') is not supported by sdrt yet")
+        raise UnsupportedError(f"{flag}: layer split across devices ('{name}') is planned and run on simulated "
+                               f"devices only so far (sdrt.engine.layer_split); no GPU backend runs a split graph yet")
     if d.startswith(_OTHER_BACKENDS):
         raise UnsupportedError(f"{flag}: device '{name}': sdrt has no such backend yet "
                                f"({' and '.join(device_syntax())} only)")

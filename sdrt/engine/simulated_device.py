@@ -25,8 +25,10 @@ class SimulatedDevice:
     BASE = 1 << 20          # device addresses start here: 0 is never a valid pointer
 
     def __init__(self, total_bytes: int, name: str = "sim0", *, store: bool = True, used_elsewhere: int = 0,
-                 caching: bool = False):
+                 caching: bool = False, base: int | None = None):
         self.name, self.total, self.used_elsewhere = name, int(total_bytes), int(used_elsewhere)
+        if base is not None:       # several devices in one process: disjoint address ranges
+            self.BASE = int(base)
         self.mem = np.zeros(self.total, np.uint8) if store else None
         self.holes: list[tuple[int, int]] = [(0, self.total)]      # sorted free (offset, size)
         self.allocs: dict[int, int] = {}                           # ptr -> size

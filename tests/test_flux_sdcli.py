@@ -93,3 +93,39 @@ def test_matches_sd_cli(parts, tmp_path, variant):
     p = psnr(read_rgb(ours), read_rgb(ref))
     print(f"sdrt vs sd-cli, Flux {variant} (1+2 blocks, 256x256, 4 steps, f32): PSNR {p:.2f} dB")
     assert p >= MIN_PSNR, f"sdrt vs sd-cli ({variant}): PSNR {p:.2f} dB (need >= {MIN_PSNR})"
+
+
+def test_convert_round_trip_with_sd_cli(parts, tmp_path):
+    """`-M convert` on a Flux DiT (issue 14: sdrt writes Flux GGUFs sd-cli reads, and reads sd-cli's):
+    sd-cli's and sdrt's Q8_0 conversions of the same file hold the same tensors (names, ne, types,
+    bytes: sd.cpp's rules keep img_in/txt_in/time_in/vector_in/guidance_in/final_layer and 1-D
+    tensors as they are); sd-cli generates from sdrt's file and sdrt from sd-cli's, same image."""
+    from sdrt.io import read_gguf
+    src = parts["dev"]
+    ref, ours = str(tmp_path / "sdcli_q8.gguf"), str(tmp_path / "sdrt_q8.gguf")
+    r = subprocess.run([_sdcli(), "-M", "convert", "-m", src, "-o", ref, "--type", "q8_0"], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert cli.main(["-M", "convert", "-m", src, "-o", ours, "--type", "q8_0"]) == 0
+    a, b = read_gguf(ref), read_gguf(ours)
+    assert sorted(a.tensors) == sorted(b.tensors)
+    kinds = {}
+    for name in a.tensors:
+        assert (a[name].ne, a[name].dtype) == (b[name].ne, b[name].dtype), name
+        assert np.array_equal(np.ascontiguousarray(a[name].numpy()).reshape(-1).view(np.uint8),
+                              np.ascontiguousarray(b[name].numpy()).reshape(-1).view(np.uint8)), name
+        kinds[a[name].dtype.name] = kinds.get(a[name].dtype.name, 0) + 1
+    assert kinds.get("Q8_0", 0) > 0, kinds
+    files = ["--vae", parts["vae"], "--t5xxl", parts["t5xxl"], "--clip_l", parts["clip_l"]]
+    img_ref, img_ours = str(tmp_path / "sdcli.png"), str(tmp_path / "sdrt.png")
+    r = subprocess.run([_sdcli(), "--diffusion-model", ours, *files, *ARGS, "-o", img_ref], capture_output=True,
+                       text=True, timeout=3600)
+    assert r.returncode == 0 and os.path.exists(img_ref), r.stdout[-3000:] + r.stderr[-3000:]
+    before = get_threads()
+    try:
+        assert cli.main(["--diffusion-model", ref, *files, *ARGS, "-o", img_ours]) == 0
+    finally:
+        set_threads(before)
+    p = psnr(read_rgb(img_ours), read_rgb(img_ref))
+    print(f"Flux dev Q8_0 (1+2 blocks) tensors {kinds}: sd-cli on sdrt's GGUF vs sdrt on sd-cli's: PSNR {p:.2f} dB")
+    assert p >= MIN_PSNR

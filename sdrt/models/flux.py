@@ -245,12 +245,10 @@ _PART = re.compile(r"(.+\.(?:weight|bias))\.([1-9])$")
 ADALN_FINAL = "final_layer.adaLN_modulation.1."
 
 
-def join_diffusers_parts(tensors: Mapping, prefix: str = DM) -> Mapping:
-    """A table converted from diffusers Flux names (sdrt.models.names: split q/k/v(/mlp) become
-    `...qkv.weight`, `...qkv.weight.1`, ...) -> BFL tensors: the parts joined, and
-    final_layer.adaLN_modulation.1 (diffusers' norm_out.linear, (scale, shift)) with its halves
-    exchanged into BFL's (shift, scale), as diffusers' own single-file conversion does (sd.cpp's
-    name map only renames it). A table without parts is returned as is."""
+def join_split_parts(tensors: Mapping, prefix: str, parts_per_tensor: int | None = None) -> Mapping:
+    """Diffusers tensors that sdrt.models.names split into `X`, `X.1`, `X.2`, ... (under `prefix`)
+    joined back into X (rows in order, raw bytes as stored, made on first use); with
+    `parts_per_tensor`, each X must have exactly that many. A table without parts is returned as is."""
     parts: dict = {}
     for name in tensors:
         m = _PART.match(name) if name.startswith(prefix) else None
@@ -260,10 +258,22 @@ def join_diffusers_parts(tensors: Mapping, prefix: str = DM) -> Mapping:
         return tensors
     out = {k: v for k, v in tensors.items() if not (k.startswith(prefix) and _PART.match(k))}
     for base, more in parts.items():
-        if base not in tensors or sorted(more) != list(range(1, len(more) + 1)):
+        n = len(more) if parts_per_tensor is None else parts_per_tensor - 1
+        if base not in tensors or sorted(more) != list(range(1, n + 1)):
             raise ModelFileError(f"{base}: a split diffusers tensor with parts missing "
                                  f"(have {', '.join(['0'] * (base in tensors) + [str(i) for i in sorted(more)])})")
         out[base] = _JoinedLeaf([tensors[base]] + [more[i] for i in sorted(more)], False, base)
+    return out
+
+
+def join_diffusers_parts(tensors: Mapping, prefix: str = DM) -> Mapping:
+    """A table converted from diffusers Flux names (split q/k/v(/mlp) parts) -> BFL tensors: the
+    parts joined, and final_layer.adaLN_modulation.1 (diffusers' norm_out.linear, (scale, shift))
+    with its halves exchanged into BFL's (shift, scale), as diffusers' own single-file conversion
+    does (sd.cpp's name map only renames it). A table without parts is returned as is."""
+    out = join_split_parts(tensors, prefix)
+    if out is tensors:
+        return tensors
     for leaf in ("weight", "bias"):
         name = prefix + ADALN_FINAL + leaf
         if name in out:

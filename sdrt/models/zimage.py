@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..errors import ModelFileError, UsageError
+from ..errors import UsageError
 from .families import Cond, Family, Variant, register_family
 from .llm_conditioning import build_llm_conditioner   # importing it registers the --llm component
 from .recognized import Z_IMAGE, marker
@@ -56,27 +56,13 @@ def zimage_diffusers_name(rest: str, version=None, layout=None) -> str:
     return rest
 
 
-_PART = re.compile(r"(.+\.(?:weight|bias))\.([12])$")
 
 
 def join_zimage_parts(tensors: Mapping, prefix: str = DM) -> Mapping:
     """q/k/v parts of a converted diffusers file joined into attention.qkv (rows in order, raw
     bytes as stored). A table without parts is returned as is."""
-    from .flux import _JoinedLeaf
-    parts: dict = {}
-    for name in tensors:
-        m = _PART.match(name) if name.startswith(prefix) else None
-        if m:
-            parts.setdefault(m.group(1), {})[int(m.group(2))] = tensors[name]
-    if not parts:
-        return tensors
-    out = {k: v for k, v in tensors.items() if not (k.startswith(prefix) and _PART.match(k))}
-    for base, more in parts.items():
-        if base not in tensors or sorted(more) != [1, 2]:
-            raise ModelFileError(f"{base}: a diffusers q/k/v tensor with parts missing "
-                                 f"(have {', '.join(['q'] * (base in tensors) + ['kv'[i - 1] for i in sorted(more)])})")
-        out[base] = _JoinedLeaf([tensors[base], more[1], more[2]], False, base)
-    return out
+    from .flux import join_split_parts
+    return join_split_parts(tensors, prefix, parts_per_tensor=3)
 
 
 def zimage_conditioner(table: Mapping, version: str = Z_IMAGE, embd_dir=None, *, backend: str = "cpu",

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ...errors import ModelFileError, UsageError
+from .tokenizer import bytes_to_unicode  # GPT-2's byte map, shared with CLIP's BPE
 
 __all__ = ["ENDOFTEXT_ID", "QWEN2_SPLIT_REGEX", "SPECIAL_TOKENS", "ZIMAGE_TEMPLATE", "PromptTemplate",
            "QwenTokenizer", "bytes_to_unicode", "merges_path"]
@@ -70,19 +71,6 @@ class PromptTemplate:
 # Z-Image (no reference images): Qwen3's chat template for one user turn with the generation
 # prompt; the output of layer 35 of 36 (hidden_states[-2]), nothing dropped
 ZIMAGE_TEMPLATE = PromptTemplate("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", 0, 35)
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable symbol map, in its order (the first 256 ids)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(161, 173)) + list(range(174, 256))
-    cs = list(bs)
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def merges_path() -> str:

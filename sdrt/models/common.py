@@ -181,3 +181,15 @@ def batch_cond(t: Tensor, N: int, what: str) -> Tensor:
     ne = list(t.ne) if t.ndim > 1 else [t.ne[0], 1]
     ne[-1] = N
     return F.repeat(t if t.ndim > 1 else t.reshape(t.ne[0], 1), tuple(ne))
+
+
+def token_ids(ids, vocab: int, what: str) -> np.ndarray:
+    """A text encoder's ids as int32 [N, L] (an [L] array is one sequence), each in [0, vocab)."""
+    a = np.asarray(ids)
+    if a.ndim not in (1, 2) or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
+        raise UsageError(f"{what} ids must be a non-empty int array [L] or [N, L], got {a.dtype} {a.shape}")
+    a = a.reshape(1, -1) if a.ndim == 1 else a
+    if a.min() < 0 or a.max() >= vocab:
+        bad = int(a.min()) if a.min() < 0 else int(a.max())
+        raise UsageError(f"{what} token id {bad} is outside the vocabulary of {vocab}")
+    return a.astype(np.int32)

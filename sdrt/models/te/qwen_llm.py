@@ -47,10 +47,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...errors import ModelFileError, UsageError
+from ...errors import ModelFileError
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import Linear, Weights
+from ..common import Linear, Weights, token_ids
 
 __all__ = ["PREFIX_LLM", "QwenLLM", "QwenLLMConfig", "causal_mask"]
 
@@ -193,15 +193,9 @@ class QwenLLM:
     def forward(self, ids, out_layer: int = 0, *, cut_prefix: str | None = "llm") -> Tensor:
         """Hidden states F32 ne=[hidden, L, N] (see `out_layer` in the module docstring)."""
         cfg = self.config
-        a = np.asarray(ids)
-        if a.ndim not in (1, 2) or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
-            raise UsageError(f"LLM ids must be a non-empty int array [L] or [N, L], got {a.dtype} {a.shape}")
-        a = a.reshape(1, -1) if a.ndim == 1 else a
+        a = token_ids(ids, cfg.vocab, "LLM")
         N, L = a.shape
-        if a.min() < 0 or a.max() >= cfg.vocab:
-            bad = int(a.min()) if a.min() < 0 else int(a.max())
-            raise UsageError(f"LLM token id {bad} is outside the vocabulary of {cfg.vocab}")
-        x = F.get_rows(self.embed, Tensor.from_numpy(a.astype(np.int32).reshape(-1), name="llm_ids"))
+        x = F.get_rows(self.embed, Tensor.from_numpy(a.reshape(-1), name="llm_ids"))
         x = x.reshape(cfg.hidden, L, N)
         pos = Tensor.from_numpy(np.arange(L, dtype=np.int32), name="llm_pos")
         mask = Tensor.from_numpy(causal_mask(L), name="llm_causal_mask")

@@ -47,7 +47,7 @@ import numpy as np
 from ...errors import ModelFileError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import Linear, Weights
+from ..common import Linear, Weights, token_ids
 
 __all__ = ["PREFIX_T5XXL", "T5Config", "T5Encoder", "find_t5_prefix", "relative_position_bucket"]
 
@@ -207,15 +207,9 @@ class T5Encoder:
     def forward(self, ids, mask=None, *, cut_prefix: str | None = "t5") -> Tensor:
         """Hidden states after the final norm, F32 ne=[d_model, L, N]."""
         cfg = self.config
-        a = np.asarray(ids)
-        if a.ndim not in (1, 2) or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
-            raise UsageError(f"T5 ids must be a non-empty int array [L] or [N, L], got {a.dtype} {a.shape}")
-        a = a.reshape(1, -1) if a.ndim == 1 else a
+        a = token_ids(ids, cfg.vocab, "T5")
         N, L = a.shape
-        if a.min() < 0 or a.max() >= cfg.vocab:
-            bad = int(a.min()) if a.min() < 0 else int(a.max())
-            raise UsageError(f"T5 token id {bad} is outside the vocabulary of {cfg.vocab}")
-        x = F.get_rows(self.embed, Tensor.from_numpy(a.astype(np.int32).reshape(-1), name="t5_ids"))
+        x = F.get_rows(self.embed, Tensor.from_numpy(a.reshape(-1), name="t5_ids"))
         x = x.reshape(cfg.d_model, L, N)
         bias = self.position_bias(L)                                          # [Lk, Lq, H]
         if mask is not None:

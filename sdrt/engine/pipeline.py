@@ -473,8 +473,11 @@ class Pipeline:
             c_skip, c_out, c_in = den.get_scalings(sigma)
             t = F32(den.sigma_to_t(sigma))
             noised = (x * c_in).astype(F32)
-            controls = None if control is None else self._step_controls(noised, t, cond, uncond, img_cond, control[0])
-            outs = self._run_model(noised, t, passes, controls, 0.0 if control is None else control[1])
+            if control is None:
+                outs = self._run_model(noised, t, passes)
+            else:
+                controls = self._step_controls(noised, t, cond, uncond, img_cond, control[0])
+                outs = self._run_model(noised, t, passes, controls, control[1])
             res = dict(zip([id(c) for c in passes], outs))
             c_o = res[id(cond)]
             u_o = res.get(id(uncond)) if uncond is not None else None
@@ -652,7 +655,8 @@ class Pipeline:
             rng=mp.rng, sampler_rng=mp.sampler_rng, method=method, scheduler=scheduler, sigmas=gp.sigmas,
             clip_l=mp.clip_l or "", clip_g=mp.clip_g or "", diffusion_model=mp.diffusion_model or "",
             vae=mp.vae or "", taesd=mp.taesd or "", clip_skip=gp.clip_skip, img_cfg_scale=gp.img_cfg_scale,
-            strength=gp.strength, lora_hashes=self._lora_hashes(),
+            strength=gp.strength, lora_hashes=self._lora_hashes(), control_net=mp.control_net or "",
+            control_strength=gp.control_strength,
             vae_tiling={"enabled": True, "tile_size_x": int(gp.vae_tile_size[0]), "tile_size_y": int(gp.vae_tile_size[1]),
                             "target_overlap": float(gp.vae_tile_overlap), "rel_size_x": float(gp.vae_relative_tile_size[0]),
                             "rel_size_y": float(gp.vae_relative_tile_size[1])} if gp.vae_tiling else None)

@@ -73,7 +73,8 @@ def test_detect_layouts():
 
 
 def test_names_from_pth_and_bare():
-    assert canonical_controlnet_names(["control_model.zero_convs.0.0.weight", "input_hint_block.0.bias"]) == {
+    assert canonical_controlnet_names(["control_model.zero_convs.0.0.weight", "input_hint_block.0.bias",
+                                       "model.diffusion_model.out.2.weight", "control_model.foo"]) == {
         "control_model.zero_convs.0.0.weight": "control_model.zero_convs.0.0.weight",
         "input_hint_block.0.bias": "control_model.input_hint_block.0.bias"}
 

@@ -158,7 +158,10 @@ def _load_controlnet(path: str, files: dict, paths: dict) -> dict:
     f = files["control_net"] = open_model(path)
     paths["control_net"] = path
     conv = canonical_controlnet_names(f.tensors)
-    return _vectors_to_f32({conv[n]: t for n, t in f.tensors.items()})
+    if len(conv) < len(f.tensors):
+        log.info("control net: %d tensors of '%s' are not the ControlNet's (ignored, as sd.cpp)",
+                 len(f.tensors) - len(conv), path)
+    return _vectors_to_f32({c: f.tensors[n] for n, c in conv.items()})
 
 
 def load_models(params: ModelParams) -> LoadedModels:

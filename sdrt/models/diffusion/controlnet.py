@@ -189,12 +189,18 @@ class ControlNetModel:
         return [np.array(o) for o in outs]
 
 
+_ROOTS = ("time_embed.", "label_emb.", "input_blocks.", "middle_block.", "zero_convs.", "input_hint_block.",
+          "middle_block_out.")
+
+
 def canonical_controlnet_names(names) -> dict[str, str]:
-    """{file name: canonical name}: sd.cpp strips a leading `control_model.` (the .pth form) and
-    takes the rest as is; sdrt puts every name under PREFIX."""
+    """{file name: canonical name} of a ControlNet file's tensors: sd.cpp strips a leading
+    `control_model.` (the .pth form) and reads the rest by its own names; sdrt puts them under
+    PREFIX. Names outside the ControlNet (the full SD model some early .pth files carry beside
+    it) are left out, as sd.cpp ignores them ("unknown tensor")."""
     out = {}
     for n in names:
         rest = n[len(PREFIX):] if n.startswith(PREFIX) else n
-        out[n] = PREFIX + rest
+        if rest.startswith(_ROOTS):
+            out[n] = PREFIX + rest
     return out
-

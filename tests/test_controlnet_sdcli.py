@@ -3,8 +3,9 @@ checkpoints (tools/make_sd_checkpoint.py) with full-size random ControlNets of s
 (tools/make_controlnet_checkpoint.py), `--control-net CN --control-image IMG`, with and without
 `--canny`, run by sd-cli and by `python -m sdrt.cli.main` with the same flags (`--type f32`,
 euler, cfg 7, seed 42, 256x256, 4 steps). Each pair must agree at >= 40 dB, and the ControlNet
-must move the image far from sdrt's image without it (else the comparison would prove nothing);
---canny must change the image too.
+must move the image far from sdrt's image without it (SD1.5; else the comparison would prove
+nothing); --canny must change the image too (< 40 dB from the plain hint's, both archs; for SDXL
+this is the check that the control matters, to keep each SDXL run under the shared lock shorter).
 
 Opt-in: runs only when SDRT_SDCLI names an sd-cli binary. SDRT_SDCLI_MODEL: the random SD1.5
 checkpoint (made in the work dir when unset, 2 GB); SDRT_SDCLI_SDXL_MODEL: the random SDXL one (the
@@ -107,18 +108,20 @@ def test_controlnet_matches_sd_cli(env, arch, canny):
         pytest.skip(f"{arch}: set SDRT_SDCLI_SDXL_MODEL to a random SDXL checkpoint (tools/make_sd_checkpoint.py "
                     f"--arch sdxl) to run the SDXL cases")
     base = ["-m", model, *ARGS]
-    plain_tag = f"{arch}_plain_{SIZE}_{STEPS}"
-    plain = os.path.join(env["work"], f"{plain_tag}_sdrt.png")
-    if not os.path.exists(plain):
-        plain, _ = _run(env, "sdrt", plain_tag, base)
     args = base + ["--control-net", _controlnet(env, arch), "--control-image", env["image"]] + (["--canny"] if canny else [])
     tag = f"{arch}_{'canny' if canny else 'image'}_{SIZE}_{STEPS}"
     ref, _ = _run(env, "sdcli", tag, args)
     ours, _ = _run(env, "sdrt", tag, args)
     p = psnr(read_rgb(ours), read_rgb(ref))
-    moved = psnr(read_rgb(ours), read_rgb(plain))
-    print(f"\n{tag}: sdrt vs sd-cli PSNR {p:.2f} dB; ControlNet image vs no ControlNet {moved:.2f} dB")
-    assert moved <= MAX_MOVED_PSNR, f"{tag}: the ControlNet barely changes the image ({moved:.2f} dB)"
+    print(f"\n{tag}: sdrt vs sd-cli PSNR {p:.2f} dB")
+    if arch == "sd15":   # (SDXL: the --canny case's difference from the plain hint's image shows the effect)
+        plain_tag = f"{arch}_plain_{SIZE}_{STEPS}"
+        plain = os.path.join(env["work"], f"{plain_tag}_sdrt.png")
+        if not os.path.exists(plain):
+            plain, _ = _run(env, "sdrt", plain_tag, base)
+        moved = psnr(read_rgb(ours), read_rgb(plain))
+        print(f"{tag}: ControlNet image vs no ControlNet {moved:.2f} dB")
+        assert moved <= MAX_MOVED_PSNR, f"{tag}: the ControlNet barely changes the image ({moved:.2f} dB)"
     assert p >= MIN_PSNR, f"{tag}: sdrt vs sd-cli PSNR {p:.2f} dB (need >= {MIN_PSNR})"
     other = os.path.join(env["work"], f"{arch}_image_{SIZE}_{STEPS}_sdrt.png")
     if canny and os.path.exists(other):

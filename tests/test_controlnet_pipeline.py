@@ -60,9 +60,8 @@ def test_controlnet_cli(files, caplog):
     # a weaker control moves the image less
     half = run(files, "cn_half", *cn, "--control-strength", "0.3")
     assert psnr(half, plain) > psnr(with_cn, plain)
-    # --canny changes the hint (a random hint block passes little of it on: 58 dB here); the .pth
-    # names (control_model.*) load to the same weights
-    assert psnr(run(files, "canny", *cn, "--canny"), with_cn) < 60
+    # --canny changes the hint (14.7 dB here); the .pth names (control_model.*) load to the same weights
+    assert psnr(run(files, "canny", *cn, "--canny"), with_cn) < 30
     same = run(files, "pth", "--control-net", files["pth"], "--control-image", files["image"])
     assert psnr(same, with_cn) == float("inf")
     # a control image without a ControlNet is read (and canny'd) but unused, as sd-cli

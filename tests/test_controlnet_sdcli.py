@@ -9,8 +9,9 @@ this is the check that the control matters, to keep each SDXL run under the shar
 
 Opt-in: runs only when SDRT_SDCLI names an sd-cli binary. SDRT_SDCLI_MODEL: the random SD1.5
 checkpoint (made in the work dir when unset, 2 GB); SDRT_SDCLI_SDXL_MODEL: the random SDXL one (the
-SDXL cases skip without it: sd-cli needs ~20 GB of RAM for SDXL + its ControlNet in f32, run them
-alone, e.g. under `flock /work/heavy.lock`); SDRT_SDCLI_CN_OUT keeps ControlNets, images and logs
+SDXL cases skip without it: sd-cli needs ~17 GB of RAM for SDXL + its ControlNet in f32, run them
+alone, e.g. under `flock /work/heavy.lock`). sd-cli 0.4.7 itself aborts on SDXL ControlNets
+(SDCLI_SDXL_ABORT below): the SDXL cases then skip saying so; with a fixed sd-cli they compare; SDRT_SDCLI_CN_OUT keeps ControlNets, images and logs
 (else a temp dir); SDRT_SDCLI_SIZE / SDRT_SDCLI_STEPS change the image (256 / 4).
 The control image is drawn here (shapes and gradients, 256x256: no resize on either side).
 """
@@ -86,7 +87,13 @@ def _controlnet(env, arch: str) -> str:
     return path
 
 
-def _run(env, engine: str, tag: str, args: list) -> tuple[str, str]:
+# sd-cli 0.4.7 aborts on every SDXL ControlNet of its own layout: control.hpp allots the graph
+# CONTROL_NET_GRAPH_SIZE = 1536 nodes, and 34 transformer blocks (depth 2, 2, 10, 10 and the middle
+# 10) need more. Seen 2026-12-01 on the first sampling step, after "control net model loaded".
+SDCLI_SDXL_ABORT = "GGML_ASSERT(cgraph->n_nodes < cgraph->size) failed"
+
+
+def _run(env, engine: str, tag: str, args: list, known_abort: bool = False) -> tuple[str, str]:
     out = os.path.join(env["work"], f"{tag}_{engine}.png")
     cmd = ([env["exe"]] if engine == "sdcli" else [sys.executable, "-m", "sdrt.cli.main"]) + args + ["-o", out]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=5400,
@@ -94,6 +101,9 @@ def _run(env, engine: str, tag: str, args: list) -> tuple[str, str]:
     log = r.stdout + r.stderr
     with open(os.path.join(env["work"], f"{tag}_{engine}.log"), "w") as f:
         f.write(" ".join(cmd) + "\n" + log)
+    if known_abort and r.returncode != 0 and SDCLI_SDXL_ABORT in log:
+        pytest.skip(f"{tag}: sd-cli aborts on SDXL ControlNets ({SDCLI_SDXL_ABORT}: control.hpp's "
+                    "CONTROL_NET_GRAPH_SIZE 1536 is too small); run with an sd-cli that allots more")
     assert r.returncode == 0 and os.path.exists(out), f"{engine} failed ({r.returncode}):\n{log[-3000:]}"
     return out, log
 
@@ -110,7 +120,7 @@ def test_controlnet_matches_sd_cli(env, arch, canny):
     base = ["-m", model, *ARGS]
     args = base + ["--control-net", _controlnet(env, arch), "--control-image", env["image"]] + (["--canny"] if canny else [])
     tag = f"{arch}_{'canny' if canny else 'image'}_{SIZE}_{STEPS}"
-    ref, _ = _run(env, "sdcli", tag, args)
+    ref, _ = _run(env, "sdcli", tag, args, known_abort=arch == "sdxl")
     ours, _ = _run(env, "sdrt", tag, args)
     p = psnr(read_rgb(ours), read_rgb(ref))
     print(f"\n{tag}: sdrt vs sd-cli PSNR {p:.2f} dB")

@@ -309,7 +309,7 @@ class Pipeline:
                                                  first=b == 0, control=control)))
             log.info("sampling completed, taking %.2fs", time.time() - t_b)
         log.info("generating %d latent images completed, taking %.2fs", len(results), time.time() - t_denoise)
-        self.release_weight_pages("diffusion")
+        self.release_weight_pages("diffusion", "controlnet")
         out = self.decode_all(results, gp, size, plan, mp, bar, decode_progress)   # 7. decode
         log.info("generate_image completed in %.2fs", time.time() - t_start)
         return out

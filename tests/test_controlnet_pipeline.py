@@ -81,11 +81,19 @@ def test_controlnet_python_api(files):
     assert psnr(out.astype(np.float64), ref) >= 60   # (not bit-equal: the CLI runs with -t 1, the API with all threads)
 
 
-def test_controlnet_errors(files):
+def test_controlnet_errors(files, capsys):
     assert cli.main(["-m", files["model"], *ARGS, "--control-net", str(files["dir"] / "missing.safetensors"),
                      "--control-image", files["image"], "-o", str(files["dir"] / "x.png")]) == 2
     assert cli.main(["-m", files["model"], *ARGS, "--control-net", files["cn"], "--control-image",
                      str(files["dir"] / "nope.png"), "-o", str(files["dir"] / "x.png")]) == 2
+    # a ControlNet for another base model (SD1-style layout on this SDXL UNet): named, exit 1
+    other = str(files["dir"] / "cn_other.safetensors")
+    mcn.write(other, mcn.layout_for(UNetConfig.from_hparams(model_channels=32, channel_mult=(1, 2), num_res_blocks=1,
+                                                            attention_levels=(1,), context_dim=64)))
+    assert cli.main(["-m", files["model"], *ARGS, "--control-net", other, "--control-image", files["image"],
+                     "-o", str(files["dir"] / "x.png")]) == 1
+    assert "a ControlNet for another model" in capsys.readouterr().err
     # a UNet checkpoint given as the ControlNet: named as not a ControlNet
     assert cli.main(["-m", files["model"], *ARGS, "--control-net", files["model"], "--control-image", files["image"],
                      "-o", str(files["dir"] / "x.png")]) == 1
+    assert "not a ControlNet" in capsys.readouterr().err

@@ -540,6 +540,19 @@ class Pipeline:
             out[id(img_cond)] = res[-1]
         return out
 
+    def _check_controlnet_fits(self, net) -> None:
+        """A ControlNet made for another base model (SD1.5's on SDXL, ...) is named before sampling
+        (sd.cpp builds the ControlNet from the base model's version, so its load fails instead)."""
+        ucfg, ccfg = getattr(self.diffusion_model, "config", None), net.config
+        if ucfg is None:
+            return
+        got = (ccfg.model_channels, ccfg.context_dim, ccfg.adm_in_channels, len(ccfg.input_blocks))
+        want = (ucfg.model_channels, ucfg.context_dim, ucfg.adm_in_channels, len(ucfg.input_blocks))
+        if got != want:
+            from ..errors import ModelFileError
+            raise ModelFileError(f"--control-net {net.source}: a ControlNet for another model (channels, context, "
+                                 f"adm, input blocks = {got}; this {self.version} UNet has {want})")
+
     def control_hint(self, gp: GenParams, size) -> tuple | None:
         """--control-image as sd-cli: read as RGB, fitted to the request's size (centre crop + box
         resize, as the init image), --canny's edge map (sdrt.engine.canny), nearest-resized to the
@@ -561,6 +574,7 @@ class Pipeline:
         if "controls" not in _kwargs_of(getattr(self.diffusion_model, "predict", None)):
             raise UnsupportedError(f"--control-net: {self.family.description or self.family.name} models take no "
                                    "ControlNet (sd.cpp's ControlNet is for the SD 1.x / 2.x / XL UNet)")
+        self._check_controlnet_fits(net)
         t0 = time.time()
         hint = net.hint(image_to_tensor(img, size.width, size.height), **self._on("controlnet"))
         log.info("control image %dx%d%s, hint computed in %.2fs", size.width, size.height,

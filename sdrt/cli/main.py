@@ -27,22 +27,22 @@ CONVERT_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_0", "q5_1", "q4_0", "q4_1", "
 # flag leaves this list by itself when a family registers its component (sdrt.models.families).
 _SDCLI_FLAGS = (
     "--t5xxl", "--llm", "--llm_vision", "--qwen2vl", "--qwen2vl_vision", "--clip_vision", "--high-noise-diffusion-model",
-    "--uncond-diffusion-model", "--embeddings-connectors", "--audio-vae", "--control-net", "--ip-adapter",
+    "--uncond-diffusion-model", "--embeddings-connectors", "--audio-vae", "--ip-adapter",
     "--motion-module", "--hires-upscalers-dir", "--photo-maker", "--pulid-weights",
     "--upscale-model", "--vae-format", "--model-args", "--split-mode",
     "--rpc-servers", "--eager-load",
-    "--mmap", "--control-net-cpu", "--fa", "--diffusion-fa",
+    "--mmap", "--fa", "--diffusion-fa",
     "--diffusion-conv-direct", "--vae-conv-direct", "--force-sdxl-vae-conv-scale",
-    "--prompt-file", "--negative-prompt-file", "--end-img", "--control-image", "--control-video", "--ip-adapter-image",
+    "--prompt-file", "--negative-prompt-file", "--end-img", "--control-video", "--ip-adapter-image",
     "--ref-video", "--ref-audio", "--ref-image-args", "--disable-auto-resize-ref-image", "--video-frames", "--fps",
     "--qwen-image-layers", "--guidance",
     "--timestep-shift",
     "--high-noise-steps", "--moe-boundary", "--extra-sample-args", "--preview", "--preview-path",
-    "--preview-interval", "--taesd-preview-only", "--preview-noisy", "--canny", "--convert-name", "--color",
+    "--preview-interval", "--taesd-preview-only", "--preview-noisy", "--convert-name", "--color",
     "--imat-out", "--imat-in", "--image", "--metadata-format", "--metadata-raw", "--metadata-brief",
     "--metadata-all", "--hires", "--hires-upscaler", "--hires-scale", "--hires-width", "--hires-height",
     "--hires-steps", "--hires-denoising-strength", "--hires-upscale-tile-size", "--cache-mode", "--cache-option",
-    "--scm-mask", "--scm-policy", "--control-strength", "--circular", "--circularx", "--circulary",
+    "--scm-mask", "--scm-policy", "--circular", "--circularx", "--circulary",
     "--pm-id-images-dir", "--pm-id-embed-path", "--pm-style-strength", "--upscale-repeats", "--upscale-tile-size",
     "--vace-strength", "--qwen-image-zero-cond-t")
 
@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--taesd", "--tae", dest="taesd", help="path to TAESD: decode (and encode) with the tiny autoencoder (low quality)")
     for c in _component_flags().values():     # --clip_l, --clip_g, ...: from the family registry
         m.add_argument(c.flag, dest=c.role, help=c.help)
+    m.add_argument("--control-net", help="path to control net model (docs/controlnet.md)")
     m.add_argument("--embd-dir", help="textual-inversion embeddings directory")
     m.add_argument("--lora-model-dir", default=None,
                    help="LoRA directory: <lora:name:multiplier> in the prompt loads name(.safetensors|.ckpt|...) "
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="choose --backend/--params-backend from free memory when neither is given (default: on)")
     d.add_argument("--clip-on-cpu", action="store_true", help="deprecated: same as --backend te=cpu")
     d.add_argument("--vae-on-cpu", action="store_true", help="deprecated: same as --backend vae=cpu")
+    d.add_argument("--control-net-cpu", action="store_true", help="keep controlnet in cpu (for low vram)")
 
     g = p.add_argument_group("generation")
     g.add_argument("-p", "--prompt", default="", help="the prompt to render")
@@ -198,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-i", "--init-img", help="path to the init image (img2img)")
     g.add_argument("--strength", type=_float, default=0.75, help="strength for noising/unnoising (default: 0.75)")
     g.add_argument("--mask", help="path to the mask image (white = repaint; needs -i)")
+    g.add_argument("--control-image", help="path to control image, control net")
+    g.add_argument("--control-strength", type=_float, default=0.9,
+                   help="strength to apply Control Net (default: 0.9); 1.0 corresponds to full destruction of "
+                        "information in init image")
+    g.add_argument("--canny", action="store_true", help="apply canny preprocessor (edge detection)")
     g.add_argument("-r", "--ref-image", action="append", default=[], metavar="PATH",
                    help="reference image for Flux Kontext (repeatable)")
     g.add_argument("--increase-ref-index", action="store_true",
@@ -304,7 +311,8 @@ def params_from_args(args):
                      prediction=args.prediction, threads=args.threads, backend=args.backend,
                      params_backend=args.params_backend, offload_to_cpu=args.offload_to_cpu, max_vram=args.max_vram,
                      disable_prefetch=args.disable_prefetch, disable_segmented_compute=args.disable_segmented_compute,
-                     auto_fit=args.auto_fit == "on", clip_on_cpu=args.clip_on_cpu, vae_on_cpu=args.vae_on_cpu)
+                     auto_fit=args.auto_fit == "on", clip_on_cpu=args.clip_on_cpu, vae_on_cpu=args.vae_on_cpu,
+                     control_net=args.control_net, control_net_cpu=args.control_net_cpu)
     sigmas = None
     if args.sigmas is not None:
         try:
@@ -324,6 +332,7 @@ def params_from_args(args):
                    ref_images=list(args.ref_image), increase_ref_index=args.increase_ref_index,
                    flow_shift=args.flow_shift, slg_scale=args.slg_scale, skip_layers=list(args.skip_layers),
                    skip_layer_start=args.skip_layer_start, skip_layer_end=args.skip_layer_end,
+                   control_image=args.control_image, control_strength=args.control_strength, canny=args.canny,
                    embed_metadata=not args.disable_image_metadata)
     if not 1 <= args.compression_quality <= 100:
         raise UsageError(f"--compression-quality: must be in [1, 100], got {args.compression_quality}")
@@ -335,7 +344,7 @@ def _img_gen(args) -> int:
 
     from ..io.png import output_paths, write_image
     mp, gp = params_from_args(args)
-    for flag, path in (("-i/--init-img", gp.init_image), ("--mask", gp.mask_image),
+    for flag, path in (("-i/--init-img", gp.init_image), ("--mask", gp.mask_image), ("--control-image", gp.control_image),
                        *(("-r/--ref-image", r) for r in gp.ref_images)):
         if path and not os.path.isfile(path):
             raise UsageError(f"{flag}: no such image file: '{path}'")

@@ -147,6 +147,23 @@ def _stat_line(stats: dict) -> str:
     return "|".join(f"{k:>8}: {v:<5}" for k, v in sorted(stats.items()))
 
 
+def _load_controlnet(path: str, files: dict, paths: dict) -> dict:
+    """--control-net: its tensors under `control_model.` (sd.cpp strips that prefix of the .pth
+    form and reads the rest by its own names). --type does not apply: sd.cpp builds the
+    ControlNet's weights from its own defaults, not from the model's type."""
+    from ..models.diffusion.controlnet import canonical_controlnet_names
+    if not os.path.isfile(path):
+        raise ModelFileError(f"--control-net: no such file: '{path}'")
+    log.info("loading control net from '%s'", path)
+    f = files["control_net"] = open_model(path)
+    paths["control_net"] = path
+    conv = canonical_controlnet_names(f.tensors)
+    if len(conv) < len(f.tensors):
+        log.info("control net: %d tensors of '%s' are not the ControlNet's (ignored, as sd.cpp)",
+                 len(f.tensors) - len(conv), path)
+    return _vectors_to_f32({c: f.tensors[n] for n, c in conv.items()})
+
+
 def load_models(params: ModelParams) -> LoadedModels:
     """Open every file of `params`, merge them under canonical names, detect version and
     prediction. Raises ModelFileError for a missing/bad file, UsageError for a bad combination."""
@@ -215,5 +232,7 @@ def load_models(params: ModelParams) -> LoadedModels:
         pred = prediction_type(files.get("model") or files.get("diffusion_model") or tensors, version)
         prediction = {"flow": "sd3_flow"}.get(pred, pred)
     tensors = _vectors_to_f32(_apply_wtype(tensors, params.type, params.tensor_type_rules))
+    if params.control_net:
+        tensors.update(_load_controlnet(params.control_net, files, paths))
     return LoadedModels(tensors=tensors, version=version, prediction=prediction, paths=paths, files=files,
                         wtype=params.type)

@@ -60,6 +60,8 @@ class ModelParams:
     auto_fit: bool = True                # --auto-fit on|off (off by itself with any placement above)
     clip_on_cpu: bool = False            # --clip-on-cpu (deprecated: te=cpu)
     vae_on_cpu: bool = False             # --vae-on-cpu (deprecated: vae=cpu)
+    control_net: str | None = None       # --control-net: a ControlNet file (sd.cpp's names; docs/controlnet.md)
+    control_net_cpu: bool = False        # --control-net-cpu: the ControlNet computes on the CPU
 
     def path_of(self, role: str) -> str | None:
         """The file given for a component role ("vae", "clip_l", "t5xxl", ...), or None."""
@@ -77,6 +79,8 @@ class ModelParams:
             path = self.path_of(role)
             if path and not os.path.exists(path):
                 raise UsageError(f"{component(role).flag}: no such file: '{path}'")
+        if self.control_net and not os.path.isfile(self.control_net):
+            raise UsageError(f"--control-net: no such file: '{self.control_net}'")
         if self.embd_dir and not os.path.isdir(self.embd_dir):
             raise UsageError(f"--embd-dir: not a directory: '{self.embd_dir}'")
         if self.lora_apply_mode not in ("auto", "immediately", "at_runtime"):
@@ -143,6 +147,9 @@ class GenParams:
     skip_layer_start: float = 0.01       # --skip-layer-start
     skip_layer_end: float = 0.2          # --skip-layer-end
     embed_metadata: bool = True          # not --disable-image-metadata
+    control_image: object = None         # --control-image: path, PIL image or HxWx3 uint8 array (ControlNet hint)
+    control_strength: float = 0.9        # --control-strength
+    canny: bool = False                  # --canny: sd.cpp's canny edge map of the control image is the hint
     loras: list = field(default_factory=list)  # LoRAs besides the prompt's <lora:...> tags: LoraSpec or (path, multiplier)
     extra: dict = field(default_factory=dict)  # free-form, recorded nowhere
 
@@ -196,6 +203,8 @@ class GenParams:
                 raise UsageError(f"{flag}: must be a finite number, got {v}")
         if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in self.skip_layers):
             raise UsageError(f"--skip-layers: must be non-negative layer indices, got {self.skip_layers}")
+        if not math.isfinite(self.control_strength):
+            raise UsageError(f"--control-strength: must be a finite number, got {self.control_strength}")
         if self.mask_image is not None and self.init_image is None:
             raise UsageError("--mask: needs an init image (-i/--init-img) to repaint")
         from .limits import check_request  # sizes, steps, prompts, non-finite numbers (docs: "Limits")

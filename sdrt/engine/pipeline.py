@@ -140,11 +140,14 @@ class Pipeline:
       vae: .decode(z [1,C,h,w]) -> [1,3,H,W] ~[-1,1]; .encode(img [1,3,H,W] in [-1,1]) -> moments [1,2C,h,w]
       tae: .decode(z) -> [1,3,H,W] ~[0,1]; .encode(img in [0,1]) -> latent (used instead of vae)
       conditioner: .encode(prompt, width, height, clip_skip=-1, zero_out_masked=False) -> Cond-like
+      controlnet: .hint(img [1,3,H,W] in [0,1]) -> guided hint; (x, hint, t, context, y) -> controls
+          (sdrt.models.diffusion.controlnet; the diffusion model's predict then takes controls=)
     `version` is a detected version ("sd1_inpaint"); `family` its Family record.
     """
 
     def __init__(self, *, version: str, prediction: str | None, diffusion_model=None, unet=None, vae=None, tae=None,
-                 conditioner=None, model_params: ModelParams | None = None, models=None, batch_cfg: bool = True):
+                 conditioner=None, model_params: ModelParams | None = None, models=None, batch_cfg: bool = True,
+                 controlnet=None):
         self.version = version
         self.family: Family = family_of(version)
         self.family.check_runnable(version)
@@ -153,6 +156,7 @@ class Pipeline:
         self.models = models
         self._unet = diffusion_model if diffusion_model is not None else unet   # the diffusion model slot
         self._vae, self._tae, self._cond = vae, tae, conditioner
+        self._controlnet = controlnet  # a ControlNetModel (--control-net); built from the table when None
         self.batch_cfg = batch_cfg
         self._prediction = prediction
         self._denoiser = None
@@ -221,6 +225,14 @@ class Pipeline:
         return self._cond
 
     @property
+    def controlnet(self):
+        """The --control-net model (None without one)."""
+        if self._controlnet is None and self.models is not None and "control_net" in self.models.paths:
+            from ..models.diffusion.controlnet import PREFIX, ControlNetModel
+            self._controlnet = ControlNetModel(self.models.tensors, PREFIX, source=self.models.paths["control_net"])
+        return self._controlnet
+
+    @property
     def prediction(self) -> str:
         if self._prediction is None:
             if self.family.probe_prediction is None:
@@ -281,6 +293,7 @@ class Pipeline:
         if latents.img_cfg_follows_cfg:
             guidance = replace(guidance, img_cfg=guidance.cfg)
         latents.ref_latents = self.encode_ref_images(gp, size, ctx_rng)
+        control = self.control_hint(gp, size)
         t_cond = time.time()
         passes = self.conditions(replace(gp, prompt=cond_prompt), size.width, size.height, guidance,
                                  latents)                                   # 5. conditioning
@@ -293,10 +306,10 @@ class Pipeline:
             log.info("generating image: %d/%d - seed %d", b + 1, gp.batch_count, cur)
             t_b = time.time()
             results.append((cur, self.sample_one(cur, ctx_rng, smp_rng, plan, guidance, latents, passes, bar,
-                                                 first=b == 0)))
+                                                 first=b == 0, control=control)))
             log.info("sampling completed, taking %.2fs", time.time() - t_b)
         log.info("generating %d latent images completed, taking %.2fs", len(results), time.time() - t_denoise)
-        self.release_weight_pages("diffusion")
+        self.release_weight_pages("diffusion", "controlnet")
         out = self.decode_all(results, gp, size, plan, mp, bar, decode_progress)   # 7. decode
         log.info("generate_image completed in %.2fs", time.time() - t_start)
         return out
@@ -356,8 +369,9 @@ class Pipeline:
         return cond, uncond, img_cond
 
     def sample_one(self, seed: int, ctx_rng, smp_rng, plan: SamplePlan, guidance: GuidancePlan, latents: Latents,
-                   passes, bar, first: bool = False) -> np.ndarray:
-        """Stage 6, one image: reseed, draw the noise, sample; returns the final latent."""
+                   passes, bar, first: bool = False, control: tuple | None = None) -> np.ndarray:
+        """Stage 6, one image: reseed, draw the noise, sample; returns the final latent.
+        control: (guided hint, strength) of the ControlNet (control_hint), or None."""
         from .samplers import sample
         den = self.denoiser
         ctx_rng.manual_seed(seed)
@@ -366,7 +380,7 @@ class Pipeline:
         noise = ctx_rng.randn(latents.init.shape)
         x = den.noise_scaling(plan.sigmas[0], noise, latents.init)
         denoise = self._denoise_fn(den, *passes, guidance.cfg, guidance.img_cfg, latents.init, latents.denoise_mask,
-                                   plan.steps, bar, slg=guidance, n_sigmas=len(plan.sigmas))
+                                   plan.steps, bar, slg=guidance, n_sigmas=len(plan.sigmas), control=control)
         if first:  # start-up cost (README "Start-up"): imports, kernel cache, tokenizer, text encoder
             age = process_age()
             log.info("first sampling step after %s (%.2fs CPU)",
@@ -448,9 +462,9 @@ class Pipeline:
         return total
 
     def _denoise_fn(self, den, cond, uncond, img_cond, cfg, icfg, init_latent, denoise_mask, steps, bar,
-                    slg: GuidancePlan | None = None, n_sigmas: int = 0):
-        """sd.cpp's denoise lambda: scalings, timestep, the model passes, CFG, skip-layer guidance
-        (on the model output, before c_out), the mask blend."""
+                    slg: GuidancePlan | None = None, n_sigmas: int = 0, control: tuple | None = None):
+        """sd.cpp's denoise lambda: scalings, timestep, the ControlNet, the model passes, CFG,
+        skip-layer guidance (on the model output, before c_out), the mask blend."""
         from .samplers import Guided
         passes = [c for c in (cond, uncond, img_cond) if c is not None]
         t0 = time.time()
@@ -459,7 +473,11 @@ class Pipeline:
             c_skip, c_out, c_in = den.get_scalings(sigma)
             t = F32(den.sigma_to_t(sigma))
             noised = (x * c_in).astype(F32)
-            outs = self._run_model(noised, t, passes)
+            if control is None:
+                outs = self._run_model(noised, t, passes)
+            else:
+                controls = self._step_controls(noised, t, cond, uncond, img_cond, control[0])
+                outs = self._run_model(noised, t, passes, controls, control[1])
             res = dict(zip([id(c) for c in passes], outs))
             c_o = res[id(cond)]
             u_o = res.get(id(uncond)) if uncond is not None else None
@@ -481,15 +499,87 @@ class Pipeline:
 
         return denoise
 
-    def _run_model(self, x: np.ndarray, t, passes: list[Cond]) -> list[np.ndarray]:
+    def _run_model(self, x: np.ndarray, t, passes: list[Cond], controls: dict | None = None,
+                   control_strength: float = 0.0) -> list[np.ndarray]:
         """The diffusion model's outputs for each conditioning; one batched call (N = len(passes))
-        when all their arrays have equal shapes, else one call each."""
+        when all their arrays have equal shapes, else one call each. controls: {id(pass): the
+        ControlNet's outputs for it} (_step_controls)."""
         tt = np.full((1,), t, F32)
+
+        def kw(cs):
+            return {} if controls is None else {"controls": cs, "control_strength": control_strength}
+
         if self.batch_cfg and len(passes) > 1 and len({c.shape_key() for c in passes}) == 1:
             n = len(passes)
-            out = self._predict(np.concatenate([x] * n, 0), np.repeat(tt, n), Cond.batch(passes))
+            cs = None if controls is None else [np.concatenate([controls[id(c)][i] for c in passes], 0)
+                                                for i in range(len(controls[id(passes[0])]))]
+            out = self._predict(np.concatenate([x] * n, 0), np.repeat(tt, n), Cond.batch(passes), **kw(cs))
             return [np.asarray(out[i:i + 1], F32) for i in range(n)]
-        return [np.asarray(self._predict(x, tt, c), F32) for c in passes]
+        return [np.asarray(self._predict(x, tt, c, **kw(None if controls is None else controls[id(c)])), F32)
+                for c in passes]
+
+    def _step_controls(self, x: np.ndarray, t, cond: Cond, uncond: Cond | None, img_cond: Cond | None,
+                       guided_hint: np.ndarray) -> dict:
+        """sd.cpp's compute_sample_controls: the ControlNet on the step's model input with cond's
+        text (and y), and again with uncond's; the img_cond pass takes the last ones computed
+        (uncond's), as sd.cpp's shared `controls` vector. cond and uncond run as one batch of 2
+        when their shapes agree (same values as two calls)."""
+        net, on = self.controlnet, self._on("controlnet")
+        tt = np.full((1,), t, F32)
+        conds = [c for c in (cond, uncond) if c is not None]
+        if self.batch_cfg and len(conds) == 2 and cond.shape_key() == uncond.shape_key():
+            both = Cond.batch(conds)
+            outs = net(np.concatenate([x, x], 0), guided_hint, np.repeat(tt, 2), both.context, both.y, **on)
+            res = [[o[i:i + 1] for o in outs] for i in range(2)]
+        else:
+            res = [net(x, guided_hint, tt, c.context, c.y, **on) for c in conds]
+        out = {id(cond): res[0]}
+        if uncond is not None:
+            out[id(uncond)] = res[1]
+        if img_cond is not None:
+            out[id(img_cond)] = res[-1]
+        return out
+
+    def _check_controlnet_fits(self, net) -> None:
+        """A ControlNet made for another base model (SD1.5's on SDXL, ...) is named before sampling
+        (sd.cpp builds the ControlNet from the base model's version, so its load fails instead)."""
+        ucfg, ccfg = getattr(self.diffusion_model, "config", None), net.config
+        if ucfg is None:
+            return
+        got = (ccfg.model_channels, ccfg.context_dim, ccfg.adm_in_channels, len(ccfg.input_blocks))
+        want = (ucfg.model_channels, ucfg.context_dim, ucfg.adm_in_channels, len(ucfg.input_blocks))
+        if got != want:
+            from ..errors import ModelFileError
+            raise ModelFileError(f"--control-net {net.source}: a ControlNet for another model (channels, context, "
+                                 f"adm, input blocks = {got}; this {self.version} UNet has {want})")
+
+    def control_hint(self, gp: GenParams, size) -> tuple | None:
+        """--control-image as sd-cli: read as RGB, fitted to the request's size (centre crop + box
+        resize, as the init image), --canny's edge map (sdrt.engine.canny), nearest-resized to the
+        aligned size, [0, 1]; then the ControlNet's input_hint_block once (sd.cpp caches this guided
+        hint too). Returns (guided hint, strength), or None when there is no ControlNet or image."""
+        if gp.control_image is None:
+            if self.controlnet is not None:
+                log.warning("--control-net given without --control-image: the ControlNet is not used")
+            return None
+        img = load_image(gp.control_image, "--control-image", 3)
+        img = fit_image(img, *gp.resolved_size())
+        if gp.canny:
+            from .canny import canny
+            img = canny(img)
+        net = self.controlnet
+        if net is None:
+            log.warning("--control-image given without --control-net: not used")
+            return None
+        if "controls" not in _kwargs_of(getattr(self.diffusion_model, "predict", None)):
+            raise UnsupportedError(f"--control-net: {self.family.description or self.family.name} models take no "
+                                   "ControlNet (sd.cpp's ControlNet is for the SD 1.x / 2.x / XL UNet)")
+        self._check_controlnet_fits(net)
+        t0 = time.time()
+        hint = net.hint(image_to_tensor(img, size.width, size.height), **self._on("controlnet"))
+        log.info("control image %dx%d%s, hint computed in %.2fs", size.width, size.height,
+                 " (canny)" if gp.canny else "", time.time() - t0)
+        return hint, float(gp.control_strength)
 
     def _predict(self, x: np.ndarray, t: np.ndarray, cond: Cond, **kw) -> np.ndarray:
         """One diffusion-model call where the model lives (a plain callable takes the UNet's
@@ -579,7 +669,8 @@ class Pipeline:
             rng=mp.rng, sampler_rng=mp.sampler_rng, method=method, scheduler=scheduler, sigmas=gp.sigmas,
             clip_l=mp.clip_l or "", clip_g=mp.clip_g or "", diffusion_model=mp.diffusion_model or "",
             vae=mp.vae or "", taesd=mp.taesd or "", clip_skip=gp.clip_skip, img_cfg_scale=gp.img_cfg_scale,
-            strength=gp.strength, lora_hashes=self._lora_hashes(),
+            strength=gp.strength, lora_hashes=self._lora_hashes(), control_net=mp.control_net or "",
+            control_strength=gp.control_strength,
             vae_tiling={"enabled": True, "tile_size_x": int(gp.vae_tile_size[0]), "tile_size_y": int(gp.vae_tile_size[1]),
                             "target_overlap": float(gp.vae_tile_overlap), "rel_size_x": float(gp.vae_relative_tile_size[0]),
                             "rel_size_y": float(gp.vae_relative_tile_size[1])} if gp.vae_tiling else None)

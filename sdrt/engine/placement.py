@@ -44,11 +44,11 @@ MODULES = {
     "upscaler": ("esrgan", "hires"),
     "detector": ("adetailer", "yolo"),
 }
-COMPONENTS = ("diffusion", "te", "vae")       # what sdrt's image pipeline has, in auto-fit priority
+COMPONENTS = ("diffusion", "te", "vae", "controlnet")  # what sdrt's image pipeline has, in auto-fit priority
 DEFAULT_KEYS = ("all", "default", "*")
 _ALIAS = {a: m for m, al in MODULES.items() for a in (m.replace("_", ""),) + al}
 # auto-fit's compute reserves (backend_fit.cpp) and the GPU margin when --max-vram is unset
-RESERVE = {"diffusion": 2048 * MiB, "te": 2048 * MiB, "vae": 1024 * MiB}
+RESERVE = {"diffusion": 2048 * MiB, "te": 2048 * MiB, "vae": 1024 * MiB, "controlnet": 1024 * MiB}
 GPU_MARGIN = 512 * MiB
 TENSOR_OVERHEAD = 64            # sd.cpp counts nbytes + 64 per tensor
 _OTHER_BACKENDS = ("vulkan", "metal", "opencl", "sycl", "rpc", "rocm", "hip")
@@ -149,7 +149,9 @@ def resolve_budget(gib: float | None, free: int) -> int | None:
 
 
 def classify_tensor(name: str) -> str | None:
-    """sd.cpp's classify_tensor on canonical names: diffusion, vae, te or None."""
+    """sd.cpp's classify_tensor on canonical names: diffusion, vae, te, controlnet or None."""
+    if name.startswith("control_model."):    # --control-net's tensors (sdrt.models.diffusion.controlnet)
+        return "controlnet"
     if name.startswith(("model.diffusion_model.", "unet.")):
         return "diffusion"
     if name.startswith(("first_stage_model.", "vae.", "tae.")):
@@ -313,7 +315,7 @@ def resolve_placement(mp, sizes: dict[str, tuple[int, int]], gpus: list[GpuInfo]
     comps = [c for c in COMPONENTS if c in sizes]
     if mp.auto_fit and not backend and not params:
         gpus = gpu_devices() if gpus is None else gpus
-        return auto_fit(sizes, gpus, max_vram, ram_budget() if ram is None else ram)
+        return _control_net_cpu(mp, auto_fit(sizes, gpus, max_vram, ram_budget() if ram is None else ram))
     wanted = set(backend.values()) | set(params.values())
     if not all(c in backend for c in comps) and "*" not in backend:
         wanted.add("auto")      # a component without a device runs on the default one
@@ -347,5 +349,15 @@ def resolve_placement(mp, sizes: dict[str, tuple[int, int]], gpus: list[GpuInfo]
         plan.backend[c], plan.params[c] = run, where
     if mp.auto_fit and not params and any(d in names for d in plan.backend.values()):
         # sd.cpp: without --params-backend, auto-fit chooses where the weights live
-        return auto_fit(sizes, gpus, max_vram, ram_budget() if ram is None else ram, backend=plan.backend)
+        plan = auto_fit(sizes, gpus, max_vram, ram_budget() if ram is None else ram, backend=plan.backend)
+    return _control_net_cpu(mp, plan)
+
+
+def _control_net_cpu(mp, plan: Placement) -> Placement:
+    """--control-net-cpu (sd.cpp's keep_control_net_on_cpu): the ControlNet computes on the CPU
+    with its weights in RAM (or left on disk), whatever the other components do."""
+    if getattr(mp, "control_net_cpu", False) and "controlnet" in plan.backend:
+        plan.backend["controlnet"] = "cpu"
+        if plan.params.get("controlnet") != "disk":
+            plan.params["controlnet"] = "cpu"
     return plan

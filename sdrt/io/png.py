@@ -77,7 +77,7 @@ def _jnum(v):
 
 def metadata_json(*, prompt, negative_prompt, seed, width, height, steps, eta, cfg_scale, img_cfg_scale,
                   guidance, method, scheduler, sigmas, clip_skip, strength, rng, sampler_rng, models,
-                  vae_tiling=None, generator=("sdrt", "", "")) -> str:
+                  vae_tiling=None, generator=("sdrt", "", ""), control_strength=0.9) -> str:
     """The `SDCPP:` JSON of sd-cli's build_sdcpp_image_metadata_json (img_gen mode)."""
     sampling = {
         "steps": int(steps), "eta": _jnum(eta), "shifted_timestep": 0, "flow_shift": None,
@@ -97,7 +97,7 @@ def metadata_json(*, prompt, negative_prompt, seed, width, height, steps, eta, c
         "prompt": {"positive": prompt, "negative": negative_prompt},
         "sampling": sampling,
         "models": {k: _basename(v) for k, v in models.items() if v} or None,
-        "clip_skip": int(clip_skip), "strength": _jnum(strength), "control_strength": _jnum(0.9),
+        "clip_skip": int(clip_skip), "strength": _jnum(strength), "control_strength": _jnum(control_strength),
         "auto_resize_ref_image": True, "increase_ref_index": False,
         "rng": rng,
     }
@@ -111,7 +111,8 @@ def metadata_json(*, prompt, negative_prompt, seed, width, height, steps, eta, c
 def parameters_text(*, prompt, negative_prompt="", steps, cfg_scale, guidance=3.5, eta=math.inf, seed, width,
                     height, model="", rng="cuda", sampler_rng=None, method, scheduler=None, sigmas=None,
                     clip_l="", clip_g="", diffusion_model="", vae="", taesd="", clip_skip=-1,
-                    img_cfg_scale=math.inf, strength=0.75, vae_tiling=None, generator=None, lora_hashes=None) -> str:
+                    img_cfg_scale=math.inf, strength=0.75, vae_tiling=None, generator=None, lora_hashes=None,
+                    control_net="", control_strength=0.9) -> str:
     """sd-cli's `get_image_params` for one image (seed = the image's own seed); `lora_hashes`
     ("name: hash, ...") adds A1111's `Lora hashes: "..."` field before Version."""
     from .. import __version__
@@ -143,12 +144,12 @@ def parameters_text(*, prompt, negative_prompt="", steps, cfg_scale, guidance=3.
         s += f'Lora hashes: "{lora_hashes}", '
     s += f"Version: {generator[0]}"
     models = {"model": model, "clip_l": clip_l, "clip_g": clip_g, "diffusion_model": diffusion_model, "vae": vae,
-              "taesd": taesd}
+              "taesd": taesd, "control_net": control_net}
     s += ", SDCPP: " + metadata_json(
         prompt=prompt, negative_prompt=negative_prompt, seed=seed, width=width, height=height, steps=steps, eta=eta,
         cfg_scale=cfg_scale, img_cfg_scale=img_cfg_scale, guidance=guidance, method=method, scheduler=scheduler,
         sigmas=sigmas, clip_skip=clip_skip, strength=strength, rng=rng, sampler_rng=sampler_rng, models=models,
-        vae_tiling=vae_tiling, generator=generator)
+        vae_tiling=vae_tiling, generator=generator, control_strength=control_strength)
     return s
 
 

@@ -152,22 +152,27 @@ class GraphCache:
     def __len__(self) -> int:
         return len(self.graphs)
 
-    def run(self, arrays: list, build: Callable, backend, extra: tuple = ()) -> np.ndarray:
+    def run(self, arrays: list, build: Callable, backend, extra: tuple = ()):
         """arrays: float32 numpy inputs (None: absent); build(leaves) -> the output node, leaves
-        in the order of `arrays`; extra: what besides the shapes tells graphs apart."""
+        in the order of `arrays`; extra: what besides the shapes tells graphs apart. A build that
+        returns a list of nodes gets a list of arrays back (one graph, several outputs)."""
         key = tuple(None if a is None else a.shape for a in arrays) + tuple(extra)
         entry = self.graphs.get(key)
         if entry is None:
             holders = [None if a is None else np.empty(a.shape, np.float32) for a in arrays]
             out = build([None if h is None else Tensor.from_numpy(h) for h in holders])
+            outs = {f"out{i}": o for i, o in enumerate(out)} if isinstance(out, (list, tuple)) else {"out": out}
             if len(self.graphs) >= self.size:
                 self.graphs.pop(next(iter(self.graphs)))
-            entry = self.graphs[key] = (holders, F.Graph({"out": out}))
+            entry = self.graphs[key] = (holders, F.Graph(outs))
         holders, graph = entry
         for h, a in zip(holders, arrays):
             if h is not None:
                 np.copyto(h, a)
-        return graph.run(backend)["out"].to_f32()
+        res = graph.run(backend)
+        if "out" in res:
+            return res["out"].to_f32()
+        return [res[f"out{i}"].to_f32() for i in range(len(res))]
 
 
 def batch_cond(t: Tensor, N: int, what: str) -> Tensor:

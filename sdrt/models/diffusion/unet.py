@@ -385,29 +385,22 @@ class UNetModel:
                           if cfg.adm_in_channels else None)
         self.conv_in = Conv2d(w.sub("input_blocks.0.0."), padding=1)
 
-        def make(p, la):
-            lw = w.sub(p)
-            if la.kind == "res":
-                return ResBlock(lw, g, eps)
-            if la.kind == "attn":
-                return SpatialTransformer(lw, cfg.heads(la.ch), la.depth, g, cfg.gelu)
-            return Downsample(lw) if la.kind == "down" else Upsample(lw)
-
-        def blocks(part, layout):
-            return [(n, [(la.kind, make(f"{part}.{n}.{M}.", la)) for M, la in b]) for n, b in layout]
-
-        self.input_blocks = blocks("input_blocks", cfg.input_blocks)
-        self.middle_block = [(la.kind, make(f"middle_block.{M}.", la)) for M, la in cfg.middle_block]
-        self.output_blocks = blocks("output_blocks", cfg.output_blocks)
+        self.input_blocks = build_blocks(w, cfg, "input_blocks", cfg.input_blocks)
+        self.middle_block = [(la.kind, make_layer(w.sub(f"middle_block.{M}."), la, cfg)) for M, la in cfg.middle_block]
+        self.output_blocks = build_blocks(w, cfg, "output_blocks", cfg.output_blocks)
         self.out_norm = GroupNorm(w.sub("out.0."), g, eps)
         self.out_conv = Conv2d(w.sub("out.2."), padding=1)
         self._graphs = GraphCache()
 
     # ---- graph ------------------------------------------------------------------------------
     def forward(self, x: Tensor, timesteps: Tensor, context: Tensor | None = None, y: Tensor | None = None,
-                c_concat: Tensor | None = None) -> Tensor:
+                c_concat: Tensor | None = None, controls: list | None = None,
+                control_strength: float = 0.0) -> Tensor:
         """x [W, H, C, N], timesteps F32 [N], context [Cctx, L, N] (N or 1), y [adm, N] (SDXL),
-        c_concat [W, H, Cc, N or 1] (inpaint/pix2pix: joined to x on channels) -> [W, H, out, N]."""
+        c_concat [W, H, Cc, N or 1] (inpaint/pix2pix: joined to x on channels) -> [W, H, out, N].
+        controls: a ControlNet's outputs (one per input block, then the middle block's; sd.cpp
+        unet.hpp): control_strength * the last is added to the middle block's output, the others
+        to the skip connections, last first."""
         cfg = self.config
         N = x.ne4[3]
         if c_concat is not None:
@@ -416,62 +409,108 @@ class UNetModel:
             raise UsageError(f"UNet: x (+ c_concat) has {x.ne4[2]} channels, the model takes {cfg.in_channels}")
         if timesteps.nelements not in (1, N):
             raise UsageError(f"UNet: {timesteps.nelements} timesteps for a batch of {N}")
-        emb = F.timestep_embedding(timesteps, cfg.model_channels)                 # [mc, N or 1]
-        emb = self.time_embed[1](F.silu(self.time_embed[0](emb)))                  # [E, .]
-        if self.label_emb is not None:
-            if y is None:
-                raise UsageError("UNet: this model (SDXL-style label_emb) needs y [adm, N]")
-            if y.ne[0] != cfg.adm_in_channels:
-                raise UsageError(f"UNet: y has {y.ne[0]} features, label_emb takes {cfg.adm_in_channels}")
-            lab = self.label_emb[1](F.silu(self.label_emb[0](batch_cond(y, N, "UNet: y"))))  # [E, N]
-            emb = F.add(lab, emb)
-        elif y is not None:
-            raise UsageError("UNet: y given, but this model has no label_emb")
-        if emb.ne4[1] != N:
-            emb = F.repeat(emb, (emb.ne[0], N))
-        emb_silu = F.silu(emb)                                                     # shared by all ResBlocks
-        if context is not None:
-            if context.ne[0] != cfg.context_dim:
-                raise UsageError(f"UNet: context has width {context.ne[0]}, the model takes {cfg.context_dim}")
-            context = batch_cond(context, N, "UNet: context")
-        elif cfg.transformer_depth or cfg.transformer_depth_middle > 0:
-            raise UsageError("UNet: this model has cross-attention and needs a context")
+        emb_silu = F.silu(embed_timesteps(self, timesteps, y, N, "UNet"))         # shared by all ResBlocks
+        context = check_context(cfg, context, N, "UNet")
+        if controls and len(controls) != len(self.input_blocks) + 2:
+            raise UsageError(f"UNet: the ControlNet gives {len(controls)} controls, this UNet takes "
+                             f"{len(self.input_blocks) + 2} (one per input block and the middle block)")
 
-        def apply(layers, h):
-            for kind, blk in layers:
-                h = blk(h, emb_silu) if kind == "res" else blk(h, context) if kind == "attn" else blk(h)
-            return h
+        def control(h, i):
+            return F.add(h, F.scale(controls[i], control_strength)) if controls else h
 
         h = F.mark_cut(self.conv_in(x), "input_blocks.0")                          # [W, H, mc, N]
         hs = [h]
         for n, layers in self.input_blocks:
-            h = F.mark_cut(apply(layers, h), f"input_blocks.{n}")
+            h = F.mark_cut(run_layers(layers, h, emb_silu, context), f"input_blocks.{n}")
             hs.append(h)
         if self.middle_block:
-            h = F.mark_cut(apply(self.middle_block, h), "middle_block")
+            h = F.mark_cut(run_layers(self.middle_block, h, emb_silu, context), "middle_block")
+        h = control(h, -1)                                                         # middle control
+        k = len(hs) - 1                                                            # controls[k]: hs[k]'s
         for n, layers in self.output_blocks:
             if layers and layers[0][0] == "res":
-                h = F.concat(h, hs.pop(), 2)                                       # skip connection
-            h = F.mark_cut(apply(layers, h), f"output_blocks.{n}")
+                h = F.concat(h, control(hs.pop(), k), 2)                           # skip connection
+                k -= 1
+            h = F.mark_cut(run_layers(layers, h, emb_silu, context), f"output_blocks.{n}")
         return self.out_conv(self.out_norm(h, silu=True))                          # [W, H, out, N]
 
     # ---- numpy ------------------------------------------------------------------------------
-    def predict(self, x_np, t_np, cond, backend: str = "cpu") -> np.ndarray:
+    def predict(self, x_np, t_np, cond, backend: str = "cpu", controls=None, control_strength: float = 0.0
+                ) -> np.ndarray:
         """The diffusion-model interface (sdrt.models.families): `cond` a Cond record; the UNet
-        takes its context, y and c_concat and refuses reference latents and distilled guidance."""
+        takes its context, y and c_concat and refuses reference latents and distilled guidance.
+        controls / control_strength: a ControlNet's outputs (numpy, see forward)."""
         if cond.ref_latents or cond.guidance is not None:
             raise UsageError("UNet: this model takes no reference-image latents and no distilled guidance")
-        return self(x_np, t_np, cond.context, cond.y, cond.c_concat, backend=backend)
+        return self(x_np, t_np, cond.context, cond.y, cond.c_concat, backend=backend, controls=controls,
+                    control_strength=control_strength)
 
-    def __call__(self, x_np, t_np, context_np=None, y_np=None, c_concat_np=None, backend: str = "cpu") -> np.ndarray:
+    def __call__(self, x_np, t_np, context_np=None, y_np=None, c_concat_np=None, backend: str = "cpu",
+                 controls=None, control_strength: float = 0.0) -> np.ndarray:
         """Torch-order numpy in and out: x [N, C, H, W], t [N], context [N, L, Cctx], y [N, adm],
-        c_concat [N, Cc, H, W] -> float32 [N, out_channels, H, W] (eps or v). The graph of each
-        input shape is built once and reused (inputs are copied into its leaves)."""
-        arrays = [x_np, t_np, context_np, y_np, c_concat_np]
+        c_concat [N, Cc, H, W], controls [[N, C_i, H_i, W_i], ...] -> float32 [N, out_channels, H, W]
+        (eps or v). The graph of each input shape is built once and reused (inputs are copied into
+        its leaves)."""
+        arrays = [x_np, t_np, context_np, y_np, c_concat_np, *(controls or ())]
         arrays = [None if a is None else np.asarray(a, dtype=np.float32) for a in arrays]
         x = arrays[0]
         if x.ndim != 4:
             raise UsageError(f"UNet: x must be [N, C, H, W], got shape {x.shape}")
         arrays[1] = arrays[1].reshape(-1)
-        return self._graphs.run(arrays, lambda v: self.forward(*v), backend)
+        strength = float(control_strength) if controls else 0.0
+        return self._graphs.run(arrays, lambda v: self.forward(*v[:5], controls=v[5:], control_strength=strength),
+                                backend, extra=(strength,))
+
+
+# ---- pieces the ControlNet (controlnet.py) shares -------------------------------------------------
+
+def make_layer(lw: Weights, la: Layer, cfg: UNetConfig):
+    """The block of one Layer over its weights (`lw` at the layer's prefix)."""
+    g, eps = cfg.num_groups, cfg.norm_eps
+    if la.kind == "res":
+        return ResBlock(lw, g, eps)
+    if la.kind == "attn":
+        return SpatialTransformer(lw, cfg.heads(la.ch), la.depth, g, cfg.gelu)
+    return Downsample(lw) if la.kind == "down" else Upsample(lw)
+
+
+def build_blocks(w: Weights, cfg: UNetConfig, part: str, layout) -> list:
+    """[(N, [(kind, block), ...]), ...] for `part.N.M.` of a layout ((N, Block), ...)."""
+    return [(n, [(la.kind, make_layer(w.sub(f"{part}.{n}.{M}."), la, cfg)) for M, la in b]) for n, b in layout]
+
+
+def run_layers(layers, h: Tensor, emb_silu: Tensor, context: Tensor | None) -> Tensor:
+    for kind, blk in layers:
+        h = blk(h, emb_silu) if kind == "res" else blk(h, context) if kind == "attn" else blk(h)
+    return h
+
+
+def embed_timesteps(m, timesteps: Tensor, y: Tensor | None, N: int, who: str) -> Tensor:
+    """time_embed(timestep_embedding(t)) (+ label_emb(y), SDXL) of a model `m` with .config,
+    .time_embed and .label_emb, repeated to batch N -> [E, N] (before the SiLU)."""
+    cfg = m.config
+    emb = F.timestep_embedding(timesteps, cfg.model_channels)                     # [mc, N or 1]
+    emb = m.time_embed[1](F.silu(m.time_embed[0](emb)))                          # [E, .]
+    if m.label_emb is not None:
+        if y is None:
+            raise UsageError(f"{who}: this model (SDXL-style label_emb) needs y [adm, N]")
+        if y.ne[0] != cfg.adm_in_channels:
+            raise UsageError(f"{who}: y has {y.ne[0]} features, label_emb takes {cfg.adm_in_channels}")
+        lab = m.label_emb[1](F.silu(m.label_emb[0](batch_cond(y, N, f"{who}: y"))))  # [E, N]
+        emb = F.add(lab, emb)
+    elif y is not None:
+        raise UsageError(f"{who}: y given, but this model has no label_emb")
+    if emb.ne4[1] != N:
+        emb = F.repeat(emb, (emb.ne[0], N))
+    return emb
+
+
+def check_context(cfg: UNetConfig, context: Tensor | None, N: int, who: str) -> Tensor | None:
+    if context is not None:
+        if context.ne[0] != cfg.context_dim:
+            raise UsageError(f"{who}: context has width {context.ne[0]}, the model takes {cfg.context_dim}")
+        return batch_cond(context, N, f"{who}: context")
+    if cfg.transformer_depth or cfg.transformer_depth_middle > 0:
+        raise UsageError(f"{who}: this model has cross-attention and needs a context")
+    return None
 

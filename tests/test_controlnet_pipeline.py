@@ -97,3 +97,35 @@ def test_controlnet_errors(files, capsys):
     assert cli.main(["-m", files["model"], *ARGS, "--control-net", files["model"], "--control-image", files["image"],
                      "-o", str(files["dir"] / "x.png")]) == 1
     assert "not a ControlNet" in capsys.readouterr().err
+
+
+def test_controlnet_through_the_server(files):
+    """sd-server's `control_image` / `control_strength` on a server started with a ControlNet: the
+    image is the Python API's with the same parameters; capabilities say so."""
+    pytest.importorskip("starlette")
+    import base64
+    import io
+
+    from starlette.testclient import TestClient
+    from test_server_api import wait_job
+    from test_server_tiny import server_config
+
+    from sdrt.engine.params import GenParams, ModelParams
+    from sdrt.engine.pipeline import Pipeline
+    from sdrt.server.app import create_app
+    pipe = Pipeline.load(ModelParams(model=files["model"], control_net=files["cn"]))
+    buf = io.BytesIO()
+    Image.fromarray(control_image(64)).save(buf, "PNG")
+    hint = base64.b64encode(buf.getvalue()).decode()
+    with TestClient(create_app(pipe, server_config(pipe))) as client:
+        assert client.get("/sdcpp/v1/capabilities").json()["features"]["control_image"] is True
+        r = client.post("/sdcpp/v1/img_gen", json={
+            "prompt": "a cat", "seed": 9, "control_image": hint, "control_strength": 0.5,
+            "sample_params": {"sample_method": "euler", "sample_steps": 2, "guidance": {"txt_cfg": 5.0}}})
+        assert r.status_code == 202, r.text
+        done = wait_job(client, r.json()["id"], timeout=300)
+    assert done["status"] == "completed", done
+    served = np.asarray(Image.open(io.BytesIO(base64.b64decode(done["result"]["images"][0]["b64_json"]))))
+    gp = GenParams(prompt="a cat", seed=9, width=64, height=64, steps=2, cfg_scale=5.0, sampling_method="euler",
+                   control_image=control_image(64), control_strength=0.5)
+    np.testing.assert_array_equal(served, pipe.generate(gp, show_progress=False)[0].image)

@@ -257,7 +257,7 @@ def test_img_gen_inpaint_and_bad_bodies(client):
                          ({"sample_params": []}, 400), ({"init_image": "%%%"}, 400),
                          ({"init_image": png_b64(), "mask_image": png_b64(32, 32, "L")}, 400),
                          ({"hires": {"enabled": True}}, 422), ({"cache_mode": "easycache"}, 422),
-                         ({"ref_images": [png_b64()]}, 422)):
+                         ({"ref_images": [png_b64()]}, 422), ({"control_image": png_b64()}, 422)):
         assert_error(client.post("/sdcpp/v1/img_gen", json=body), status)
     assert_error(client.post("/sdcpp/v1/img_gen", content=b""), 400)
     assert_error(client.post("/sdcpp/v1/img_gen", content=b"nul"), 400)

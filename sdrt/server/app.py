@@ -146,6 +146,10 @@ class Server:
     def upscaler_files(self):
         return list_dir_files(self.config.upscalers_dir, UPSCALER_EXTS, False)
 
+    def has_control_net(self) -> bool:
+        mp = getattr(self.pipeline, "model_params", None)
+        return bool(getattr(mp, "control_net", None))
+
     def takes_ref_images(self) -> bool:
         family = getattr(self.pipeline, "family", None)
         return family is not None and family.supports("ref_images")
@@ -162,8 +166,8 @@ class Server:
         return {
             "prompt": d.prompt, "negative_prompt": d.negative_prompt, "clip_skip": d.clip_skip,
             "width": d.width if d.width > 0 else 512, "height": d.height if d.height > 0 else 512,
-            "strength": d.strength, "seed": d.seed, "batch_count": d.batch_count, "increase_ref_index": False,
-            "control_strength": 0.9, "ip_adapter_strength": 1.0,
+            "strength": d.strength, "seed": d.seed, "batch_count": d.batch_count, "increase_ref_index": d.increase_ref_index,
+            "control_strength": d.control_strength, "ip_adapter_strength": 1.0,
             "sample_params": {"scheduler": d.scheduler or "default", "sample_method": d.sampling_method or "default",
                               "sample_steps": d.steps, "eta": d.eta if d.eta == d.eta and abs(d.eta) != float("inf") else None,
                               "shifted_timestep": 0, "flow_shift": None,
@@ -360,7 +364,7 @@ class Server:
         from ..engine.schedulers import SCHEDULER_ALIASES, SCHEDULERS
         name, stem = self.model_stem()
         defaults = self.defaults_json()
-        features = {"init_image": True, "mask_image": True, "control_image": False, "ip_adapter_image": False,
+        features = {"init_image": True, "mask_image": True, "control_image": self.has_control_net(), "ip_adapter_image": False,
                     "ref_images": self.takes_ref_images(), "lora": True, "vae_tiling": True, "hires": False, "cache": False,
                     "cancel_queued": True, "cancel_generating": True, "preview": False}
         formats = ["png", "jpeg", "webp"]
@@ -382,6 +386,9 @@ class Server:
     async def img_gen(self, request):
         d = await self._body_json(request)
         req = from_native(d, self.config.defaults, self.config.limits, self.loras_ctx())
+        if req.gen.control_image is not None and not self.has_control_net():
+            return error("control_image: no ControlNet is loaded (start the server with --control-net FILE)", 422,
+                         "unsupported_feature")
         if req.gen.ref_images and not self.takes_ref_images():
             return error("ref_images: the loaded model takes no reference images (Flux Kontext and Qwen-Image-Edit "
                          "do)", 422, "unsupported_feature")

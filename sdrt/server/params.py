@@ -219,7 +219,7 @@ def _loras(d: dict, loras: dict) -> list | None:
 
 def _unsupported(d: dict, limits: Limits, loras: dict) -> None:
     """Fields sd-server takes that sdrt cannot honour yet: refused by name, never silently dropped."""
-    for key in ("control_image", "ip_adapter_image"):
+    for key in ("ip_adapter_image",):
         if d.get(key):
             raise BadRequest(f"{key}: not supported yet by sdrt", status=422, code="unsupported_feature")
     hires = _get(d, "hires", dict, {})
@@ -271,10 +271,14 @@ def apply_native(gp: GenParams, d: dict, limits: Limits, loras: dict) -> GenPara
         kw["vae_tile_overlap"] = _get(vt, "target_overlap", float, gp.vae_tile_overlap, "vae_tiling_params.")
         kw["vae_relative_tile_size"] = (_get(vt, "rel_size_x", float, gp.vae_relative_tile_size[0], "vae_tiling_params."),
                                         _get(vt, "rel_size_y", float, gp.vae_relative_tile_size[1], "vae_tiling_params."))
-    for key, attr, ch in (("init_image", "init_image", 3), ("mask_image", "mask_image", 1)):
+    for key, attr, ch in (("init_image", "init_image", 3), ("mask_image", "mask_image", 1),
+                          ("control_image", "control_image", 3)):   # the app answers 422 without a ControlNet
         v = d.get(key)
         if v:
             kw[attr] = decode_image(v, key, limits, ch)
+    v = _get(d, "control_strength", float, None)
+    if v is not None:
+        kw["control_strength"] = v
     refs = _get(d, "ref_images", list, [])
     if len(refs) > limits.max_ref_images:
         raise BadRequest(f"ref_images: at most {limits.max_ref_images} images, got {len(refs)}")

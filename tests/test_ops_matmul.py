@@ -57,7 +57,10 @@ def check_mm(node, expected, rtol=RTOL):
 
 @pytest.fixture
 def small_tiles(monkeypatch):
+    # the dequantize-tile + BLAS path (the int8-activation kernel has its own tests,
+    # tests/test_ops_qgemm.py)
     monkeypatch.setattr(cpu_mm, "TILE_ROWS", 8)
+    monkeypatch.setenv("SDRT_QGEMM", "off")
 
 
 # ---- mul_mat: weight dtypes -------------------------------------------------------------------
@@ -86,6 +89,7 @@ def test_mul_mat_byte_sized_tiles(rng, monkeypatch, wdt):
     # split evenly into 3 tiles (208, 208, 184)
     k, n, m = 256, 600, 3
     monkeypatch.setattr(cpu_mm, "TILE_BYTES", 1024)
+    monkeypatch.setenv("SDRT_QGEMM", "off")
     assert cpu_mm.tile_rows(n, k) == 208
     if wdt == "F16":
         tw = leaf(rng.standard_normal((n, k)), wdt)

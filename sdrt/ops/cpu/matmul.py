@@ -10,6 +10,11 @@ Tile height: every BLAS call re-packs all of x (M*K) for its N_tile columns, an 
 about 1/N_tile of the GEMM, so tiles are as tall as TILE_BYTES (32 MiB of float32, the L3
 size) allows: 2048 rows at K=4096, the whole weight at SD's K=320..1280.
 
+Quantized weights of the types sdrt.ops.quant.gemm takes (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K) skip
+all of this by default: its C kernel quantizes the activations to int8 blocks and multiplies
+with integer dot products (AVX512-VNNI / AVX2 / portable C, chosen from CPUID), as ggml does;
+`SDRT_QGEMM=off` keeps the exact dequantize + BLAS path below.
+
 The widening kernels are serial Numba loops (the hardware half -> float conversion for F16,
 falling back to bit arithmetic and one multiply; a shift for BF16, a 256-entry table for F8):
 a tile widens in well under 1% of its GEMM time, and Numba's thread pool was slower for these
@@ -223,9 +228,29 @@ def _blasable(a: np.ndarray) -> bool:
     return a.dtype == np.float32 and (s1 == 4 and s0 >= 4 * a.shape[1] or s0 == 4 and s1 >= 4 * a.shape[0])
 
 
+def _int8_path(dt, k: int, groups) -> str | None:
+    """The int8-activation kernel's path for this GEMM (sdrt.ops.quant.gemm), or None."""
+    if not dt.is_quantized:
+        return None
+    from ..quant import gemm as qg
+    path = qg.active_path()
+    if path is None or not qg.supports(dt, k):
+        return None
+    if any(xg.strides[1] != 4 or og.strides[1] != 4 for xg, og in groups):
+        return None
+    return path
+
+
 def gemm_weight(dt, w2d: np.ndarray, groups) -> None:
     """For each (x2d, o2d) in groups: o2d = x2d @ w^T, w given as raw 2-D storage of dtype dt.
-    Few activation rows: BLAS on one thread (see the module docstring)."""
+    Quantized weights the integer kernel takes go there (both cores, int8 activations);
+    otherwise few activation rows run BLAS on one thread (see the module docstring)."""
+    path = _int8_path(dt, groups[0][0].shape[1], groups)
+    if path is not None:
+        from ..quant import gemm as qg
+        for xg, og in groups:
+            qg.qgemm(xg, w2d, dt, og, path, get_threads())
+        return
     if get_threads() > 1 and max(xg.shape[0] for xg, _ in groups) <= SMALL_GEMM_ROWS:
         with one_blas_thread():
             _gemm_weight(dt, w2d, groups)

@@ -223,12 +223,18 @@ def test_small_row_gemm_one_blas_thread(rng, monkeypatch, wdt):
         monkeypatch.setattr(cpu_mm, "SMALL_GEMM_ROWS", 256)
         small = run(F.mul_mat(tw, leaf(x)))
         small_seen, seen[:] = seen[:], []
+        monkeypatch.setattr(cpu_mm, "SMALL_GEMM_MACS", m * n * k)  # as much work as a T5 GEMM
+        heavy = run(F.mul_mat(tw, leaf(x)))
+        heavy_seen, seen[:] = seen[:], []
+        monkeypatch.setattr(cpu_mm, "SMALL_GEMM_MACS", 1 << 30)
         monkeypatch.setattr(cpu_mm, "SMALL_GEMM_ROWS", m - 1)
         big = run(F.mul_mat(tw, leaf(x)))
         after = blas_controller().select(user_api="blas").info()[0]["num_threads"]
     monkeypatch.undo()
     assert small_seen and set(small_seen) == {1}
     assert seen and set(seen) == {2} and after == 2
+    assert heavy_seen and set(heavy_seen) == {2}
+    np.testing.assert_array_equal(heavy, big)
     np.testing.assert_allclose(small, big, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(small, expect_mm(values(tw), x), rtol=RTOL, atol=RTOL * 10)
 

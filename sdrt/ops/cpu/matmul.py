@@ -22,7 +22,8 @@ memory-bound tiles while BLAS holds the cores. No second thread widens the next 
 multiplies this one: overlap could win at most a few percent.
 
 Small GEMMs (up to SMALL_GEMM_ROWS activation rows: CLIP's 77 tokens, cross-attention K/V, the
-time embedding) run BLAS on one thread: OpenBLAS's second thread has gone to sleep between calls
+time embedding; below SMALL_GEMM_MACS of work, so T5-XXL's 256-token GEMMs keep both threads) run
+BLAS on one thread: OpenBLAS's second thread has gone to sleep between calls
 and waking it costs up to a scheduler quantum. The measurements behind all three choices are in
 bench/README.md.
 """
@@ -45,7 +46,8 @@ from ._util import as4d, f32_input
 
 TILE_BYTES = 32 << 20   # float32 bytes of one dequantized weight tile (kept per thread)
 TILE_ROWS: int | None = None  # override the tile height (tests use it to force many tiles)
-SMALL_GEMM_ROWS = 256   # GEMMs with at most this many activation rows run BLAS on one thread
+SMALL_GEMM_ROWS = 256   # GEMMs with at most this many activation rows run BLAS on one thread ...
+SMALL_GEMM_MACS = 1 << 30  # ... unless they are this much work (T5-XXL's 256 x 4096 x 4096: 4.3 G)
 
 # F16 bit pattern -> F32 bit pattern, every one of the 65536 halves (exact, NaN payloads kept)
 _F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
@@ -251,7 +253,8 @@ def gemm_weight(dt, w2d: np.ndarray, groups) -> None:
         for xg, og in groups:
             qg.qgemm(xg, w2d, dt, og, path, get_threads())
         return
-    if get_threads() > 1 and max(xg.shape[0] for xg, _ in groups) <= SMALL_GEMM_ROWS:
+    rows = max(xg.shape[0] for xg, _ in groups)
+    if get_threads() > 1 and rows <= SMALL_GEMM_ROWS and rows * w2d.shape[0] * groups[0][0].shape[1] < SMALL_GEMM_MACS:
         with one_blas_thread():
             _gemm_weight(dt, w2d, groups)
     else:

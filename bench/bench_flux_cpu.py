@@ -15,7 +15,7 @@ What is timed, from each engine's own log (sdrt prints sd.cpp's lines):
 - Flux: "sampling completed, taking X s" / steps for the 2+4-block DiT (sdrt's includes its
   first touch of the lazily mapped weights; sd-cli reads them before sampling).
 - Peak RSS of the whole process (ru_maxrss through os.wait4).
-Each run is its own process; each engine's three runs hold `/work/heavy.lock` (taken per engine,
+Each run is its own process; each engine's runs hold `/work/heavy.lock` (taken per engine,
 so no holder keeps it for long). Flux runs one step: sd-cli takes ~1 min a step on this model.
 """
 from __future__ import annotations
@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--sdcli", default="/work/sdcli/sd-cli")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--engines", default="sdcli,sdrt-before,sdrt")
+    ap.add_argument("--before-t5-only", action="store_true", help="sdrt-before: the two T5 runs only")
+    ap.add_argument("--no-lock", action="store_true", help="the caller holds /work/heavy.lock already")
     a = ap.parse_args()
     d = lambda f: os.path.join(a.dir, f)  # noqa: E731
     common = ["-p", "a lovely cat", "-W", "256", "-H", "256", "--cfg-scale", "1", "-s", "42", "-t", "2",
@@ -71,12 +73,16 @@ def main() -> None:
         env = dict(os.environ, PYTHONPATH=ROOT, **extra)
         r = res[name] = {}
         lock = open("/work/heavy.lock", "a")
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not a.no_lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         print(f"# {name}: lock taken at {time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f}", flush=True)
-        for t5, model, steps, key in (("t5xxl-1l-q8_0.gguf", "flux-schnell-1-1-q8_0.gguf", 1, "t5_1"),
-                                      ("t5xxl-4l-q8_0.gguf", "flux-schnell-1-1-q8_0.gguf", 1, "t5_4"),
-                                      ("t5xxl-1l-q8_0.gguf", "flux-schnell-2-4-q8_0.gguf", a.steps, "q8_0"),
-                                      ("t5xxl-1l-q8_0.gguf", "flux-schnell-2-4-q4_0.gguf", a.steps, "q4_0")):
+        sets = [("t5xxl-1l-q8_0.gguf", "flux-schnell-1-1-q8_0.gguf", 1, "t5_1"),
+                ("t5xxl-4l-q8_0.gguf", "flux-schnell-1-1-q8_0.gguf", 1, "t5_4"),
+                ("t5xxl-1l-q8_0.gguf", "flux-schnell-2-4-q8_0.gguf", a.steps, "q8_0"),
+                ("t5xxl-1l-q8_0.gguf", "flux-schnell-2-4-q4_0.gguf", a.steps, "q4_0")]
+        if name == "sdrt-before" and a.before_t5_only:
+            sets = sets[:2]
+        for t5, model, steps, key in sets:
             out = os.path.join("/tmp", f"bench_flux_{name}_{key}.png")
             log, rss = run([*exe, "--diffusion-model", d(model), "--t5xxl", d(t5), *common,
                             "--steps", str(steps), "-o", out], env)
@@ -89,16 +95,18 @@ def main() -> None:
     print()
     print("| engine | T5-XXL block, 256 tokens, Q8_0 (s) | x24 (s) | Flux 2+4 blocks Q8_0 s/step | Q4_0 s/step | peak RSS GB (Q8_0 run / Q4_0 run) |")
     print("|---|---:|---:|---:|---:|---:|")
+    nan = {"sampling": float("nan"), "rss": float("nan")}
     for name, r in res.items():
-        print(f"| {name} | {r['t5_block']:.2f} | {24 * r['t5_block']:.1f} | {r['q8_0']['sampling']:.2f} | "
-              f"{r['q4_0']['sampling']:.2f} | {r['q8_0']['rss']:.2f} / {r['q4_0']['rss']:.2f} |")
+        q8, q4 = r.get("q8_0", nan), r.get("q4_0", nan)
+        print(f"| {name} | {r['t5_block']:.2f} | {24 * r['t5_block']:.1f} | {q8['sampling']:.2f} | "
+              f"{q4['sampling']:.2f} | {q8['rss']:.2f} / {q4['rss']:.2f} |")
     if "sdcli" in res:
+        s = res["sdcli"]
         for name, r in res.items():
             if name != "sdcli":
-                s = res["sdcli"]
+                q8, q4 = r.get("q8_0", nan), r.get("q4_0", nan)
                 print(f"sd-cli / {name}: T5 block {s['t5_block'] / r['t5_block']:.2f}x, Flux Q8_0 step "
-                      f"{s['q8_0']['sampling'] / r['q8_0']['sampling']:.2f}x, Q4_0 step "
-                      f"{s['q4_0']['sampling'] / r['q4_0']['sampling']:.2f}x")
+                      f"{s['q8_0']['sampling'] / q8['sampling']:.2f}x, Q4_0 step {s['q4_0']['sampling'] / q4['sampling']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ step), "avx2" (vpmaddubsw + vpmaddwd, 1 row x 32 columns) and "scalar" (portable
 the same float operations in the same order on exact integer sums, so their results are
 bit-identical; the scalar path is the reference model the tests hold the SIMD paths to.
 
-`SDRT_QGEMM` (environment) or `set_path()` picks one: "auto" (the default: the fastest the CPU
-has), "avx512vnni", "avx2", "scalar", or "off" (dequantize tiles to float32 and multiply with
+`SDRT_QGEMM` (environment) or `set_path()` picks one: "auto" (the default: the fastest SIMD path
+the CPU has; where it has neither, dequantize + BLAS), "avx512vnni", "avx2", "scalar", or "off" (dequantize tiles to float32 and multiply with
 BLAS: exact float32 products of the dequantized weights, the path before this kernel).
 """
 from __future__ import annotations
@@ -57,8 +57,8 @@ def active_path() -> str | None:
     if c == "off":
         return None
     avail = available_paths()
-    if c == "auto":
-        return avail[0] if avail else None
+    if c == "auto":  # the portable C path is the reference model, slower than BLAS: never auto
+        return avail[0] if avail and avail[0] != "scalar" else None
     if c not in avail:
         raise OpError(f"quantized GEMM path {c!r} needs CPU features this machine lacks "
                       f"(available: {', '.join(avail) or 'none'})")

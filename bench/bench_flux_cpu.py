@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--engines", default="sdcli,sdrt-before,sdrt")
     ap.add_argument("--before-t5-only", action="store_true", help="sdrt-before: the two T5 runs only")
+    ap.add_argument("--warm", action="store_true",
+                    help="run each command once untimed first (sdrt reads weights lazily, inside its timed stages)")
     ap.add_argument("--no-lock", action="store_true", help="the caller holds /work/heavy.lock already")
     a = ap.parse_args()
     d = lambda f: os.path.join(a.dir, f)  # noqa: E731
@@ -84,6 +86,8 @@ def main() -> None:
             sets = sets[:2]
         for t5, model, steps, key in sets:
             out = os.path.join("/tmp", f"bench_flux_{name}_{key}.png")
+            if a.warm:  # an untimed run first: the weights' pages cached for both engines alike
+                run([*exe, "--diffusion-model", d(model), "--t5xxl", d(t5), *common, "--steps", "1", "-o", out], env)
             log, rss = run([*exe, "--diffusion-model", d(model), "--t5xxl", d(t5), *common,
                             "--steps", str(steps), "-o", out], env)
             r[key] = {"cond": stage(log, "get_learned_condition"), "sampling": stage(log, "sampling") / steps,

@@ -101,8 +101,13 @@ def test_q8_0_weights_loosely():
             tab[k] = t
     assert sum(t.dtype.name == "Q8_0" for t in tab.values()) >= 15
     args, _, ref = inputs("sd3m")
-    e = rel_err(MMDiTModel(tab)(*args), ref)
+    from sdrt.ops.quant import gemm as qgemm
+    with qgemm.using_path("off"):  # dequantized weights, float32 activations
+        e = rel_err(MMDiTModel(tab)(*args), ref)
     assert 1e-5 < e <= 1e-2, e
+    # the default int8-activation kernel (as ggml) rounds the activations too: about twice the error
+    e8 = rel_err(MMDiTModel(tab)(*args), ref)
+    assert 1e-5 < e8 <= 2.5e-2, e8
 
 
 def test_skip_layers_change_the_output_and_reuse_graphs():

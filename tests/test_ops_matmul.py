@@ -57,7 +57,10 @@ def check_mm(node, expected, rtol=RTOL):
 
 @pytest.fixture
 def small_tiles(monkeypatch):
+    # the dequantize-tile + BLAS path (the int8-activation kernel has its own tests,
+    # tests/test_ops_qgemm.py)
     monkeypatch.setattr(cpu_mm, "TILE_ROWS", 8)
+    monkeypatch.setenv("SDRT_QGEMM", "off")
 
 
 # ---- mul_mat: weight dtypes -------------------------------------------------------------------
@@ -86,6 +89,7 @@ def test_mul_mat_byte_sized_tiles(rng, monkeypatch, wdt):
     # split evenly into 3 tiles (208, 208, 184)
     k, n, m = 256, 600, 3
     monkeypatch.setattr(cpu_mm, "TILE_BYTES", 1024)
+    monkeypatch.setenv("SDRT_QGEMM", "off")
     assert cpu_mm.tile_rows(n, k) == 208
     if wdt == "F16":
         tw = leaf(rng.standard_normal((n, k)), wdt)
@@ -219,12 +223,18 @@ def test_small_row_gemm_one_blas_thread(rng, monkeypatch, wdt):
         monkeypatch.setattr(cpu_mm, "SMALL_GEMM_ROWS", 256)
         small = run(F.mul_mat(tw, leaf(x)))
         small_seen, seen[:] = seen[:], []
+        monkeypatch.setattr(cpu_mm, "SMALL_GEMM_MACS", m * n * k)  # as much work as a T5 GEMM
+        heavy = run(F.mul_mat(tw, leaf(x)))
+        heavy_seen, seen[:] = seen[:], []
+        monkeypatch.setattr(cpu_mm, "SMALL_GEMM_MACS", 1 << 30)
         monkeypatch.setattr(cpu_mm, "SMALL_GEMM_ROWS", m - 1)
         big = run(F.mul_mat(tw, leaf(x)))
         after = blas_controller().select(user_api="blas").info()[0]["num_threads"]
     monkeypatch.undo()
     assert small_seen and set(small_seen) == {1}
     assert seen and set(seen) == {2} and after == 2
+    assert heavy_seen and set(heavy_seen) == {2}
+    np.testing.assert_array_equal(heavy, big)
     np.testing.assert_allclose(small, big, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(small, expect_mm(values(tw), x), rtol=RTOL, atol=RTOL * 10)
 

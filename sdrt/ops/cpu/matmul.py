@@ -10,6 +10,11 @@ Tile height: every BLAS call re-packs all of x (M*K) for its N_tile columns, an 
 about 1/N_tile of the GEMM, so tiles are as tall as TILE_BYTES (32 MiB of float32, the L3
 size) allows: 2048 rows at K=4096, the whole weight at SD's K=320..1280.
 
+Quantized weights of the types sdrt.ops.quant.gemm takes (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K) skip
+all of this by default: its C kernel quantizes the activations to int8 blocks and multiplies
+with integer dot products (AVX512-VNNI / AVX2 / portable C, chosen from CPUID), as ggml does;
+`SDRT_QGEMM=off` keeps the exact dequantize + BLAS path below.
+
 The widening kernels are serial Numba loops (the hardware half -> float conversion for F16,
 falling back to bit arithmetic and one multiply; a shift for BF16, a 256-entry table for F8):
 a tile widens in well under 1% of its GEMM time, and Numba's thread pool was slower for these
@@ -17,7 +22,8 @@ memory-bound tiles while BLAS holds the cores. No second thread widens the next 
 multiplies this one: overlap could win at most a few percent.
 
 Small GEMMs (up to SMALL_GEMM_ROWS activation rows: CLIP's 77 tokens, cross-attention K/V, the
-time embedding) run BLAS on one thread: OpenBLAS's second thread has gone to sleep between calls
+time embedding; below SMALL_GEMM_MACS of work, so T5-XXL's 256-token GEMMs keep both threads) run
+BLAS on one thread: OpenBLAS's second thread has gone to sleep between calls
 and waking it costs up to a scheduler quantum. The measurements behind all three choices are in
 bench/README.md.
 """
@@ -40,7 +46,8 @@ from ._util import as4d, f32_input
 
 TILE_BYTES = 32 << 20   # float32 bytes of one dequantized weight tile (kept per thread)
 TILE_ROWS: int | None = None  # override the tile height (tests use it to force many tiles)
-SMALL_GEMM_ROWS = 256   # GEMMs with at most this many activation rows run BLAS on one thread
+SMALL_GEMM_ROWS = 256   # GEMMs with at most this many activation rows run BLAS on one thread ...
+SMALL_GEMM_MACS = 1 << 30  # ... unless they are this much work (T5-XXL's 256 x 4096 x 4096: 4.3 G)
 
 # F16 bit pattern -> F32 bit pattern, every one of the 65536 halves (exact, NaN payloads kept)
 _F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
@@ -223,10 +230,31 @@ def _blasable(a: np.ndarray) -> bool:
     return a.dtype == np.float32 and (s1 == 4 and s0 >= 4 * a.shape[1] or s0 == 4 and s1 >= 4 * a.shape[0])
 
 
+def _int8_path(dt, k: int, groups) -> str | None:
+    """The int8-activation kernel's path for this GEMM (sdrt.ops.quant.gemm), or None."""
+    if not dt.is_quantized:
+        return None
+    from ..quant import gemm as qg
+    path = qg.active_path()
+    if path is None or not qg.supports(dt, k):
+        return None
+    if any(xg.strides[1] != 4 or og.strides[1] != 4 for xg, og in groups):
+        return None
+    return path
+
+
 def gemm_weight(dt, w2d: np.ndarray, groups) -> None:
     """For each (x2d, o2d) in groups: o2d = x2d @ w^T, w given as raw 2-D storage of dtype dt.
-    Few activation rows: BLAS on one thread (see the module docstring)."""
-    if get_threads() > 1 and max(xg.shape[0] for xg, _ in groups) <= SMALL_GEMM_ROWS:
+    Quantized weights the integer kernel takes go there (both cores, int8 activations);
+    otherwise few activation rows run BLAS on one thread (see the module docstring)."""
+    path = _int8_path(dt, groups[0][0].shape[1], groups)
+    if path is not None:
+        from ..quant import gemm as qg
+        for xg, og in groups:
+            qg.qgemm(xg, w2d, dt, og, path, get_threads())
+        return
+    rows = max(xg.shape[0] for xg, _ in groups)
+    if get_threads() > 1 and rows <= SMALL_GEMM_ROWS and rows * w2d.shape[0] * groups[0][0].shape[1] < SMALL_GEMM_MACS:
         with one_blas_thread():
             _gemm_weight(dt, w2d, groups)
     else:

@@ -454,3 +454,29 @@ def f32_to_f16_bits(const float[::1] src, uint16_t[::1] dst):
     with nogil:
         for i in range(src.shape[0]):
             dst[i] = f32_to_fp16(src[i])
+
+# ============================================================================ quantized GEMM
+cdef extern from "_qgemm.h" nogil:
+    int qg_supported(int type)
+    int qg_path_available(int path)
+    int qg_gemm(int type, const uint8_t* w, int64_t ws, int64_t N, const float* x, int64_t xs,
+                int64_t M, int64_t K, float* out, int64_t os, int path, int nthreads)
+
+def qgemm_supported(int type_id):
+    return bool(qg_supported(type_id))
+
+def qgemm_path_available(int path):
+    return bool(qg_path_available(path))
+
+def qgemm_into(const float[:, :] x, const uint8_t[:, :] w, int type_id, float[:, :] out, int path, int nthreads):
+    """out[M, N] = x[M, K] . dequant(w)[N, K]^T with int8 activations (see _qgemm.h); arrays
+    already validated: unit stride inside rows, K % 32 == 0 (% 256 for K-quants)."""
+    cdef int64_t M = x.shape[0], K = x.shape[1], N = w.shape[0]
+    cdef int rc
+    if M == 0 or N == 0:
+        return
+    with nogil:
+        rc = qg_gemm(type_id, &w[0, 0], w.strides[0], N, &x[0, 0], x.strides[0] // 4, M, K,
+                     &out[0, 0], out.strides[0] // 4, path, nthreads)
+    if rc != 0:
+        raise MemoryError("qgemm: out of memory for its activation/weight-tile buffers")

@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 export LC_ALL=C
 PY=${PYTHON:-python3}
 SITE=${SDRT_DEVICE_SITE:-/tmp/site}
-EXT_SRC=(setup.py sdrt/ops/quant/*.pyx sdrt/ops/quant/*.pxi)
+EXT_SRC=(setup.py sdrt/ops/quant/*.pyx sdrt/ops/quant/*.pxi sdrt/ops/quant/*.h)
 
 ext_stamp() { cat "${EXT_SRC[@]}" | sha256sum | cut -c1-64; }
 

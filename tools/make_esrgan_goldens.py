@@ -3,15 +3,16 @@
     pip install spandrel   # oracle only; sdrt never imports it
     python tools/make_esrgan_goldens.py
 
-Writes tests/fixtures/esrgan_goldens.npz:
-- module cases: small random RRDBNets in both checkpoint layouts and every scale (x4, x2, x1).
-  BasicSR-named ("new") state dicts are made here and loaded through spandrel's ESRGANArch
-  (which converts them to its own "old" layout: the name mapping is spandrel's, not sdrt's); the
-  "old" ones are spandrel's own state_dict. Stored: the weights as the file would hold them
-  (`<case>/w/<name>`), the input [1, 3, H, W] in [0, 1] and spandrel's float32 output.
-- `cat`: an x4 RRDBNet (2 blocks, 32 features, 32 growth channels, random weights) and
-  spandrel's output for /work/shared/images/cat_1024.png box-downscaled to 128x128 (stored as
-  float16: 512x512x3); the test reads the cat itself.
+Writes tests/fixtures/esrgan_goldens.npz (small: the weights are not stored, the test makes them
+again from the seeds with tests/esrgan_weights.py; a checksum per table catches a changed stream):
+- module cases: small random RRDBNets (8 features; spandrel fixes 32 growth channels) in both
+  checkpoint layouts and every scale (x4, x2, x1). BasicSR-named ("new") tables are loaded
+  through spandrel's ESRGANArch, which converts them to its own "old" layout (the name mapping is
+  spandrel's, not sdrt's); for the "old" cases spandrel's converted state_dict is what the test
+  loads (stored: the old <-> new name pairs). Stored: input [1, 3, 9, 11] in [0, 1], spandrel's output.
+- `cat`: an x4 RRDBNet (2 blocks, 32 features, random weights, conv_last bias 0.5 so the image is
+  mid-grey rather than clamped) and spandrel's output for /work/shared/images/cat_1024.png
+  box-downscaled to 128x128, as uint8 (sd.cpp's rounding); the test reads the cat itself.
 spandrel's package __init__ imports every architecture (some need torchvision, which has no CPU
 wheel matching the CPU torch here): the ESRGAN architecture module is loaded on its own.
 """

@@ -78,6 +78,15 @@ def test_detection_as_sd_cpp():
     assert detect_esrgan(old[:4] + ["model.2.weight", "model.4.weight"])[2] == 1
 
 
+def test_realesrgan_pth_params_ema():
+    """A RealESRGAN .pth ({"params_ema": ..., "params": ...}, torch.save's zip pickle): params_ema is read."""
+    up = Upscaler.load(os.path.join(ROOT, "tests", "fixtures", "esrgan_params_ema.pth"))
+    want = RRDBNet(tensors(basicsr_state(200, 4, 4, 1, 4)))
+    x = np.random.default_rng(0).random((1, 3, 6, 5), dtype=np.float32)
+    assert up.scale == 4
+    np.testing.assert_array_equal(up.upscale_tensor(x), want(x))
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(ModelFileError, match="not an ESRGAN"):
         RRDBNet(tensors({"conv.weight": np.zeros((4, 3, 3, 3), np.float32)}))

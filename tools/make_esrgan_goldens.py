@@ -13,6 +13,7 @@ again from the seeds with tests/esrgan_weights.py; a checksum per table catches 
 - `cat`: an x4 RRDBNet (2 blocks, 32 features, random weights, conv_last bias 0.5 so the image is
   mid-grey rather than clamped) and spandrel's output for /work/shared/images/cat_1024.png
   box-downscaled to 128x128, as uint8 (sd.cpp's rounding); the test reads the cat itself.
+Also tests/fixtures/esrgan_params_ema.pth: a tiny RealESRGAN-style pickle ({"params_ema", "params"}).
 spandrel's package __init__ imports every architecture (some need torchvision, which has no CPU
 wheel matching the CPU torch here): the ESRGAN architecture module is loaded on its own.
 """
@@ -35,6 +36,7 @@ CASES = [("x4_new", 4, "new", 1), ("x2_new", 2, "new", 1), ("x1_new", 1, "new", 
          ("x4_old", 4, "old", 2), ("x2_old", 2, "old", 1), ("x1_old", 1, "old", 1)]   # seed = index
 CAT_SEED, CAT_NET, CAT_SIZE = 100, (32, 32, 2, 4), 128      # (nf, gc, nb, scale)
 CAT_STD, CAT_LAST_BIAS = 1.0, 0.5
+PTH_SEED = 200
 
 
 def spandrel_esrgan():
@@ -96,6 +98,12 @@ def main():
     out["cat/y"] = np.where(y <= 0, 0, np.where(y >= 1, 255, y * 255 + 0.5)).astype(np.uint8)  # sd.cpp's rounding
     print("cat out", y.shape, float(y.min()), float(y.max()), float(y.mean()), float(y.std()),
           "clamped", float(((y < 0) | (y > 1)).mean()))
+    # a RealESRGAN-style .pth: {"params_ema": ..., "params": ...} (tiny: 4 features, 4 growth channels);
+    # "params" holds other values so the test sees that params_ema is the one read
+    ema, raw = basicsr_state(PTH_SEED, 4, 4, 1, 4), basicsr_state(PTH_SEED + 1, 4, 4, 1, 4)
+    torch.save({"params_ema": {k: torch.from_numpy(v) for k, v in ema.items()},
+                "params": {k: torch.from_numpy(v) for k, v in raw.items()}},
+               os.path.join(os.path.dirname(args.out), "esrgan_params_ema.pth"))
     np.savez_compressed(args.out, **out)
     print("wrote", args.out, os.path.getsize(args.out), "bytes")
 

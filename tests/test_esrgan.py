@@ -80,11 +80,16 @@ def test_detection_as_sd_cpp():
 
 def test_realesrgan_pth_params_ema():
     """A RealESRGAN .pth ({"params_ema": ..., "params": ...}, torch.save's zip pickle): params_ema is read."""
-    up = Upscaler.load(os.path.join(ROOT, "tests", "fixtures", "esrgan_params_ema.pth"))
-    want = RRDBNet(tensors(basicsr_state(200, 4, 4, 1, 4)))
+    path = os.path.join(ROOT, "tests", "fixtures", "esrgan_params_ema.pth")
+    sd = basicsr_state(200, 4, 4, 1, 4)
     x = np.random.default_rng(0).random((1, 3, 6, 5), dtype=np.float32)
+    up = Upscaler.load(path, wtype="f32")
     assert up.scale == 4
-    np.testing.assert_array_equal(up.upscale_tensor(x), want(x))
+    np.testing.assert_array_equal(up.upscale_tensor(x), RRDBNet(tensors(sd))(x))
+    # the default: sd-cli's F16 conv weights (biases F32)
+    up16 = Upscaler.load(path)
+    sd16 = {k: v.astype(np.float16) if v.ndim == 4 else v for k, v in sd.items()}
+    np.testing.assert_array_equal(up16.upscale_tensor(x), RRDBNet(tensors(sd16))(x))
 
 
 def test_bad_files(tmp_path):
@@ -157,7 +162,7 @@ def test_cli_upscale_mode(tmp_path):
                "--upscale-tile-size", "8", "-o", out])
     assert rc == 0
     got = np.asarray(Image.open(out).convert("RGB"))
-    net = RRDBNet(tensors(sd))
+    net = RRDBNet(tensors({k: v.astype(np.float16) if v.ndim == 4 else v for k, v in sd.items()}))  # sd-cli's F16
     up = Upscaler(net, tile_size=8)
     want = up.upscale(up.upscale(src))
     assert got.shape == (40, 48, 3)

@@ -6,8 +6,9 @@ The image goes in as [1, 3, H, W] floats in [0, 1] (sd_image_to_tensor: value / 
 input pixels overlapping by a target 0.25 and blended with smootherstep ramps
 (process_tiles_2d, sdrt.engine.vae_tiling) so memory stays bounded; else it runs whole. The
 float result is not clamped (the hires fix encodes it as is); `upscale()` turns it into uint8
-the way tensor_to_sd_image does. Weights load lazily from the file; the graph runs on the
-upscaler's device (`--backend upscaler=cuda0`, or the default device).
+the way tensor_to_sd_image does. The conv weights are converted to F16 at load, as sd-cli does
+(its upscaler's weight type is fixed to F16); the graph runs on the upscaler's device
+(`--backend upscaler=cuda0`, or the default device).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ __all__ = ["DEFAULT_TILE_SIZE", "TILE_OVERLAP", "Upscaler", "upscaler_device"]
 log = logging.getLogger("sdrt")
 DEFAULT_TILE_SIZE = 128      # sd-cli's --upscale-tile-size / --hires-upscale-tile-size default
 TILE_OVERLAP = 0.25          # UpscalerGGML::upscale_tensor's target overlap
+WEIGHT_TYPE = "f16"          # UpscalerGGML's model_data_type: sd-cli runs ESRGAN with F16 conv weights
 
 
 def upscaler_device(backend_spec: str | None) -> str:
@@ -50,15 +52,27 @@ class Upscaler:
         self.scale = net.scale
 
     @classmethod
-    def load(cls, path: str, tile_size: int = DEFAULT_TILE_SIZE, backend: str = "cpu") -> Upscaler:
+    def load(cls, path: str, tile_size: int = DEFAULT_TILE_SIZE, backend: str = "cpu",
+             wtype: str | None = WEIGHT_TYPE) -> Upscaler:
+        """`wtype` "f16" (sd.cpp's UpscalerGGML: the conv weights become F16 whatever the file
+        holds; biases stay F32), "f32", or None: as stored."""
         import os
 
         from ..io import open_model
         from ..models.esrgan import RRDBNet
+        from ..ops.tensor import Tensor
         if not os.path.isfile(path):
             raise UsageError(f"--upscale-model: no such file: '{path}'")
+        tensors = open_model(path).tensors
+        if wtype is not None:
+            if wtype not in ("f16", "f32"):
+                raise UsageError(f"upscaler weight type: 'f16', 'f32' or None, got {wtype!r}")
+            dt = np.float16 if wtype == "f16" else np.float32
+            tensors = {k: Tensor.from_numpy(t.to_f32().astype(dt), name=k) if len(t.ne) == 4 else t
+                       for k, t in tensors.items()}
+            log.info("Upscaler weight type: %s", wtype)
         log.info("loading esrgan from '%s'", path)
-        net = RRDBNet(open_model(path).tensors, source=path)
+        net = RRDBNet(tensors, source=path)
         log.info("esrgan model loaded with scale=%d, num_block=%d", net.scale, net.config.num_block)
         return cls(net, tile_size, backend, path)
 

@@ -5,7 +5,6 @@ tests/test_hires_sdcli.py (opt-in)."""
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import numpy as np
 import pytest

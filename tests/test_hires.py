@@ -83,6 +83,7 @@ def test_upscaler_names(tmp_path):
     assert resolve_hires_upscaler("", None) == ("Latent", None)
     assert resolve_hires_upscaler("Latent (bicubic antialiased)", None) == ("Latent (bicubic antialiased)", None)
     assert resolve_hires_upscaler("Lanczos", None) == ("Lanczos", None)
+    assert resolve_hires_upscaler("Model", None) == ("None", None)      # sd.cpp: no model path, fix off
     (tmp_path / "4x-Ultra.pth").write_bytes(b"x")
     kind, path = resolve_hires_upscaler("4x-Ultra", str(tmp_path))
     assert kind == "Model" and path.endswith("4x-Ultra.pth")

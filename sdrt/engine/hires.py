@@ -129,7 +129,10 @@ def resolve_hires_upscaler(name: str | None, upscalers_dir: str | None) -> tuple
     """sd-cli's SDGenerationParams::resolve: (upscaler, model path or None); "" is Latent,
     "None" disables (returns ("None", None)), any other name is a model file in the directory."""
     name = name or "Latent"
-    if name in HIRES_UPSCALERS and name != "Model":
+    if name == "Model":      # sd.cpp's enum name with no model path: resolve_hires turns the fix off
+        log.warning("hires model upscaler requires a model path, disabling hires")
+        return "None", None
+    if name in HIRES_UPSCALERS:
         return name, None
     if not upscalers_dir:
         raise UsageError(f"--hires-upscaler '{name}': not one of {', '.join(HIRES_UPSCALERS[1:-1])}, and "

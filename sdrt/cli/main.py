@@ -1,7 +1,7 @@
 """`sdrt`: sd-cli's command line. Flags keep sd-cli's names, defaults and meanings; a flag
 sdrt does not support yet is refused by name (argparse: "unrecognized arguments").
 
-Modes: img_gen (default; every runnable model family) and convert. The sampler, scheduler, RNG and
+Modes: img_gen (default; every runnable model family), upscale (ESRGAN, docs/upscale.md) and convert. The sampler, scheduler, RNG and
 prediction choices and their help come from the engine's registries; the text-encoder flags
 (--clip_l, --clip_g, ...) from the model-family registry (sdrt.models.families)."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..errors import SdrtError, UsageError
 log = logging.getLogger("sdrt")
 
 MODES = ("img_gen", "vid_gen", "upscale", "convert", "metadata")
-IMPLEMENTED_MODES = ("img_gen", "convert")
+IMPLEMENTED_MODES = ("img_gen", "upscale", "convert")
 LOG_LEVELS = {"debug": logging.DEBUG, "verbose": 15, "info": logging.INFO, "warn": logging.WARNING,
               "error": logging.ERROR}
 CONVERT_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_0", "q5_1", "q4_0", "q4_1", "q2_K", "q3_K", "q4_K",
@@ -28,8 +28,8 @@ CONVERT_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_0", "q5_1", "q4_0", "q4_1", "
 _SDCLI_FLAGS = (
     "--t5xxl", "--llm", "--llm_vision", "--qwen2vl", "--qwen2vl_vision", "--clip_vision", "--high-noise-diffusion-model",
     "--uncond-diffusion-model", "--embeddings-connectors", "--audio-vae", "--ip-adapter",
-    "--motion-module", "--hires-upscalers-dir", "--photo-maker", "--pulid-weights",
-    "--upscale-model", "--vae-format", "--model-args", "--split-mode",
+    "--motion-module", "--photo-maker", "--pulid-weights",
+    "--vae-format", "--model-args", "--split-mode",
     "--rpc-servers", "--eager-load",
     "--mmap", "--fa", "--diffusion-fa",
     "--diffusion-conv-direct", "--vae-conv-direct", "--force-sdxl-vae-conv-scale",
@@ -40,11 +40,9 @@ _SDCLI_FLAGS = (
     "--high-noise-steps", "--moe-boundary", "--extra-sample-args", "--preview", "--preview-path",
     "--preview-interval", "--taesd-preview-only", "--preview-noisy", "--convert-name", "--color",
     "--imat-out", "--imat-in", "--image", "--metadata-format", "--metadata-raw", "--metadata-brief",
-    "--metadata-all", "--hires", "--hires-upscaler", "--hires-scale", "--hires-width", "--hires-height",
-    "--hires-steps", "--hires-denoising-strength", "--hires-upscale-tile-size", "--cache-mode", "--cache-option",
+    "--metadata-all", "--cache-mode", "--cache-option",
     "--scm-mask", "--scm-policy", "--circular", "--circularx", "--circulary",
-    "--pm-id-images-dir", "--pm-id-embed-path", "--pm-style-strength", "--upscale-repeats", "--upscale-tile-size",
-    "--vace-strength", "--qwen-image-zero-cond-t")
+    "--pm-id-images-dir", "--pm-id-embed-path", "--pm-style-strength", "--vace-strength", "--qwen-image-zero-cond-t")
 
 
 def _skip_layers(text: str) -> list[int]:
@@ -221,6 +219,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relative tile size for vae tiling, format [X]x[Y], in fraction of image size if < 1, in "
                         "number of tiles per dim if >= 1 (overrides --vae-tile-size)")
 
+    u = p.add_argument_group("upscaling and hires fix (docs/upscale.md)")
+    u.add_argument("--upscale-model", help="ESRGAN model (RRDBNet: RealESRGAN_x4plus, 4x-UltraSharp, ...); -M upscale "
+                                           "upscales -i, img_gen upscales each generated image")
+    u.add_argument("--upscale-repeats", type=int, default=1, help="run the ESRGAN upscaler this many times (default: 1)")
+    u.add_argument("--upscale-tile-size", type=int, default=128, help="tile size for ESRGAN upscaling (default: 128)")
+    u.add_argument("--hires", action="store_true", help="enable the highres fix (a second pass at a larger size)")
+    u.add_argument("--hires-upscaler", default="Latent",
+                   help="highres fix upscaler, Lanczos, Nearest, Latent, Latent (nearest), Latent (nearest-exact), "
+                        "Latent (antialiased), Latent (bicubic), Latent (bicubic antialiased), or a model name "
+                        "under --hires-upscalers-dir (default: Latent)")
+    u.add_argument("--hires-upscalers-dir", default=None, help="highres fix upscaler model directory")
+    u.add_argument("--hires-scale", type=_float, default=2.0,
+                   help="highres fix scale when target size is not set (default: 2.0)")
+    u.add_argument("--hires-width", type=int, default=0, help="highres fix target width, 0 to use --hires-scale (default: 0)")
+    u.add_argument("--hires-height", type=int, default=0,
+                   help="highres fix target height, 0 to use --hires-scale (default: 0)")
+    u.add_argument("--hires-steps", type=int, default=0, help="highres fix second pass sample steps, 0 to reuse --steps "
+                                                              "(default: 0)")
+    u.add_argument("--hires-denoising-strength", type=_float, default=0.7,
+                   help="highres fix second pass denoising strength (default: 0.7)")
+    u.add_argument("--hires-upscale-tile-size", type=int, default=128,
+                   help="highres fix upscaler tile size, for model-backed upscalers (default: 128)")
+
     o = p.add_argument_group("output")
     o.add_argument("-o", "--output", help="output path (default ./output.png; output.gguf in convert mode); "
                                           "printf-style %%d / %%03d for numbered sequences; .png, .jpg, .webp")
@@ -274,7 +295,47 @@ def run(argv=None) -> int:
                          f"(implemented: {', '.join(IMPLEMENTED_MODES)})")
     if args.mode == "convert":
         return _convert(args)
+    if args.mode == "upscale":
+        return _upscale(args)
     return _img_gen(args)
+
+
+def _upscale(args) -> int:
+    """-M upscale: -i through --upscale-model --upscale-repeats times (sd-cli's UPSCALE mode)."""
+    import os
+
+    from ..engine.stages import fit_image, load_image
+    from ..engine.upscaler import Upscaler, upscaler_device
+    from ..io.png import output_paths, parameters_text, write_image
+    if not args.upscale_model:
+        raise UsageError("upscale mode needs an upscaler model (--upscale-model)")
+    if not args.init_img:
+        raise UsageError("upscale mode needs an init image (--init-img)")
+    if not os.path.isfile(args.init_img):
+        raise UsageError(f"-i/--init-img: no such image file: '{args.init_img}'")
+    if args.upscale_repeats < 1 or args.upscale_tile_size < 1:
+        raise UsageError("--upscale-repeats and --upscale-tile-size must be at least 1")
+    path = output_paths(args.output or "output.png", 1, args.output_begin_idx)[0]
+    from ..engine.limits import check_output_paths
+    check_output_paths([path])
+    from ..engine.params import ModelParams
+    ModelParams(model="-", backend=args.backend).validate_placement()
+    img = load_image(args.init_img, "-i/--init-img", 3)
+    if args.width > 0 and args.height > 0:
+        img = fit_image(img, args.width, args.height)
+    up = Upscaler.load(args.upscale_model, args.upscale_tile_size, upscaler_device(args.backend))
+    for _ in range(args.upscale_repeats):
+        img = up.upscale(img)
+    params = None
+    if not args.disable_image_metadata:    # sd-cli writes its usual infotext (no sampler ran: NONE)
+        h, w = (args.height, args.width) if args.width > 0 and args.height > 0 else load_image(
+            args.init_img, "-i/--init-img", 3).shape[:2]
+        params = parameters_text(prompt=args.prompt, negative_prompt=args.negative_prompt, steps=args.steps,
+                                 cfg_scale=args.cfg_scale, eta=args.eta, seed=args.seed, width=w, height=h,
+                                 model=args.model or "", rng=args.rng, sampler_rng=args.sampler_rng, method="NONE")
+    write_image(path, img, params, args.compression_quality)
+    log.info("save result image 0 to '%s' (success)", path)
+    return 0
 
 
 def _convert(args) -> int:
@@ -312,7 +373,8 @@ def params_from_args(args):
                      params_backend=args.params_backend, offload_to_cpu=args.offload_to_cpu, max_vram=args.max_vram,
                      disable_prefetch=args.disable_prefetch, disable_segmented_compute=args.disable_segmented_compute,
                      auto_fit=args.auto_fit == "on", clip_on_cpu=args.clip_on_cpu, vae_on_cpu=args.vae_on_cpu,
-                     control_net=args.control_net, control_net_cpu=args.control_net_cpu)
+                     control_net=args.control_net, control_net_cpu=args.control_net_cpu,
+                     upscale_model=args.upscale_model, hires_upscalers_dir=args.hires_upscalers_dir)
     sigmas = None
     if args.sigmas is not None:
         try:
@@ -333,7 +395,11 @@ def params_from_args(args):
                    flow_shift=args.flow_shift, slg_scale=args.slg_scale, skip_layers=list(args.skip_layers),
                    skip_layer_start=args.skip_layer_start, skip_layer_end=args.skip_layer_end,
                    control_image=args.control_image, control_strength=args.control_strength, canny=args.canny,
-                   embed_metadata=not args.disable_image_metadata)
+                   embed_metadata=not args.disable_image_metadata, upscale_repeats=args.upscale_repeats,
+                   upscale_tile_size=args.upscale_tile_size, hires=args.hires, hires_upscaler=args.hires_upscaler,
+                   hires_scale=args.hires_scale, hires_width=args.hires_width, hires_height=args.hires_height,
+                   hires_steps=args.hires_steps, hires_denoising_strength=args.hires_denoising_strength,
+                   hires_upscale_tile_size=args.hires_upscale_tile_size)
     if not 1 <= args.compression_quality <= 100:
         raise UsageError(f"--compression-quality: must be in [1, 100], got {args.compression_quality}")
     return mp.validate(), gp.validate()

@@ -11,13 +11,15 @@ Keyword arguments are sd-cli's flags in snake_case: model files and context sett
 lora_apply_mode, type,
 tensor_type_rules, rng, sampler_rng, prediction, threads; placement: backend, params_backend,
 offload_to_cpu, max_vram, disable_prefetch, disable_segmented_compute, auto_fit, clip_on_cpu,
-vae_on_cpu — docs/residency.md; control_net, control_net_cpu — docs/controlnet.md), everything else
-to `GenParams`
+vae_on_cpu — docs/residency.md; control_net, control_net_cpu — docs/controlnet.md; upscale_model,
+hires_upscalers_dir — docs/upscale.md), everything else to `GenParams`
 (prompt, negative_prompt, width, height, steps, cfg_scale, img_cfg_scale, sampling_method,
 scheduler, sigmas, eta, seed, batch_count, clip_skip, init_image, strength, mask_image,
 vae_tiling, vae_tile_size, vae_tile_overlap, vae_relative_tile_size, control_image,
-control_strength, canny, loras). `init_image` / `mask_image` / `control_image` take a path, a PIL
-image or a uint8 array. LoRAs: `<lora:name:mult>` in the prompt
+control_strength, canny, loras; upscale_repeats, upscale_tile_size, hires, hires_upscaler,
+hires_scale, hires_width, hires_height, hires_steps, hires_denoising_strength,
+hires_upscale_tile_size — docs/upscale.md). `init_image` / `mask_image` / `control_image` take a
+path, a PIL image or a uint8 array. LoRAs: `<lora:name:mult>` in the prompt
 (resolved in lora_model_dir, default "."), and/or `loras=[(path, multiplier), ...]` (docs/lora.md).
 
 The loaded `Pipeline` is kept and reused while the model arguments stay the same (weights are

@@ -62,6 +62,8 @@ class ModelParams:
     vae_on_cpu: bool = False             # --vae-on-cpu (deprecated: vae=cpu)
     control_net: str | None = None       # --control-net: a ControlNet file (sd.cpp's names; docs/controlnet.md)
     control_net_cpu: bool = False        # --control-net-cpu: the ControlNet computes on the CPU
+    upscale_model: str | None = None     # --upscale-model: ESRGAN run on each generated image (docs/upscale.md)
+    hires_upscalers_dir: str | None = None  # --hires-upscalers-dir: where --hires-upscaler model names resolve
 
     def path_of(self, role: str) -> str | None:
         """The file given for a component role ("vae", "clip_l", "t5xxl", ...), or None."""
@@ -81,6 +83,10 @@ class ModelParams:
                 raise UsageError(f"{component(role).flag}: no such file: '{path}'")
         if self.control_net and not os.path.isfile(self.control_net):
             raise UsageError(f"--control-net: no such file: '{self.control_net}'")
+        if self.upscale_model and not os.path.isfile(self.upscale_model):
+            raise UsageError(f"--upscale-model: no such file: '{self.upscale_model}'")
+        if self.hires_upscalers_dir and not os.path.isdir(self.hires_upscalers_dir):
+            raise UsageError(f"--hires-upscalers-dir: not a directory: '{self.hires_upscalers_dir}'")
         if self.embd_dir and not os.path.isdir(self.embd_dir):
             raise UsageError(f"--embd-dir: not a directory: '{self.embd_dir}'")
         if self.lora_apply_mode not in ("auto", "immediately", "at_runtime"):
@@ -151,6 +157,16 @@ class GenParams:
     control_strength: float = 0.9        # --control-strength
     canny: bool = False                  # --canny: sd.cpp's canny edge map of the control image is the hint
     loras: list = field(default_factory=list)  # LoRAs besides the prompt's <lora:...> tags: LoraSpec or (path, multiplier)
+    upscale_repeats: int = 1             # --upscale-repeats: ESRGAN passes with --upscale-model
+    upscale_tile_size: int = 128         # --upscale-tile-size: ESRGAN tile size (input pixels)
+    hires: bool = False                  # --hires: the hires fix (a second pass at a larger size; docs/upscale.md)
+    hires_upscaler: str = "Latent"       # --hires-upscaler: Latent (...), Lanczos, Nearest or a model name
+    hires_scale: float = 2.0             # --hires-scale (when no --hires-width/--hires-height)
+    hires_width: int = 0                 # --hires-width (0: from --hires-scale)
+    hires_height: int = 0                # --hires-height
+    hires_steps: int = 0                 # --hires-steps (0: the first pass's)
+    hires_denoising_strength: float = 0.7  # --hires-denoising-strength, in (0, 1]
+    hires_upscale_tile_size: int = 128   # --hires-upscale-tile-size: model upscaler tiles
     extra: dict = field(default_factory=dict)  # free-form, recorded nowhere
 
     # ---- resolution, as sd-cli does it --------------------------------------------------
@@ -207,9 +223,31 @@ class GenParams:
             raise UsageError(f"--control-strength: must be a finite number, got {self.control_strength}")
         if self.mask_image is not None and self.init_image is None:
             raise UsageError("--mask: needs an init image (-i/--init-img) to repaint")
+        if self.upscale_repeats < 1:
+            raise UsageError(f"--upscale-repeats: must be at least 1, got {self.upscale_repeats}")
+        if self.upscale_tile_size < 1:
+            raise UsageError(f"--upscale-tile-size: must be positive, got {self.upscale_tile_size}")
+        if self.hires:
+            if self.hires_width < 0 or self.hires_height < 0:
+                raise UsageError(f"--hires-width/--hires-height: must be >= 0, got {self.hires_width}x{self.hires_height}")
+            if not (self.hires_scale > 0) and self.hires_width <= 0 and self.hires_height <= 0:
+                raise UsageError(f"--hires-scale: must be positive when no target size is set, got {self.hires_scale}")
+            if self.hires_steps < 0:
+                raise UsageError(f"--hires-steps: must be >= 0, got {self.hires_steps}")
+            if not (0.0 < self.hires_denoising_strength <= 1.0):
+                raise UsageError(f"--hires-denoising-strength: must be in (0.0, 1.0], got {self.hires_denoising_strength}")
+            if self.hires_upscale_tile_size < 1:
+                raise UsageError(f"--hires-upscale-tile-size: must be positive, got {self.hires_upscale_tile_size}")
         from .limits import check_request  # sizes, steps, prompts, non-finite numbers (docs: "Limits")
         check_request(self)
         return self
+
+    def hires_metadata(self) -> dict | None:
+        """The infotext's hires fields (sd-cli's get_image_params: the flags as given), or None."""
+        if not self.hires or (self.hires_upscaler or "Latent") == "None":
+            return None
+        return {"upscaler": self.hires_upscaler or "Latent", "scale": self.hires_scale, "width": self.hires_width,
+                "height": self.hires_height, "steps": self.hires_steps, "strength": self.hires_denoising_strength}
 
     def replace(self, **kw) -> GenParams:
         return replace(self, **kw)

@@ -162,6 +162,7 @@ class Pipeline:
         self._denoiser = None
         self.executors: dict = {}     # component -> backend its model runs on (absent: cpu); see load()
         self._loras = None            # sdrt.engine.lora.LoraState once a generation asks for LoRAs
+        self._upscaler = None         # ((path, tile size), Upscaler) of --upscale-model, kept across requests
 
     # ---- construction from files ----------------------------------------------------------------
     @classmethod
@@ -274,6 +275,8 @@ class Pipeline:
         size = plan_size(gp, self.family)                                   # 1. size (images read first)
         gp = size.gp
         log.info("generate_image %dx%d", size.width, size.height)
+        from .hires import plan_hires, run_hires
+        hires = plan_hires(gp, size.width, size.height, self.family.size_multiple, mp.hires_upscalers_dir)
         guidance = plan_guidance(gp, self.variant)                          # 2. guidance
         if guidance.slg_scale != 0 and guidance.skip_layers and \
                 "skip_layers" not in _kwargs_of(getattr(self.diffusion_model, "predict", None)):
@@ -309,10 +312,26 @@ class Pipeline:
                                                  first=b == 0, control=control)))
             log.info("sampling completed, taking %.2fs", time.time() - t_b)
         log.info("generating %d latent images completed, taking %.2fs", len(results), time.time() - t_denoise)
+        if hires is not None:                                               # 6b. hires fix (second pass)
+            results, _ = run_hires(self, results, gp, size, hires, plan, guidance, latents, passes, ctx_rng,
+                                   smp_rng, bar)
         self.release_weight_pages("diffusion", "controlnet")
         out = self.decode_all(results, gp, size, plan, mp, bar, decode_progress)   # 7. decode
+        if mp.upscale_model and gp.upscale_repeats > 0:                     # 8. ESRGAN (sd-cli's --upscale-model)
+            self.upscale_results(out, mp.upscale_model, gp.upscale_repeats, gp.upscale_tile_size)
         log.info("generate_image completed in %.2fs", time.time() - t_start)
         return out
+
+    def upscale_results(self, results: list[GeneratedImage], path: str, repeats: int, tile_size: int) -> None:
+        """Each image through the ESRGAN model `repeats` times, in place (sd-cli, after generate_image)."""
+        from .upscaler import Upscaler, upscaler_device
+        key = (path, int(tile_size))
+        if self._upscaler is None or self._upscaler[0] != key:
+            self._upscaler = (key, Upscaler.load(path, tile_size, upscaler_device(self.model_params.backend)))
+        up = self._upscaler[1]
+        for r in results:
+            for _ in range(repeats):
+                r.image = up.upscale(r.image)
 
     def apply_loras(self, gp: GenParams, lora_tags: bool = True) -> str:
         """gp.loras and (lora_tags) the prompt's `<lora:name:mult>` tags, resolved in
@@ -369,14 +388,17 @@ class Pipeline:
         return cond, uncond, img_cond
 
     def sample_one(self, seed: int, ctx_rng, smp_rng, plan: SamplePlan, guidance: GuidancePlan, latents: Latents,
-                   passes, bar, first: bool = False, control: tuple | None = None) -> np.ndarray:
-        """Stage 6, one image: reseed, draw the noise, sample; returns the final latent.
-        control: (guided hint, strength) of the ControlNet (control_hint), or None."""
+                   passes, bar, first: bool = False, control: tuple | None = None,
+                   reseed: bool = True) -> np.ndarray:
+        """Stage 6, one image: reseed (unless the caller did: the hires fix), draw the noise, sample;
+        returns the final latent. control: (guided hint, strength) of the ControlNet (control_hint),
+        or None."""
         from .samplers import sample
         den = self.denoiser
-        ctx_rng.manual_seed(seed)
-        if smp_rng is not ctx_rng:
-            smp_rng.manual_seed(seed)
+        if reseed:
+            ctx_rng.manual_seed(seed)
+            if smp_rng is not ctx_rng:
+                smp_rng.manual_seed(seed)
         noise = ctx_rng.randn(latents.init.shape)
         x = den.noise_scaling(plan.sigmas[0], noise, latents.init)
         denoise = self._denoise_fn(den, *passes, guidance.cfg, guidance.img_cfg, latents.init, latents.denoise_mask,
@@ -631,8 +653,9 @@ class Pipeline:
         scale, shift = self._latent_scale()
         return ((lat - shift) * scale).astype(F32)
 
-    def decode_first_stage(self, latent: np.ndarray, gp: GenParams, progress=None) -> np.ndarray:
-        """Diffusion latent [1, C, h, w] -> HxWx3 uint8 (sd.cpp decode_first_stage + tensor_to_sd_image)."""
+    def decode_first_stage(self, latent: np.ndarray, gp: GenParams, progress=None, as_float: bool = False) -> np.ndarray:
+        """Diffusion latent [1, C, h, w] -> HxWx3 uint8 (sd.cpp decode_first_stage + tensor_to_sd_image),
+        or with `as_float` the [1, 3, H, W] float32 image in [0, 1] before the uint8 conversion."""
         model = self.vae
         tae = self._tae is not None
         if tae:
@@ -651,7 +674,7 @@ class Pipeline:
         if not tae:
             img = np.clip((img + F32(1.0)) * F32(0.5), F32(0.0), F32(1.0))
         check_image(img)
-        return decode_to_uint8(img)
+        return img if as_float else decode_to_uint8(img)
 
     def _lora_hashes(self) -> str | None:
         if self._loras is None or not self._loras.specs:
@@ -670,7 +693,7 @@ class Pipeline:
             clip_l=mp.clip_l or "", clip_g=mp.clip_g or "", diffusion_model=mp.diffusion_model or "",
             vae=mp.vae or "", taesd=mp.taesd or "", clip_skip=gp.clip_skip, img_cfg_scale=gp.img_cfg_scale,
             strength=gp.strength, lora_hashes=self._lora_hashes(), control_net=mp.control_net or "",
-            control_strength=gp.control_strength,
+            control_strength=gp.control_strength, hires=gp.hires_metadata(),
             vae_tiling={"enabled": True, "tile_size_x": int(gp.vae_tile_size[0]), "tile_size_y": int(gp.vae_tile_size[1]),
                             "target_overlap": float(gp.vae_tile_overlap), "rel_size_x": float(gp.vae_relative_tile_size[0]),
                             "rel_size_y": float(gp.vae_relative_tile_size[1])} if gp.vae_tiling else None)

@@ -112,7 +112,7 @@ def parameters_text(*, prompt, negative_prompt="", steps, cfg_scale, guidance=3.
                     height, model="", rng="cuda", sampler_rng=None, method, scheduler=None, sigmas=None,
                     clip_l="", clip_g="", diffusion_model="", vae="", taesd="", clip_skip=-1,
                     img_cfg_scale=math.inf, strength=0.75, vae_tiling=None, generator=None, lora_hashes=None,
-                    control_net="", control_strength=0.9) -> str:
+                    control_net="", control_strength=0.9, hires=None) -> str:
     """sd-cli's `get_image_params` for one image (seed = the image's own seed); `lora_hashes`
     ("name: hash, ...") adds A1111's `Lora hashes: "..."` field before Version."""
     from .. import __version__
@@ -140,6 +140,10 @@ def parameters_text(*, prompt, negative_prompt="", steps, cfg_scale, guidance=3.
         s += f"VAE: {_basename(vae)}, "
     if clip_skip != -1:
         s += f"Clip skip: {int(clip_skip)}, "
+    if hires:   # sd-cli's fields (std::to_string: 6 decimals)
+        s += (f"Hires upscale: {hires['upscaler']}, Hires scale: {float(np.float32(hires['scale'])):.6f}, "
+              f"Hires resize: {int(hires['width'])}x{int(hires['height'])}, Hires steps: {int(hires['steps'])}, "
+              f"Denoising strength: {float(np.float32(hires['strength'])):.6f}, ")
     if lora_hashes:
         s += f'Lora hashes: "{lora_hashes}", '
     s += f"Version: {generator[0]}"

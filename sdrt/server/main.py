@@ -21,8 +21,7 @@ def build_parser():
     s.add_argument("-l", "--listen-ip", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     s.add_argument("--listen-port", type=int, default=1234, help="port to listen on (default: 1234)")
     s.add_argument("--serve-html-path", default=None, help="serve this HTML file at / instead of the built-in page")
-    # --lora-model-dir comes from the CLI's flags: here the folder the APIs list and requests' lora[] resolve in
-    s.add_argument("--hires-upscalers-dir", default=None, help="folder of upscaler models listed by the APIs")
+    # --lora-model-dir and --hires-upscalers-dir come from the CLI's flags: here also the folders the APIs list
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on everything but /")
     s.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow cross-origin requests from ORIGIN (repeatable; default: none)")

@@ -1,18 +1,22 @@
 """LoRA costs on the CPU (issue 16): the at-runtime overhead of a SD1.5 step and the time to merge
 an SDXL rank-32 LoRA at load.
 
-    python bench/bench_lora.py step  [--size 64] [--rank 32] [--repeat 2]
-    python bench/bench_lora.py merge [--rank 32]
+    python bench/bench_lora.py step  [--size 64] [--rank 32] [--repeat 2] [--backend cpu|cuda0]
+    python bench/bench_lora.py merge [--rank 32] [--generic]
 
 step: the SD1.5 UNet (random F16 weights of the real shapes, bench_unet.random_table), one
 forward at a [2, 4, size, size] latent (cond + uncond), without LoRA and then with a kohya LoRA
 of the given rank on every attention, feed-forward and proj_in/out weight of the transformer
 blocks (what kohya trains by default) applied at_runtime (low-rank paths beside each GEMM).
-Each model is warmed once (graph build) and timed --repeat times; medians printed.
+Each model is warmed once (graph build) and timed --repeat times; medians printed. --backend cuda0
+times the same on the GPU (weights registered as weights, so the step runs as a replayed CUDA
+graph; the LoRA factors are read-only leaves, cached on the device the same way).
 merge: the SDXL UNet's tensor names and shapes (tools/make_sd_checkpoint.py layout); the same
 kind of LoRA at the given rank, merged `immediately`: apply_loras (read + map the file) plus
 filling every patched leaf (delta by BLAS, add, round to F16) one at a time, each dropped after
-(base weights are zero F16 views, so reading the checkpoint is not in the figure).
+(base weights are zero F16 views, so reading the checkpoint is not in the figure). The fused
+merge (sdrt.engine.lora_merge) runs unless --generic, which times the generic path (float32
+delta, numpy add and conversions) for comparison.
 """
 from __future__ import annotations
 
@@ -65,12 +69,17 @@ def step(args):
     t = np.array([999.0, 999.0], np.float32)
     ctx = rng.standard_normal((2, 77, 768), dtype=np.float32)
 
+    be = args.backend
+    if be != "cpu":
+        from sdrt.ops.backend import get_backend
+        get_backend(be).register_weights(table)           # writeable numpy weights are not inputs
+
     def timed(model):
-        model(x, t, ctx)                                   # warm-up: builds the graph
+        model(x, t, ctx, backend=be)                       # warm-up: builds the graph
         ts = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            model(x, t, ctx)
+            model(x, t, ctx, backend=be)
             ts.append(time.perf_counter() - t0)
         return statistics.median(ts)
 
@@ -82,16 +91,21 @@ def step(args):
         for w, p in runtime.items():
             RUNTIME_LORA[w] = p
         lora = timed(UNetModel(table, config=cfg))
-    print(f"SD1.5 UNet step, latent {S}x{S} batch 2, F16 weights: {base:.2f} s; with a rank-{args.rank} LoRA on "
-          f"{n} weights at_runtime: {lora:.2f} s (+{100 * (lora / base - 1):.1f} %)")
+    unit, k = ("ms", 1e3) if be != "cpu" else ("s", 1.0)
+    print(f"SD1.5 UNet step on {be}, latent {S}x{S} batch 2, F16 weights: {base * k:.2f} {unit}; with a rank-{args.rank} "
+          f"LoRA on {n} weights at_runtime: {lora * k:.2f} {unit} (+{100 * (lora / base - 1):.1f} %)")
 
 
 def merge(args):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     from make_sd_checkpoint import layout
 
+    from sdrt.engine import lora as L
     from sdrt.engine.lora import LoraSpec, apply_loras
     from sdrt.ops.tensor import Tensor
+    from sdrt.ops.threads import get_threads
+    if args.generic:
+        L._fused_ok = lambda name: False
     shapes = {DM + k: v for k, v in layout("sdxl", "unet").items()}
     zero = np.zeros(max(int(np.prod(s)) for s in shapes.values()), np.float16)
     table = {k: Tensor.from_numpy(zero[: int(np.prod(s))].reshape(s), name=k) for k, s in shapes.items()}
@@ -99,7 +113,7 @@ def merge(args):
         path = os.path.join(d, "lora.safetensors")
         n = kohya_lora(shapes, args.rank, path)
         size = os.path.getsize(path)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out, _ = apply_loras(table, [LoraSpec(path, 1.0)], "sdxl", "immediately")
         t_map = time.perf_counter() - t0
         patched = [k for k in out if out[k] is not table[k]]
@@ -108,9 +122,10 @@ def merge(args):
             out[k].storage                               # noqa: B018 - fills: delta, add, round to F16
             params += out[k].nelements
             out[k] = None
-        total = time.perf_counter() - t0
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(f"SDXL rank-{args.rank} LoRA ({n} weights, {size / 2**20:.0f} MiB file, {params / 1e6:.0f} M weight "
-          f"elements patched): read + map {t_map:.2f} s, merge total {total:.2f} s")
+          f"elements patched): read + map {t_map:.2f} s, merge total {total:.2f} s wall, {cpu:.2f} s CPU "
+          f"({'generic' if args.generic else 'fused'} merge, {get_threads()} threads)")
 
 
 def main():
@@ -119,6 +134,8 @@ def main():
     ap.add_argument("--size", type=int, default=64, help="latent H = W (64: a 512x512 image)")
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--backend", default="cpu", help="step: cpu or cudaN")
+    ap.add_argument("--generic", action="store_true", help="merge: time the generic (unfused) path")
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     (step if args.what == "step" else merge)(args)

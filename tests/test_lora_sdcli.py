@@ -7,8 +7,9 @@ base (`--type q8_0`) at run time (LoHa there aborts sd-cli 0.4.7, see CASES). Ea
 tensor of the file as applied, and the LoRA must move the image far from the no-LoRA image (else
 the comparison would prove nothing).
 
-Opt-in: runs only when SDRT_SDCLI names an sd-cli binary; SDRT_SDCLI_MODEL is the full-size random
-SD1.5 checkpoint (tools/make_sd_checkpoint.py --arch sd15; made in a temp dir when unset, 2 GB);
+Opt-in: runs only when SDRT_SDCLI names an sd-cli binary; SDRT_SDCLI_ARCH is sd15 (default) or
+sdxl; SDRT_SDCLI_MODEL is the full-size random checkpoint of that family
+(tools/make_sd_checkpoint.py --arch sd15|sdxl; made in the work dir when unset, 2 / 6.5 GB);
 SDRT_SDCLI_LORA_OUT keeps the images and logs (else a temp dir); SDRT_SDCLI_SIZE (default 128) and
 SDRT_SDCLI_STEPS (default 2) change the image. About 1-2 min per sd-cli image on 2 CPU cores.
 
@@ -57,6 +58,7 @@ MULT = 0.8
 REL = 0.3                  # LoRA delta std relative to the weight's (1/sqrt(fan_in)), before MULT
 SIZE = int(os.environ.get("SDRT_SDCLI_SIZE", "128"))
 STEPS = int(os.environ.get("SDRT_SDCLI_STEPS", "2"))
+ARCH = os.environ.get("SDRT_SDCLI_ARCH", "sd15")            # sd15 or sdxl (the checkpoint's family)
 ARGS = ["-W", str(SIZE), "-H", str(SIZE), "--steps", str(STEPS), "--cfg-scale", "7.0",
         "--sampling-method", "euler", "-s", "42", "-t", "2"]
 PROMPT = "a lovely cat"
@@ -72,13 +74,14 @@ _spec.loader.exec_module(mk)
 def _unet_names() -> list[tuple[str, tuple]]:
     """(diffusers name without '.weight', torch shape) of every >= 2-D SD1.5 UNet weight."""
     with gzip.open(os.path.join(ROOT, "tests", "fixtures", "ckpt_names_diffusers_ldm.json.gz"), "rt") as f:
-        rows = json.load(f)["sd15_unet"]
+        rows = json.load(f)[f"{ARCH}_unet"]
     return [(d[: -len(".weight")], tuple(s)) for d, s, _, _ in rows if d.endswith(".weight") and len(s) >= 2]
 
 
-def _te_names() -> list[tuple[str, tuple]]:
-    """(HF CLIP name without '.weight', shape) of the SD1.5 text encoder's projections."""
-    return [(n[: -len(".weight")], s) for n, s in mk.clip_hf("", 768, 12).items()
+def _te_names(width: int = 768, layers: int = 12) -> list[tuple[str, tuple]]:
+    """(HF CLIP name without '.weight', shape) of a text encoder's projections (SD1.5's CLIP-L
+    by default; SDXL: CLIP-L 768 x 12 as te1, OpenCLIP bigG 1280 x 32 as te2)."""
+    return [(n[: -len(".weight")], s) for n, s in mk.clip_hf("", width, layers).items()
             if n.endswith("proj.weight") or ".mlp.fc" in n and n.endswith(".weight")]
 
 
@@ -114,7 +117,11 @@ def kohya_lora() -> dict:
     every text-encoder projection; alpha per module, cycling 1, 2, 4 (rank 4)."""
     w, rank = _Writer("kohya"), 4
     targets = [("lora_unet_" + d.replace(".", "_"), s) for d, s in _unet_names() if _has(d, *KOHYA_UNET)]
-    targets += [("lora_te_" + n.replace(".", "_"), s) for n, s in _te_names()]
+    if ARCH == "sdxl":     # kohya's SDXL names: te1 = CLIP-L, te2 = bigG (q/k/v onto its fused in_proj)
+        targets += [("lora_te1_" + n.replace(".", "_"), s) for n, s in _te_names()]
+        targets += [("lora_te2_" + n.replace(".", "_"), s) for n, s in _te_names(1280, 32)]
+    else:
+        targets += [("lora_te_" + n.replace(".", "_"), s) for n, s in _te_names()]
     for i, (k, s) in enumerate(targets):
         alpha = (1.0, 2.0, 4.0)[i % 3]
         fan_in = int(np.prod(s[1:]))
@@ -195,9 +202,9 @@ def env(tmp_path_factory):
         arrays = make()
         write_safetensors(os.path.join(loras, name + ".safetensors"), arrays)
         keys[name] = sorted(arrays)
-    model = os.environ.get("SDRT_SDCLI_MODEL") or os.path.join(work, "sd15_rand_f16.safetensors")
+    model = os.environ.get("SDRT_SDCLI_MODEL") or os.path.join(work, f"{ARCH}_rand_f16.safetensors")
     if not os.path.exists(model):
-        mk.main(["--arch", "sd15", "-o", model])
+        mk.main(["--arch", ARCH, "-o", model])
     return {"exe": exe, "work": work, "loras": loras, "model": model, "keys": keys, "images": {}}
 
 
@@ -232,7 +239,7 @@ def applied_counts(log: str) -> dict[str, tuple[int, int]]:
 @pytest.fixture(scope="module")
 def no_lora(env):
     """sdrt's image without LoRA (reused from SDRT_SDCLI_LORA_OUT when a run there made it)."""
-    tag = f"nolora_{SIZE}_{STEPS}"
+    tag = f"nolora_{ARCH}_{SIZE}_{STEPS}"
     png = os.path.join(env["work"], f"{tag}_sdrt.png")
     if not os.path.exists(png):
         png, _ = _run(env, "sdrt", tag, PROMPT, ["--type", "f32"])
@@ -258,14 +265,19 @@ def _compare(env, no_lora, tag: str, names: list, extra: list, mode: str):
 
 # run order = what a partial run covers first: kohya in both modes, then the Q8_0 run (all four
 # files at run time), then the other formats
+# "all4": the four files in one prompt (one image per apply mode: what the full-size SDXL runs
+# use, a run there costs minutes); each file's applied count is still checked on its own.
 CASES = [("kohya", "f32", "immediately"), ("kohya", "f32", "at_runtime"), ("q8set", "q8_0", "at_runtime"),
          ("lokr", "f32", "immediately"), ("loha", "f32", "at_runtime"), ("peft", "f32", "at_runtime"),
-         ("lokr", "f32", "at_runtime"), ("loha", "f32", "immediately"), ("peft", "f32", "immediately")]
+         ("lokr", "f32", "at_runtime"), ("loha", "f32", "immediately"), ("peft", "f32", "immediately"),
+         ("all4", "f32", "immediately"), ("all4", "f32", "at_runtime")]
+SETS = {"q8set": ["kohya", "peft", "lokr"], "all4": ["kohya", "peft", "loha", "lokr"]}
 
 
 @pytest.mark.parametrize("fmt, wtype, mode", CASES, ids=[f"{f}-{w}-{m}" for f, w, m in CASES])
 def test_lora_matches_sd_cli(env, no_lora, fmt, wtype, mode):
     # Q8_0: LoHa left out, sd-cli 0.4.7 aborts on it (its run-time weight patch casts the Q8_0
     # weight with ggml_ext_cast_f32, GGML_ASSERT(src1->type == GGML_TYPE_F32) in ggml-cpu.c)
-    names = ["kohya", "peft", "lokr"] if fmt == "q8set" else [fmt]
-    _compare(env, no_lora, f"{fmt}_{wtype}_{mode}", names, ["--type", wtype, "--lora-apply-mode", mode], mode)
+    names = SETS.get(fmt, [fmt])
+    _compare(env, no_lora, f"{ARCH}_{fmt}_{wtype}_{mode}_{SIZE}_{STEPS}", names,
+             ["--type", wtype, "--lora-apply-mode", mode], mode)

@@ -30,6 +30,9 @@ from test_image_regression import psnr, read_rgb
 
 MIN_PSNR = 40.0
 DEPTH = int(os.environ.get("SDRT_SDCLI_SD3_DEPTH", "24"))
+# sd3.5-medium (default: QK RMSNorm, MMDiT-X attn2 in blocks 0..12, 384² position grid) or
+# sd3.5-large-widths (the first version of this test: hidden 64 * depth, 192² grid, no attn2)
+VARIANT = os.environ.get("SDRT_SDCLI_SD3_VARIANT", "sd3.5-medium")
 ARGS = ["-p", "a lovely cat, (masterpiece:1.2)", "-n", "blurry", "-W", "256", "-H", "256", "--steps", "4",
         "--cfg-scale", "4", "--sampling-method", "euler", "--scheduler", "discrete", "-s", "42", "--type", "f32",
         "-t", "2"]
@@ -53,9 +56,17 @@ def parts(tmp_path_factory):
     d = os.environ.get("SDRT_SDCLI_SD3_DIR") or str(tmp_path_factory.mktemp("sd3_sdcli"))
     os.makedirs(d, exist_ok=True)
     layers = int(os.environ.get("SDRT_SDCLI_T5_LAYERS", "1"))
-    cfg = MMDiTConfig(hidden_size=64 * DEPTH, depth=DEPTH, num_heads=DEPTH, mlp_hidden=256 * DEPTH,
-                      pos_embed_max_size=192, qk_norm="rms")
-    return {"--diffusion-model": _write(os.path.join(d, f"sd35l_d{DEPTH}.safetensors"), cfg.weight_shapes()),
+    if VARIANT == "sd3.5-medium":
+        # sd.cpp: hidden = 64 * depth, heads = depth, depth >= 24; attn2 blocks counted from the file
+        dit = os.path.join(d, f"sd35m_d{DEPTH}.safetensors")
+        if not os.path.exists(dit):     # streamed by the maker (2.5 B parameters at depth 24)
+            st.mk3.main(["--variant", "sd3.5-medium", "--depth", str(DEPTH), "--component", "transformer",
+                         "--type", "f16", "-o", dit])
+    else:
+        cfg = MMDiTConfig(hidden_size=64 * DEPTH, depth=DEPTH, num_heads=DEPTH, mlp_hidden=256 * DEPTH,
+                          pos_embed_max_size=192, qk_norm="rms")
+        dit = _write(os.path.join(d, f"sd35l_d{DEPTH}.safetensors"), cfg.weight_shapes())
+    return {"--diffusion-model": dit,
             "--vae": _write(os.path.join(d, "sd3_vae.safetensors"), ft.mkflux.vae_layout()),
             "--clip_l": _write(os.path.join(d, "clip_l.safetensors"), ft.mksd.clip_hf("", 768, 12, projection=True)),
             "--clip_g": _write(os.path.join(d, "clip_g.safetensors"), ft.mksd.clip_hf("", 1280, 32, projection=True)),
@@ -75,5 +86,5 @@ def test_matches_sd_cli(parts, tmp_path, slg):
     finally:
         set_threads(before)
     p = psnr(read_rgb(ours), read_rgb(ref))
-    print(f"sdrt vs sd-cli, SD3 (depth {DEPTH}, 256x256, 4 steps, f32, slg={slg}): PSNR {p:.2f} dB")
+    print(f"sdrt vs sd-cli, SD3 ({VARIANT}, depth {DEPTH}, 256x256, 4 steps, f32, slg={slg}): PSNR {p:.2f} dB")
     assert p >= MIN_PSNR, f"sdrt vs sd-cli (SD3, slg={slg}): PSNR {p:.2f} dB (need >= {MIN_PSNR})"

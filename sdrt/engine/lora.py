@@ -286,7 +286,24 @@ def _patched(t, deltas, runtime: bool = False):
     from ..io.writer import quantize_like_sd_cpp
     from ..ops import dtypes
     from ..ops.convert import f32_to_raw
+    from .lora_merge import merge_into
     dst = dtypes.get("F32") if runtime and t.dtype.is_quantized else t.dtype
+
+    if dst is t.dtype and _fused_ok(dst.name):
+        def fill_fused():
+            lowrank, dense = [], None
+            for d in deltas:
+                f = d.factors() if isinstance(d, _Delta) else None
+                if f is not None:
+                    lowrank.append(f)
+                else:
+                    x = d().reshape(t.ne[-1], -1)
+                    dense = x if dense is None else dense + x
+            out = merge_into(t.numpy().reshape(-1).view(np.uint8), dst.name, (t.ne[-1], t.nelements // t.ne[-1]),
+                             lowrank, dense)
+            out.flags.writeable = False      # a weight (GPU backends cache read-only storage)
+            return out
+        return ConvertedTensor(dst, t.ne, fill_fused, name=t.name)
 
     def fill():
         w = deltas[0]()
@@ -294,9 +311,17 @@ def _patched(t, deltas, runtime: bool = False):
             w += d()
         w += _f32(t)
         if dst.is_quantized:
-            return quantize_like_sd_cpp(np.ascontiguousarray(w).reshape(-1, w.shape[-1]), t.dtype).reshape(-1).view("uint8")
-        return np.ascontiguousarray(f32_to_raw(w, dst)).reshape(-1).view("uint8")
+            out = quantize_like_sd_cpp(np.ascontiguousarray(w).reshape(-1, w.shape[-1]), t.dtype).reshape(-1).view("uint8")
+        else:
+            out = np.ascontiguousarray(f32_to_raw(w, dst)).reshape(-1).view("uint8")
+        out.flags.writeable = False          # a weight, not a per-run input, for GPU backends
+        return out
     return ConvertedTensor(dst, t.ne, fill, name=t.name)
+
+
+def _fused_ok(name: str) -> bool:
+    from .lora_merge import supported
+    return supported(name)
 
 
 def _grouped(lm: LoraModel) -> dict:
@@ -375,13 +400,29 @@ def _plan_delta(lm: LoraModel, target: str, parts, shape):
         lm.skipped.update(k for _, g in parts for k, _ in g.values())
         return None
     lm.applied.update(used)
-    mult = lm.multiplier
+    return _Delta(groups, lm.multiplier, shape, target, dshape)
 
-    def compute() -> np.ndarray:
-        ds = [weight_delta(g, mult)[0] for g in groups]
+
+class _Delta:
+    """One target's delta from one file: called, the float32 delta in the weight's shape;
+    `factors()`, (up [out, r] with the scale and multiplier folded in, down [r, in]) when it is
+    one plain LoRA/LoCon group of the weight's shape (the fused merge never forms it), else None."""
+    __slots__ = ("groups", "mult", "shape", "target", "dshape")
+
+    def __init__(self, groups, mult, shape, target, dshape):
+        self.groups, self.mult, self.shape, self.target, self.dshape = groups, mult, shape, target, dshape
+
+    def __call__(self) -> np.ndarray:
+        ds = [weight_delta(g, self.mult)[0] for g in self.groups]
         d = ds[0] if len(ds) == 1 else np.concatenate([x.reshape(x.shape[0], -1) for x in ds])
-        return _fit(d, shape, target)
-    return compute
+        return _fit(d, self.shape, self.target)
+
+    def factors(self):
+        if len(self.groups) != 1 or _kind(self.groups[0]) != "lora" or "lora_mid" in self.groups[0] \
+                or self.dshape[0] != self.shape[0] or int(np.prod(self.dshape)) != int(np.prod(self.shape)):
+            return None
+        down, _, up, scale = lora_factors(self.groups[0])
+        return up.reshape(up.shape[0], -1) * _F32(scale * self.mult), down.reshape(down.shape[0], -1)
 
 
 def choose_mode(mode: str, tensors: dict, offloaded: bool = False) -> str:
@@ -539,8 +580,7 @@ def _runtime_path(lm: LoraModel, target: str, parts, shape) -> RuntimePath | Non
         d = _plan_delta(lm, target, parts, shape)
         if d is None:
             return None
-        p.dense.append(ConvertedTensor(dtypes.get("F32"), shape[::-1],
-                                       lambda: np.ascontiguousarray(d(), _F32).reshape(-1).view("uint8"),
+        p.dense.append(ConvertedTensor(dtypes.get("F32"), shape[::-1], lambda: _weight_bytes(d()),
                                        name=target + ".lora_delta"))
         return p
     down, mid, up, scale = lora_factors(group)
@@ -552,9 +592,21 @@ def _runtime_path(lm: LoraModel, target: str, parts, shape) -> RuntimePath | Non
         lm.skipped.update(k for k, _ in group.values())
         return None
     lm.applied.update(_keys(group, ["lora_up", "lora_down", "lora_mid", "scale" if "scale" in group else "alpha"]))
-    p.chains.append(tuple(Tensor.from_numpy(np.ascontiguousarray(a), name=target + ".lora") if a is not None else None
+    p.chains.append(tuple(Tensor.from_numpy(_read_only(a), name=target + ".lora") if a is not None else None
                           for a in (down, mid, up)) + (float(scale * lm.multiplier),))
     return p
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """Factors as read-only arrays: GPU backends take writeable numpy leaves for per-run inputs
+    (copied to the device on every run) and cache read-only ones as weights."""
+    a = np.ascontiguousarray(a, _F32)
+    a.flags.writeable = False
+    return a
+
+
+def _weight_bytes(a: np.ndarray) -> np.ndarray:
+    return _read_only(a).reshape(-1).view(np.uint8)
 
 
 # ---- the infotext ----------------------------------------------------------------------------------

@@ -693,7 +693,8 @@ class Pipeline:
             clip_l=mp.clip_l or "", clip_g=mp.clip_g or "", diffusion_model=mp.diffusion_model or "",
             vae=mp.vae or "", taesd=mp.taesd or "", clip_skip=gp.clip_skip, img_cfg_scale=gp.img_cfg_scale,
             strength=gp.strength, lora_hashes=self._lora_hashes(), control_net=mp.control_net or "",
-            control_strength=gp.control_strength, hires=gp.hires_metadata(),
+            control_strength=gp.control_strength, hires=gp.hires_metadata(), t5xxl=mp.path_of("t5xxl") or "",
+            slg=(gp.slg_scale, gp.skip_layers, gp.skip_layer_start, gp.skip_layer_end), flow_shift=gp.flow_shift,
             vae_tiling={"enabled": True, "tile_size_x": int(gp.vae_tile_size[0]), "tile_size_y": int(gp.vae_tile_size[1]),
                             "target_overlap": float(gp.vae_tile_overlap), "rel_size_x": float(gp.vae_relative_tile_size[0]),
                             "rel_size_y": float(gp.vae_relative_tile_size[1])} if gp.vae_tiling else None)

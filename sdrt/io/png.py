@@ -77,13 +77,19 @@ def _jnum(v):
 
 def metadata_json(*, prompt, negative_prompt, seed, width, height, steps, eta, cfg_scale, img_cfg_scale,
                   guidance, method, scheduler, sigmas, clip_skip, strength, rng, sampler_rng, models,
-                  vae_tiling=None, generator=("sdrt", "", ""), control_strength=0.9) -> str:
-    """The `SDCPP:` JSON of sd-cli's build_sdcpp_image_metadata_json (img_gen mode)."""
+                  vae_tiling=None, generator=("sdrt", "", ""), control_strength=0.9, slg=None,
+                  flow_shift=math.inf) -> str:
+    """The `SDCPP:` JSON of sd-cli's build_sdcpp_image_metadata_json (img_gen mode). `slg`:
+    (scale, layers, start, end) of skip-layer guidance as requested (sd-cli writes its
+    parameters whether or not the model uses them; None: sd-cli's defaults); `flow_shift`: the
+    request's --flow-shift (inf, the default, is written as null, as nlohmann dumps sd-cli's INFINITY)."""
+    scale, layers, start, end = slg if slg is not None else (0.0, [7, 8, 9], 0.01, 0.2)
     sampling = {
-        "steps": int(steps), "eta": _jnum(eta), "shifted_timestep": 0, "flow_shift": None,
+        "steps": int(steps), "eta": _jnum(eta), "shifted_timestep": 0, "flow_shift": _jnum(flow_shift),
         "guidance": {"txt_cfg": _jnum(cfg_scale), "img_cfg": _jnum(img_cfg_scale),
                      "distilled_guidance": _jnum(guidance),
-                     "slg": {"scale": 0.0, "layers": [7, 8, 9], "start": _jnum(0.01), "end": _jnum(0.2)}},
+                     "slg": {"scale": _jnum(scale), "layers": [int(i) for i in layers], "start": _jnum(start),
+                             "end": _jnum(end)}},
         "custom_sigmas": [_jnum(s) for s in (sigmas or [])],
     }
     if method:
@@ -112,9 +118,10 @@ def parameters_text(*, prompt, negative_prompt="", steps, cfg_scale, guidance=3.
                     height, model="", rng="cuda", sampler_rng=None, method, scheduler=None, sigmas=None,
                     clip_l="", clip_g="", diffusion_model="", vae="", taesd="", clip_skip=-1,
                     img_cfg_scale=math.inf, strength=0.75, vae_tiling=None, generator=None, lora_hashes=None,
-                    control_net="", control_strength=0.9, hires=None) -> str:
+                    control_net="", control_strength=0.9, hires=None, t5xxl="", slg=None, flow_shift=math.inf) -> str:
     """sd-cli's `get_image_params` for one image (seed = the image's own seed); `lora_hashes`
-    ("name: hash, ...") adds A1111's `Lora hashes: "..."` field before Version."""
+    ("name: hash, ...") adds A1111's `Lora hashes: "..."` field before Version; `slg` and
+    `flow_shift` go to the SDCPP JSON (metadata_json)."""
     from .. import __version__
     generator = generator or ("sdrt", __version__, "")
     s = prompt + "\n"
@@ -131,7 +138,7 @@ def parameters_text(*, prompt, negative_prompt="", steps, cfg_scale, guidance=3.
     elif scheduler:
         s += " " + scheduler
     s += ", "
-    for te in (clip_l, clip_g):
+    for te in (clip_l, clip_g, t5xxl):
         if te:
             s += f"TE: {_basename(te)}, "
     if diffusion_model:
@@ -147,13 +154,13 @@ def parameters_text(*, prompt, negative_prompt="", steps, cfg_scale, guidance=3.
     if lora_hashes:
         s += f'Lora hashes: "{lora_hashes}", '
     s += f"Version: {generator[0]}"
-    models = {"model": model, "clip_l": clip_l, "clip_g": clip_g, "diffusion_model": diffusion_model, "vae": vae,
-              "taesd": taesd, "control_net": control_net}
+    models = {"model": model, "clip_l": clip_l, "clip_g": clip_g, "t5xxl": t5xxl, "diffusion_model": diffusion_model,
+              "vae": vae, "taesd": taesd, "control_net": control_net}
     s += ", SDCPP: " + metadata_json(
         prompt=prompt, negative_prompt=negative_prompt, seed=seed, width=width, height=height, steps=steps, eta=eta,
         cfg_scale=cfg_scale, img_cfg_scale=img_cfg_scale, guidance=guidance, method=method, scheduler=scheduler,
         sigmas=sigmas, clip_skip=clip_skip, strength=strength, rng=rng, sampler_rng=sampler_rng, models=models,
-        vae_tiling=vae_tiling, generator=generator, control_strength=control_strength)
+        vae_tiling=vae_tiling, generator=generator, control_strength=control_strength, slg=slg, flow_shift=flow_shift)
     return s
 
 

@@ -28,7 +28,10 @@ def document(limits: Limits) -> dict:
         "custom_sigmas": {"type": "array", "items": {"type": "number"}}, "flow_shift": {"type": "number", "nullable": True},
         "guidance": {"type": "object", "properties": {
             "txt_cfg": {"type": "number"}, "img_cfg": {"type": "number", "nullable": True},
-            "distilled_guidance": {"type": "number"}}}}}
+            "distilled_guidance": {"type": "number"},
+            "slg": {"type": "object", "properties": {
+                "layers": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                "layer_start": {"type": "number"}, "layer_end": {"type": "number"}, "scale": {"type": "number"}}}}}}}
     native = {"type": "object", "properties": {
         "prompt": {"type": "string"}, "negative_prompt": {"type": "string"}, "clip_skip": {"type": "integer"},
         "width": {"type": "integer", "minimum": L.min_width, "maximum": L.max_width},

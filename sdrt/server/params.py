@@ -247,7 +247,7 @@ def apply_native(gp: GenParams, d: dict, limits: Limits, loras: dict) -> GenPara
             kw[attr] = v
     sp = _get(d, "sample_params", dict, {})
     for key, kind, attr in (("scheduler", str, "scheduler"), ("sample_method", str, "sampling_method"),
-                            ("sample_steps", int, "steps"), ("eta", float, "eta")):
+                            ("sample_steps", int, "steps"), ("eta", float, "eta"), ("flow_shift", float, "flow_shift")):
         v = _get(sp, key, kind, None, "sample_params.")
         if v is not None:
             kw[attr] = None if kind is str and v in ("", "default") else v
@@ -262,6 +262,16 @@ def apply_native(gp: GenParams, d: dict, limits: Limits, loras: dict) -> GenPara
         v = _get(g, key, float, None, "sample_params.guidance.")
         if v is not None:
             kw[attr] = v
+    slg = _get(g, "slg", dict, {}, "sample_params.guidance.")     # skip-layer guidance (SD3), as sd-server
+    for key, attr in (("scale", "slg_scale"), ("layer_start", "skip_layer_start"), ("layer_end", "skip_layer_end")):
+        v = _get(slg, key, float, None, "sample_params.guidance.slg.")
+        if v is not None:
+            kw[attr] = v
+    layers = _get(slg, "layers", list, None, "sample_params.guidance.slg.")
+    if layers is not None:
+        if len(layers) > 256 or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise BadRequest("sample_params.guidance.slg.layers: expected a list of layer indices")
+        kw["skip_layers"] = list(layers)
     vt = _get(d, "vae_tiling_params", dict, {})
     if vt:
         kw["vae_tiling"] = _get(vt, "enabled", bool, gp.vae_tiling, "vae_tiling_params.")

@@ -2,13 +2,16 @@
 pipelines from the shipped SPIR-V, one-shot and recorded command buffers.
 
 Addresses. The backend registry's DeviceMemory speaks in integer device addresses; Vulkan has
-buffers. Each allocation here is one VkBuffer with its own memory, handed out as a virtual
-address `slot << SLOT_SHIFT` (offsets inside it are added), so `resolve(addr)` gives the buffer
-and byte offset back in O(1). A kernel binds the whole buffer from the 16-byte-aligned start at
-or below its tensor and indexes from there (maxStorageBufferRange bounds what one binding reaches).
+buffers. Device memory is sub-allocated: pooled blocks of 256 MiB (one VkDeviceMemory and one
+VkBuffer over it each; larger requests and host-visible buffers get their own), an allocation
+handed out as the virtual address `(slot << SLOT_SHIFT) + offset in the block`, so
+`resolve(addr)` gives the buffer and byte offset back in O(1). A kernel binds its buffer from the
+aligned start at or below its tensor and indexes from there (maxStorageBufferRange bounds what
+one binding reaches, not the block size).
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
@@ -81,10 +84,39 @@ def usable_devices(instance) -> list:
 
 
 class _Buffer:
-    __slots__ = ("buffer", "memory", "size", "mapped")
+    """One VkDeviceMemory with one VkBuffer over all of it: a pooled block that allocations are
+    carved from (`free` the sorted list of free (offset, size) runs), or a dedicated buffer
+    (host-visible staging buffers; requests larger than half a block)."""
+    __slots__ = ("buffer", "memory", "size", "mapped", "free", "used", "pooled")
 
-    def __init__(self, buffer, memory, size, mapped=None):
+    def __init__(self, buffer, memory, size, mapped=None, pooled=False):
         self.buffer, self.memory, self.size, self.mapped = buffer, memory, size, mapped
+        self.pooled, self.used = pooled, 0
+        self.free = [(0, size)] if pooled else []
+
+    def take(self, n: int) -> int | None:
+        """First fit: the offset of n free bytes (n a multiple of the alignment), or None."""
+        for i, (off, size) in enumerate(self.free):
+            if size >= n:
+                if size == n:
+                    del self.free[i]
+                else:
+                    self.free[i] = (off + n, size - n)
+                self.used += n
+                return off
+        return None
+
+    def give(self, off: int, n: int) -> None:
+        """Return [off, off+n) to the free list, merged with its free neighbours."""
+        self.used -= n
+        i = bisect.bisect_left(self.free, (off, 0))
+        if i < len(self.free) and off + n == self.free[i][0]:
+            n += self.free.pop(i)[1]
+        if i > 0 and self.free[i - 1][0] + self.free[i - 1][1] == off:
+            off, n = self.free[i - 1][0], self.free[i - 1][1] + n
+            i -= 1
+            del self.free[i]
+        self.free.insert(i, (off, n))
 
 
 class VulkanDevice:
@@ -114,7 +146,12 @@ class VulkanDevice:
         self.fence = v.vkCreateFence(self.device, v.VkFenceCreateInfo(), None)
         self._slots: dict[int, _Buffer] = {}
         self._next = 1
-        self._allocated = 0
+        self._held = 0                      # bytes allocated from the driver (blocks + dedicated)
+        self._pool: list[int] = []          # slots of the pooled blocks
+        self._live: dict[int, int] = {}     # pooled allocation address -> bytes
+        self._stage_ptr, self._stage_size = 0, 0
+        self.alloc_align = max(256, int(self.limits.minStorageBufferOffsetAlignment))
+        self.heap_bytes, self.block_bytes = self._heap_and_block()
         self._lock = threading.RLock()
         self._layouts()
         self._pipelines: dict = {}
@@ -136,7 +173,22 @@ class VulkanDevice:
                 return i
         return None
 
-    def _make(self, nbytes: int, host: bool) -> _Buffer:
+    def _heap_and_block(self) -> tuple[int, int]:
+        """(device-local heap bytes, pooled block bytes): blocks of 256 MiB, less where the
+        driver's maxMemoryAllocationSize or a small heap says so ($SDRT_VULKAN_BLOCK_MB overrides)."""
+        v, mp = self.v, self.mem_props
+        heaps = [mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount)
+                 if mp.memoryHeaps[i].flags & v.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT] or \
+                [mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount)]
+        heap = int(max(heaps))
+        m3 = v.VkPhysicalDeviceMaintenance3Properties()
+        v.vkGetPhysicalDeviceProperties2(self.pd, v.VkPhysicalDeviceProperties2(pNext=m3))
+        cap = int(m3.maxMemoryAllocationSize) or heap
+        want = int(float(os.environ.get("SDRT_VULKAN_BLOCK_MB", "256")) * 2**20)
+        block = max(2**20, min(want, cap, heap // 8))
+        return heap, block // self.alloc_align * self.alloc_align
+
+    def _make(self, nbytes: int, host: bool, pooled: bool = False) -> _Buffer:
         v = self.v
         usage = (v.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | v.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
                  | v.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
@@ -160,27 +212,64 @@ class VulkanDevice:
         mapped = None
         if host:
             mapped = np.frombuffer(v.vkMapMemory(self.device, mem, 0, nbytes, 0), dtype=np.uint8)
-        return _Buffer(buf, mem, nbytes, mapped)
+        return _Buffer(buf, mem, nbytes, mapped, pooled)
+
+    def _new_slot(self, b: _Buffer) -> int:
+        slot, self._next = self._next, self._next + 1
+        self._slots[slot] = b
+        self._held += b.size
+        return slot
+
+    def _destroy(self, slot: int) -> None:
+        b = self._slots.pop(slot)
+        self._held -= b.size
+        if b.mapped is not None:
+            self.v.vkUnmapMemory(self.device, b.memory)
+        self.v.vkDestroyBuffer(self.device, b.buffer, None)
+        self.v.vkFreeMemory(self.device, b.memory, None)
 
     def alloc(self, nbytes: int, host: bool = False) -> int:
-        """A new buffer of nbytes (device-local; `host`: host-visible and mapped): its address."""
+        """Device memory for nbytes: its address. Device-local requests up to half a block are
+        carved from pooled blocks of `block_bytes` (one VkDeviceMemory and one VkBuffer each);
+        larger ones and host-visible (`host`, mapped) buffers get their own allocation."""
+        n = max(self.alloc_align, -(-nbytes // self.alloc_align) * self.alloc_align)
         with self._lock:
-            b = self._make(nbytes, host)
-            slot, self._next = self._next, self._next + 1
-            self._slots[slot] = b
-            self._allocated += b.size
-            return slot << SLOT_SHIFT
+            if host or n > self.block_bytes // 2:
+                return self._new_slot(self._make(n, host)) << SLOT_SHIFT
+            for slot in self._pool:
+                off = self._slots[slot].take(n)
+                if off is not None:
+                    ptr = (slot << SLOT_SHIFT) + off
+                    self._live[ptr] = n
+                    return ptr
+            try:
+                block = self._make(self.block_bytes, False, pooled=True)
+            except DeviceOutOfMemoryError:       # no room for a whole block: this request alone
+                return self._new_slot(self._make(n, False)) << SLOT_SHIFT
+            slot = self._new_slot(block)
+            self._pool.append(slot)
+            ptr = (slot << SLOT_SHIFT) + block.take(n)
+            self._live[ptr] = n
+            return ptr
 
     def free(self, ptr: int) -> None:
         with self._lock:
-            b = self._slots.pop(ptr >> SLOT_SHIFT, None)
+            slot = ptr >> SLOT_SHIFT
+            b = self._slots.get(slot)
             if b is None:
                 return
-            self._allocated -= b.size
-            if b.mapped is not None:
-                self.v.vkUnmapMemory(self.device, b.memory)
-            self.v.vkDestroyBuffer(self.device, b.buffer, None)
-            self.v.vkFreeMemory(self.device, b.memory, None)
+            if not b.pooled:
+                self._destroy(slot)
+                return
+            n = self._live.pop(ptr, None)
+            if n is None:
+                return
+            b.give(ptr & OFFSET_MASK, n)
+            # keep one wholly free block for the next allocation; give further ones back
+            empty = [s for s in self._pool if self._slots[s].used == 0]
+            for s in empty[1:]:
+                self._pool.remove(s)
+                self._destroy(s)
 
     def resolve(self, ptr: int) -> tuple[_Buffer, int]:
         return self._slots[ptr >> SLOT_SHIFT], ptr & OFFSET_MASK
@@ -190,27 +279,33 @@ class VulkanDevice:
         return b.mapped[off:off + nbytes]
 
     def mem_get_info(self) -> tuple[int, int]:
-        mp = self.mem_props
-        total = max(mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount))
-        return max(0, total - self._allocated), total
+        """(free, total): the device-local heap less what this device holds from the driver."""
+        return max(0, self.heap_bytes - self._held), self.heap_bytes
+
+    def _staging(self, nbytes: int) -> int:
+        """A host-visible buffer of at least nbytes, kept for the next upload/download."""
+        if self._stage_ptr and self._stage_size >= nbytes:
+            return self._stage_ptr
+        if self._stage_ptr:
+            self.free(self._stage_ptr)
+            self._stage_ptr = 0
+        size = max(nbytes, 4 * 2**20)
+        self._stage_ptr, self._stage_size = self.alloc(size, host=True), size
+        return self._stage_ptr
 
     def upload(self, ptr: int, host_u8, stream: str = "compute"):
         host_u8 = np.ascontiguousarray(host_u8).view(np.uint8).reshape(-1)
-        stage = self.alloc(host_u8.nbytes, host=True)
-        try:
+        with self._lock:
+            stage = self._staging(host_u8.nbytes)
             self.mapped(stage, host_u8.nbytes)[:] = host_u8
             self.one_shot(lambda cmd: self.cmd_copy(cmd, stage, ptr, host_u8.nbytes))
-        finally:
-            self.free(stage)
 
     def download(self, host_u8, ptr: int, stream: str = "compute") -> None:
         out = host_u8.view(np.uint8).reshape(-1)
-        stage = self.alloc(out.nbytes, host=True)
-        try:
+        with self._lock:
+            stage = self._staging(out.nbytes)
             self.one_shot(lambda cmd: self.cmd_copy(cmd, ptr, stage, out.nbytes))
             out[:] = self.mapped(stage, out.nbytes)
-        finally:
-            self.free(stage)
 
     def record(self, stream: str = "compute"):
         return None      # every submit here completes before it returns
@@ -222,10 +317,21 @@ class VulkanDevice:
         self.v.vkQueueWaitIdle(self.queue)
 
     def stats(self) -> dict:
-        return {"allocated": self._allocated, "buffers": len(self._slots)}
+        """in_use: device-local bytes handed out (pooled allocations and dedicated buffers; the
+        free runs inside partly used blocks are not counted, as a caching allocator's slack is
+        not); cached: wholly free pooled blocks (what empty_cache gives back)."""
+        with self._lock:
+            cached = sum(self._slots[s].size for s in self._pool if self._slots[s].used == 0)
+            dedicated = sum(b.size for b in self._slots.values() if not b.pooled and b.mapped is None)
+            return {"in_use": sum(self._live.values()) + dedicated, "cached": cached, "held": self._held,
+                    "blocks": len(self._pool), "buffers": len(self._slots), "block_bytes": self.block_bytes}
 
     def empty_cache(self) -> None:
-        pass             # no caching allocator: frees go straight to the driver
+        """Give wholly free pooled blocks back to the driver."""
+        with self._lock:
+            for s in [s for s in self._pool if self._slots[s].used == 0]:
+                self._pool.remove(s)
+                self._destroy(s)
 
     # ---- commands ----------------------------------------------------------------------------
     def cmd_copy(self, cmd, src: int, dst: int, nbytes: int) -> None:

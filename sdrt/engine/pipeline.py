@@ -454,12 +454,18 @@ class Pipeline:
         from .samplers import Guided
         passes = [c for c in (cond, uncond, img_cond) if c is not None]
         t0 = time.time()
+        calls = [0]
 
         def denoise(x, sigma, step):
             c_skip, c_out, c_in = den.get_scalings(sigma)
             t = F32(den.sigma_to_t(sigma))
             noised = (x * c_in).astype(F32)
             outs = self._run_model(noised, t, passes)
+            calls[0] += 1
+            if calls[0] == 1:   # start-up cost including the model's first graph build (pipelines, kernels)
+                age = process_age()
+                log.info("first model evaluation done after %s (%.2fs in it)",
+                         "?" if age is None else f"{age:.2f}s since process start", time.time() - t0)
             res = dict(zip([id(c) for c in passes], outs))
             c_o = res[id(cond)]
             u_o = res.get(id(uncond)) if uncond is not None else None

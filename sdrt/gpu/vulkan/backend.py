@@ -434,6 +434,7 @@ class VulkanBackend:
             if residency is not None:
                 residency.begin_graph(plan, 0)
             state = self._states.get(graph)
+            made = dict(self.device.pipeline_stats)
             if state is None or state.plan is not plan or (state.residency is None) != (residency is None):
                 if state is not None:
                     state.release()
@@ -448,11 +449,9 @@ class VulkanBackend:
             for o, off in state.inputs:
                 lo, size = o.offset, o.span_bytes()
                 dev.mapped(state.stage_in + off, size)[:] = o.storage.reshape(-1).view(np.uint8)[lo:lo + size]
-            made = dev.pipeline_stats["created"]
             if residency is not None:
                 state.run_segments(on_segment, residency)
-                if dev.pipeline_stats["created"] != made or state.runs == 0:
-                    dev.save_pipeline_cache()
+                dev.save_pipeline_cache()
             else:
                 if on_segment is not None:
                     for k, seg in enumerate(plan.segments):
@@ -463,6 +462,7 @@ class VulkanBackend:
                     else:
                         state.run_host_node(step[1], step[2])
             state.runs += 1
+            self._log_pipelines(made, len(graph.nodes))
             result = {}
             host = {id(n): dev.mapped(state.stage_out + off, _align(n.nbytes)).copy() for n, off in state.outputs}
             for name, t in graph.outputs.items():
@@ -474,6 +474,19 @@ class VulkanBackend:
                       f"{sum(s[0] == 'gpu' for s in state.steps)} batches", len(state.fallback),
                       (time.perf_counter() - t0) * 1e3)
             return result
+
+    def _log_pipelines(self, before: dict, nodes: int) -> None:
+        """One INFO line when a run made pipelines: how many, how long, and whether the disk
+        pipeline cache served them (creation feedback, where the driver gives it)."""
+        st = self.device.pipeline_stats
+        made = st["created"] - before["created"]
+        if not made:
+            return
+        hits, misses = st["cache_hits"] - before["cache_hits"], st["cache_misses"] - before["cache_misses"]
+        fb = f"{hits} cache hits, {misses} misses" if hits + misses else "no creation feedback"
+        log.info("%s: graph of %d nodes: %d pipelines made in %.2fs (pipeline cache: %s; %d bytes loaded from %s)",
+                 self.name, nodes, made, st["create_s"] - before["create_s"], fb, st["cache_loaded_bytes"],
+                 self.device.cache_path or "nowhere (SDRT_VULKAN_CACHE=0)")
 
     # ---- device memory of graphs (for a residency manager) -------------------------------------
     def alloc_or_make_room(self, nbytes: int, residency=None, host: bool = False) -> int:

@@ -138,8 +138,13 @@ class VulkanDevice:
         self.family = _compute_family(v, self.pd)
         f16 = v.VkPhysicalDevice16BitStorageFeatures(storageBuffer16BitAccess=v.VK_TRUE)
         queue = v.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=[1.0])
+        have = {e.extensionName for e in v.vkEnumerateDeviceExtensionProperties(self.pd, None)}
+        # pipeline creation feedback: says whether each pipeline came from the pipeline cache
+        self.feedback = v.VK_EXT_PIPELINE_CREATION_FEEDBACK_EXTENSION_NAME in have
+        exts = [v.VK_EXT_PIPELINE_CREATION_FEEDBACK_EXTENSION_NAME] if self.feedback else []
         self.device = v.vkCreateDevice(self.pd, v.VkDeviceCreateInfo(
-            pNext=f16, pQueueCreateInfos=[queue], queueCreateInfoCount=1), None)
+            pNext=f16, pQueueCreateInfos=[queue], queueCreateInfoCount=1,
+            enabledExtensionCount=len(exts), ppEnabledExtensionNames=exts), None)
         self.queue = v.vkGetDeviceQueue(self.device, self.family, 0)
         self.pool = v.vkCreateCommandPool(self.device, v.VkCommandPoolCreateInfo(
             queueFamilyIndex=self.family, flags=v.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT), None)
@@ -156,7 +161,8 @@ class VulkanDevice:
         self._layouts()
         self._pipelines: dict = {}
         self._modules: dict = {}
-        self.pipeline_stats = {"created": 0, "create_s": 0.0, "cache_loaded_bytes": 0}
+        self.pipeline_stats = {"created": 0, "create_s": 0.0, "cache_loaded_bytes": 0, "cache_hits": 0,
+                               "cache_misses": 0}
         self._cache_dirty = False
         self.cache_path = self._cache_path()
         self.cache = self._load_pipeline_cache()
@@ -410,9 +416,17 @@ class VulkanDevice:
                                     pData=v.ffi.from_buffer(data)) if spec else None
         stage = v.VkPipelineShaderStageCreateInfo(stage=v.VK_SHADER_STAGE_COMPUTE_BIT, module=mod, pName="main",
                                                   pSpecializationInfo=si)
+        fb = fbi = None
+        if self.feedback:
+            fb = v.ffi.new("VkPipelineCreationFeedback *")
+            fbi = v.VkPipelineCreationFeedbackCreateInfo(pPipelineCreationFeedback=fb,
+                                                         pipelineStageCreationFeedbackCount=0)
         t0 = time.perf_counter()
         p = v.vkCreateComputePipelines(self.device, self.cache, 1, [v.VkComputePipelineCreateInfo(
-            stage=stage, layout=self.pipeline_layout)], None)[0]
+            pNext=fbi, stage=stage, layout=self.pipeline_layout)], None)[0]
+        if fb is not None and fb.flags & v.VK_PIPELINE_CREATION_FEEDBACK_VALID_BIT:
+            hit = bool(fb.flags & v.VK_PIPELINE_CREATION_FEEDBACK_APPLICATION_PIPELINE_CACHE_HIT_BIT)
+            self.pipeline_stats["cache_hits" if hit else "cache_misses"] += 1
         self.pipeline_stats["created"] += 1
         self.pipeline_stats["create_s"] += time.perf_counter() - t0
         self._cache_dirty = True

@@ -435,14 +435,20 @@ class VulkanDevice:
 
     # ---- the disk pipeline cache -----------------------------------------------------------------
     def _cache_path(self) -> str | None:
-        """$SDRT_VULKAN_CACHE (a directory; "0" turns the cache off) or ~/.cache/sdrt/vulkan, one
-        file per device, driver version and pipelineCacheUUID (a driver update starts afresh)."""
-        where = os.environ.get("SDRT_VULKAN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdrt", "vulkan"))
+        """$SDRT_VULKAN_CACHE (a directory; "0" turns the cache off) or <user cache dir>/sdrt/vulkan
+        ($XDG_CACHE_HOME, else ~/.cache): one file per device and driver, named by the device's
+        and the driver's UUIDs and the driver's pipelineCacheUUID (a driver update starts afresh)."""
+        v = self.v
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        where = os.environ.get("SDRT_VULKAN_CACHE", os.path.join(base, "sdrt", "vulkan"))
         if where == "0":
             return None
-        p = self.props
-        uuid = bytes(bytearray(p.pipelineCacheUUID)).hex()
-        return os.path.join(where, f"{p.vendorID:04x}-{p.deviceID:04x}-{p.driverVersion:x}-{uuid}.bin")
+        ids = v.VkPhysicalDeviceIDProperties()
+        v.vkGetPhysicalDeviceProperties2(self.pd, v.VkPhysicalDeviceProperties2(pNext=ids))
+        device_uuid = bytes(bytearray(ids.deviceUUID)).hex()
+        driver_uuid = bytes(bytearray(ids.driverUUID)).hex()
+        cache_uuid = bytes(bytearray(self.props.pipelineCacheUUID)).hex()
+        return os.path.join(where, f"{device_uuid}-{driver_uuid}-{cache_uuid}.bin")
 
     def _load_pipeline_cache(self):
         """A VkPipelineCache seeded from the disk file when there is one (the driver ignores data

@@ -232,7 +232,8 @@ class _GraphState:
                     srcs = ", ".join(s.dtype.name for s in n.src)
                     raise UnsupportedError(f"backend {backend.name!r} has no kernel for {n.op}({srcs}) -> "
                                            f"{n.dtype.name}" + (f" (node {n.name})" if n.name else ""))
-                self.steps.append(("gpu", _Batch(dev, rec.items, copies_in)))
+                if rec.items or copies_in:      # nothing between two host nodes: no empty batch
+                    self.steps.append(("gpu", _Batch(dev, rec.items, copies_in)))
                 rec, copies_in = Recorder(dev), []
                 self.steps.append(("host", n, cpu))
                 self.fallback.append(n.op)

@@ -95,6 +95,19 @@ if ! grep -q vulkan0 <<< "$DEVS"; then
         fi
     done
 fi
+# a Mesa CPU device (lavapipe) listed first would take the name vulkan0: keep NVIDIA's ICD alone
+if grep -qE "^vulkan0.*\(CPU\)" <<< "$DEVS"; then
+    for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json \
+               /etc/vulkan/icd.d/nvidia_icd.json; do
+        if [ -f "$icd" ]; then
+            say "vulkan0 is a CPU device: VK_DRIVER_FILES=$icd (NVIDIA's driver alone)"
+            export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd
+            DEVS=$(list_devices)
+            break
+        fi
+    done
+    grep -qE "^vulkan0.*\(CPU\)" <<< "$DEVS" && say "WARNING: vulkan0 is still a CPU device (no NVIDIA ICD found)"
+fi
 echo "$DEVS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
 if ! grep -q vulkan0 <<< "$DEVS"; then
@@ -220,9 +233,23 @@ for m, v, c in (("SD1.5 512", "sd15_vk2", "sd15_cuda"), ("SDXL 1024", "sdxl_vk",
     if r.get(v) and r.get(c):
         print(f"  {m}: vulkan0 / cuda0 = {r[v] / r[c]:.2f} (issue 19 asks >= 0.5)")
 print("== pipeline cache (process 1: empty cache; process 2: seeded from process 1's file)")
+pat = (r"graph of (\d+) nodes: (\d+) pipelines made in ([\d.]+)s \(pipeline cache: (?:(\d+) cache hits, (\d+) misses|"
+       r"no creation feedback); (\d+) bytes loaded from (.*)\)")
 for name in ("sd15_vk1", "sd15_vk2"):
-    for line in re.findall(r".*pipelines made.*", log(name))[:4]:
-        print(f"  {name}: {line.strip()[-230:]}")
+    rows = re.findall(pat, log(name))
+    made = sum(int(r[1]) for r in rows)
+    secs = sum(float(r[2]) for r in rows)
+    hits = sum(int(r[3] or 0) for r in rows)
+    misses = sum(int(r[4] or 0) for r in rows)
+    loaded = rows[0][5] if rows else "-"
+    _, _, age = rate(name)
+    print(f"  {name}: {made} pipelines in {secs:.2f}s, {hits} cache hits, {misses} misses, {loaded} bytes of "
+          f"cache loaded; first model evaluation done at {age or '-'} s since process start")
+    if rows:
+        print(f"    cache file: {rows[0][6]}")
+    if name == "sd15_vk2" and rows:
+        print(f"  second process: {'pipeline cache HIT' if hits and not misses else 'partial hit' if hits else 'NO cache hit'}"
+              f" ({hits} of {made} pipelines from the cache)")
 ops = re.findall(r"\d+ (?:passed|failed|xfailed|skipped|deselected)[^\n]*", log("ops"))
 print("== op x backend on vulkan0:", ops[-1] if ops else "no result")
 ok &= bool(ops) and "failed" not in ops[-1]

@@ -4,7 +4,7 @@
 #
 #   bash tools/h200_vulkan.sh prepare     # HERE, once, in the repo root (needs the internet):
 #                                         #   .whl/vk/  the `vulkan` binding + cffi + pycparser wheels (cp312)
-#                                         #   .gl/      the Vulkan loader (libvulkan1 .deb)
+#                                         #   .gl/      the Vulkan loader (libvulkan1 .deb); both git-ignored
 #                                         # (and `bash tools/device_setup.sh prepare` for .whl/ as usual)
 #   bash tools/h200_vulkan.sh             # THERE: device run with carry [".whl", ".gl"]
 #
@@ -25,7 +25,8 @@ export PYTHONUNBUFFERED=1 LC_ALL=C
 
 if [ "${1:-}" = prepare ]; then
     set -e
-    for f in .whl .gl; do grep -qx "/$f/" .git/info/exclude 2>/dev/null || echo "/$f/" >> "$(git rev-parse --git-path info/exclude)"; done
+    # .whl/ and .gl/ are in .gitignore: they travel only when `carry` names them
+    { git check-ignore -q .whl/vk/x.whl && git check-ignore -q .gl/x.deb; } || { echo "prepare: .whl/ or .gl/ is not git-ignored here" >&2; exit 1; }
     mkdir -p .whl/vk .gl /tmp/amd64/partial
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

@@ -29,6 +29,7 @@
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import os
@@ -50,6 +51,8 @@ from .device import BINDINGS, VulkanDevice
 from .table import VULKAN
 
 log = logging.getLogger("sdrt.vulkan")
+_EXITING: list = []                   # [True] once the interpreter exits (atexit runs before teardown)
+atexit.register(_EXITING.append, True)
 
 
 def import_families() -> list[str]:
@@ -417,7 +420,9 @@ class VulkanBackend:
         self._weights[key] = (ptr, weakref.ref(st, lambda _r, k=key: self._drop_weight(k)))
         return ptr
 
-    def _drop_weight(self, key) -> None:
+    def _drop_weight(self, key, _exiting=_EXITING) -> None:
+        if _exiting:        # interpreter exit: the process gives the device memory back
+            return
         hit = self._weights.pop(key, None)
         if hit is not None:
             self.device.free(hit[0])

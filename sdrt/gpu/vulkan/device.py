@@ -258,9 +258,10 @@ class VulkanDevice:
             self._live[ptr] = n
             return ptr
 
-    def free(self, ptr: int) -> None:
+    def free(self, ptr: int, _shift=SLOT_SHIFT, _mask=OFFSET_MASK) -> None:
+        # the constants are bound as defaults: weakref callbacks call this at interpreter exit too
         with self._lock:
-            slot = ptr >> SLOT_SHIFT
+            slot = ptr >> _shift
             b = self._slots.get(slot)
             if b is None:
                 return
@@ -270,7 +271,7 @@ class VulkanDevice:
             n = self._live.pop(ptr, None)
             if n is None:
                 return
-            b.give(ptr & OFFSET_MASK, n)
+            b.give(ptr & _mask, n)
             # keep one wholly free block for the next allocation; give further ones back
             empty = [s for s in self._pool if self._slots[s].used == 0]
             for s in empty[1:]:

@@ -2,7 +2,9 @@
 (tools/make_sd_checkpoint.py) through the CLI on vulkan0 and on the CPU, PSNR >= 50 dB; and the
 same with --max-vram (weights streamed per segment on Vulkan), which must give vulkan0's image.
 
-Opt-in (minutes on lavapipe, ~3 GB of memory: run it under `flock /work/heavy.lock`):
+Opt-in: lavapipe is slow at full size (one UNet step took ~20 minutes on the shared 2-core machine
+at load 8-11, see docs/vulkan.md; expect well over an hour for the three runs there), ~4 GB of
+memory: run it on a quiet machine, or under `flock /work/heavy.lock` here.
     SDRT_VULKAN_SD15=1 python -m pytest -q tests/test_vulkan_sd15.py
 SDRT_VULKAN_SD15 may name an existing checkpoint file (else one is written to a temporary dir)."""
 from __future__ import annotations
@@ -21,7 +23,7 @@ ARGS = ["-p", "a lovely cat", "-W", "256", "-H", "256", "--steps", "2", "--cfg-s
 
 pytestmark = [pytest.mark.vulkan,
               pytest.mark.skipif(not os.environ.get("SDRT_VULKAN_SD15"),
-                                 reason="full-size SD1.5 on lavapipe takes minutes: set SDRT_VULKAN_SD15=1 "
+                                 reason="full-size SD1.5 on lavapipe is slow: set SDRT_VULKAN_SD15=1 "
                                         "(or a checkpoint path) to run it")]
 
 

@@ -490,6 +490,7 @@ class Pipeline:
         from .samplers import Guided
         passes = [c for c in (cond, uncond, img_cond) if c is not None]
         t0 = time.time()
+        calls = [0]
 
         def denoise(x, sigma, step):
             c_skip, c_out, c_in = den.get_scalings(sigma)
@@ -500,6 +501,11 @@ class Pipeline:
             else:
                 controls = self._step_controls(noised, t, cond, uncond, img_cond, control[0])
                 outs = self._run_model(noised, t, passes, controls, control[1])
+            calls[0] += 1
+            if calls[0] == 1:   # start-up cost including the model's first graph build (pipelines, kernels)
+                age = process_age()
+                log.info("first model evaluation done after %s (%.2fs in it)",
+                         "?" if age is None else f"{age:.2f}s since process start", time.time() - t0)
             res = dict(zip([id(c) for c in passes], outs))
             c_o = res[id(cond)]
             u_o = res.get(id(uncond)) if uncond is not None else None

@@ -74,6 +74,7 @@ def _kernels():
 
 
 # has_memory=False: placement never picks a Vulkan device on its own (lavapipe is a CPU driver,
-# and weights streamed per segment are not supported here yet); `--backend vulkan0` names it
+# slower than the CPU backend, and a machine with CUDA should get cuda0); `--backend vulkan0`
+# names it, and --max-vram then streams its weights per segment (backend.py)
 register_backend("vulkan", _make, devices, unavailable_reason=unavailable_reason, kernels=_kernels,
                  has_memory=False)

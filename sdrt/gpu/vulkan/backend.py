@@ -17,11 +17,19 @@
   are read back, its CPU result is copied up, and the next batch runs. SDRT_VULKAN_FALLBACK=0
   makes a missing kernel an UnsupportedError instead (what the op tests rely on: they ask
   `find` first).
-- A residency object (weights streamed per segment, --max-vram) is not supported yet: an
-  UnsupportedError says so. `on_segment` is called for each segment before the graph runs.
+- With a residency object (sdrt.engine.residency.ResidencyManager: `--max-vram`, weights
+  streamed per segment) the graph runs segment by segment: `begin_segment` stages the
+  segment's weights, the segment's dispatches are recorded with the addresses it gives them
+  (the recording is kept and resubmitted while those addresses stay the same) and submitted,
+  `end_segment` unpins them. Every submit completes before it returns, so an evicted weight's
+  memory is never still being read. `on_segment` is then called before each segment too;
+  without a residency object it is called for each segment before the one submit.
+- Device memory comes from device.py's sub-allocator (pooled 256 MiB blocks); a failed
+  allocation with a residency object asks it to make room (`make_room`) and retries once.
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import os
@@ -34,7 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import UnsupportedError
+from ...errors import DeviceOutOfMemoryError, UnsupportedError
+from ...ops.backend import Residency
 from ...ops.dtypes import DType
 from ...ops.graph import ALIGN
 from ...ops.tensor import Tensor
@@ -42,6 +51,8 @@ from .device import BINDINGS, VulkanDevice
 from .table import VULKAN
 
 log = logging.getLogger("sdrt.vulkan")
+_EXITING: list = []                   # [True] once the interpreter exits (atexit runs before teardown)
+atexit.register(_EXITING.append, True)
 
 
 def import_families() -> list[str]:
@@ -167,8 +178,10 @@ class _GraphState:
     """What one Graph keeps on one device between runs: buffers, and its steps (recorded batches
     and, for nodes without a Vulkan kernel, host nodes between them)."""
 
-    def __init__(self, backend: "VulkanBackend", graph, plan):
+    def __init__(self, backend: "VulkanBackend", graph, plan, residency=None):
         self.backend, self.plan, dev = backend, plan, backend.device
+        self.residency = residency
+        self.nbytes = 0                  # device bytes held (a residency manager counts idle graphs')
         self.blocks: list[int] = []
         self.node_ptr: dict[int, int] = {}
         arena = self._alloc(plan.arena_bytes) if plan.arena_bytes else 0
@@ -204,6 +217,10 @@ class _GraphState:
         # steps: ("gpu", _Batch) and ("host", node, cpu kernel), in node order
         self.steps: list = []
         self.fallback: list[str] = []
+        self.runs = 0
+        if residency is not None:
+            self._plan_segments(graph)
+            return
         rec = Recorder(dev)
         copies_in = [(self.stage_in + off, self.input_ptr[id(o)], o.span_bytes()) for o, off in self.inputs]
         allow = os.environ.get("SDRT_VULKAN_FALLBACK", "1") != "0"
@@ -218,7 +235,8 @@ class _GraphState:
                     srcs = ", ".join(s.dtype.name for s in n.src)
                     raise UnsupportedError(f"backend {backend.name!r} has no kernel for {n.op}({srcs}) -> "
                                            f"{n.dtype.name}" + (f" (node {n.name})" if n.name else ""))
-                self.steps.append(("gpu", _Batch(dev, rec.items, copies_in)))
+                if rec.items or copies_in:      # nothing between two host nodes: no empty batch
+                    self.steps.append(("gpu", _Batch(dev, rec.items, copies_in)))
                 rec, copies_in = Recorder(dev), []
                 self.steps.append(("host", n, cpu))
                 self.fallback.append(n.op)
@@ -227,24 +245,102 @@ class _GraphState:
         except Exception:
             self.release()
             raise
-        self.runs = 0
 
     def _alloc(self, nbytes: int, host: bool = False) -> int:
-        p = self.backend.device.alloc(max(nbytes, 16), host=host)
+        p = self.backend.alloc_or_make_room(max(nbytes, 16), self.residency, host=host)
         self.blocks.append(p)
+        self.nbytes += 0 if host else max(nbytes, 16)
         return p
 
-    def ptr(self, t: Tensor) -> int:
+    def ptr(self, t: Tensor, residency=None) -> int:
         o = t.owner
         if o.op is not None:
             return self.node_ptr[id(o)] + t.offset
         base = self.input_ptr.get(id(o))
         if base is None:
+            if residency is not None and residency.manages(t):
+                return residency.device_ptr(t)
             base = self.backend.weight_ptr(o)
         return base + (t.offset - o.offset)
 
-    def dev(self, t: Tensor) -> VkTensor:
-        return VkTensor.of(t, self.ptr(t))
+    def dev(self, t: Tensor, residency=None) -> VkTensor:
+        return VkTensor.of(t, self.ptr(t, residency))
+
+    # ---- segment by segment (with a residency object) ---------------------------------------------
+    def _plan_segments(self, graph) -> None:
+        """Each segment's nodes with their kernel (Vulkan, or the CPU's: run on the host) and the
+        weight leaves they read; recordings are made at run time (weights move between runs)."""
+        backend = self.backend
+        allow = os.environ.get("SDRT_VULKAN_FALLBACK", "1") != "0"
+        self.segments = []
+        for seg in self.plan.segments:
+            nodes = []
+            for n in seg.nodes:
+                k = backend.find(n)
+                if k is None:
+                    cpu = backend.cpu.find(n)
+                    if not allow or cpu is None:
+                        srcs = ", ".join(s.dtype.name for s in n.src)
+                        raise UnsupportedError(f"backend {backend.name!r} has no kernel for {n.op}({srcs}) -> "
+                                               f"{n.dtype.name}" + (f" (node {n.name})" if n.name else ""))
+                    self.fallback.append(n.op)
+                    nodes.append((n, None, cpu))
+                else:
+                    nodes.append((n, k, None))
+            leaves = [s for n in seg.nodes for s in n.src if s.owner.op is None]
+            self.segments.append((seg, nodes, leaves))
+        self.recorded: dict[int, tuple] = {}    # segment -> (weight addresses, [steps])
+
+    def run_segments(self, on_segment, residency) -> None:
+        dev = self.backend.device
+        if self.inputs:
+            dev.one_shot(lambda cmd: [dev.cmd_copy(cmd, self.stage_in + off, self.input_ptr[id(o)], o.span_bytes())
+                                      for o, off in self.inputs])
+        for k, (seg, nodes, leaves) in enumerate(self.segments):
+            if on_segment is not None:
+                on_segment(k, seg.name, seg.nodes)
+            residency.begin_segment(k, seg.name, leaves)
+            try:
+                key = tuple(self.ptr(t, residency) for t in leaves)
+                hit = self.recorded.get(k)
+                if hit is None or hit[0] != key:
+                    if hit is not None:
+                        self._release_steps(hit[1])
+                    self.recorded[k] = hit = (key, self._record(nodes, residency))
+                for step in hit[1]:
+                    if step[0] == "gpu":
+                        dev.submit(step[1].cmd)
+                    else:
+                        self.run_host_node(step[1], step[2])
+            finally:
+                residency.end_segment(k)
+        if self.outputs:
+            dev.one_shot(lambda cmd: [dev.cmd_copy(cmd, self.node_ptr[id(n)], self.stage_out + off, n.nbytes)
+                                      for n, off in self.outputs])
+
+    def _record(self, nodes, residency) -> list:
+        dev, steps, rec = self.backend.device, [], Recorder(self.backend.device)
+        try:
+            for n, k, cpu in nodes:
+                if k is not None:
+                    k.fn(n, [self.dev(s, residency) for s in n.src], self.dev(n), rec)
+                    continue
+                if rec.items:
+                    steps.append(("gpu", _Batch(dev, rec.items)))
+                    rec = Recorder(dev)
+                steps.append(("host", n, cpu))
+            if rec.items:
+                steps.append(("gpu", _Batch(dev, rec.items)))
+        except Exception:
+            self._release_steps(steps)
+            raise
+        return steps
+
+    @staticmethod
+    def _release_steps(steps) -> None:
+        for step in steps:
+            if step[0] == "gpu":
+                step[1].release()
 
     def run_host_node(self, n, kern) -> None:
         """A node without a Vulkan kernel: its inputs read back, the CPU kernel, its result up."""
@@ -263,10 +359,11 @@ class _GraphState:
         dev.upload(self.node_ptr[id(n)], out[:n.nbytes])
 
     def release(self) -> None:
-        for step in getattr(self, "steps", []):
-            if step[0] == "gpu":
-                step[1].release()
+        self._release_steps(getattr(self, "steps", []))
         self.steps = []
+        for _, steps in getattr(self, "recorded", {}).values():
+            self._release_steps(steps)
+        self.recorded = {}
         blocks, self.blocks = self.blocks, []
         for p in blocks:
             self.backend.device.free(p)
@@ -323,7 +420,9 @@ class VulkanBackend:
         self._weights[key] = (ptr, weakref.ref(st, lambda _r, k=key: self._drop_weight(k)))
         return ptr
 
-    def _drop_weight(self, key) -> None:
+    def _drop_weight(self, key, _exiting=_EXITING) -> None:
+        if _exiting:        # interpreter exit: the process gives the device memory back
+            return
         hit = self._weights.pop(key, None)
         if hit is not None:
             self.device.free(hit[0])
@@ -333,41 +432,101 @@ class VulkanBackend:
 
     # ---- running -------------------------------------------------------------------------------
     def run_graph(self, graph, plan, on_segment=None, residency=None) -> dict:
-        if residency is not None:
-            raise UnsupportedError(f"{self.name}: running with a residency manager (weights streamed per segment, "
-                                   "--max-vram) is not supported on Vulkan yet; keep the weights on the device")
+        if residency is not None and not isinstance(residency, Residency):
+            raise UnsupportedError(f"{self.name}: the residency object {type(residency).__name__} lacks the "
+                                   f"sdrt.ops.backend.Residency methods (manages, device_ptr, begin_graph, make_room)")
         with self._lock:
             t0 = time.perf_counter()
+            if residency is not None:
+                residency.begin_graph(plan, 0)
             state = self._states.get(graph)
-            if state is None or state.plan is not plan:
-                state = self._states[graph] = _GraphState(self, graph, plan)
-                self.device.save_pipeline_cache()
+            made = dict(self.device.pipeline_stats)
+            if state is None or state.plan is not plan or (state.residency is None) != (residency is None):
+                if state is not None:
+                    state.release()
+                state = self._states[graph] = _GraphState(self, graph, plan, residency)
+                if residency is None:
+                    self.device.save_pipeline_cache()
                 if state.fallback:
                     log.warning("%s: %d nodes run on the CPU (no Vulkan kernel): %s", self.name, len(state.fallback),
                                 ", ".join(sorted(set(state.fallback))))
-            if on_segment is not None:
-                for k, seg in enumerate(plan.segments):
-                    on_segment(k, seg.name, seg.nodes)
+            state.residency = residency
             dev = self.device
             for o, off in state.inputs:
                 lo, size = o.offset, o.span_bytes()
                 dev.mapped(state.stage_in + off, size)[:] = o.storage.reshape(-1).view(np.uint8)[lo:lo + size]
-            for step in state.steps:
-                if step[0] == "gpu":
-                    dev.submit(step[1].cmd)
-                else:
-                    state.run_host_node(step[1], step[2])
+            if residency is not None:
+                state.run_segments(on_segment, residency)
+                dev.save_pipeline_cache()
+            else:
+                if on_segment is not None:
+                    for k, seg in enumerate(plan.segments):
+                        on_segment(k, seg.name, seg.nodes)
+                for step in state.steps:
+                    if step[0] == "gpu":
+                        dev.submit(step[1].cmd)
+                    else:
+                        state.run_host_node(step[1], step[2])
             state.runs += 1
+            self._log_pipelines(made, len(graph.nodes))
             result = {}
             host = {id(n): dev.mapped(state.stage_out + off, _align(n.nbytes)).copy() for n, off in state.outputs}
             for name, t in graph.outputs.items():
                 o = t.owner
                 st = o.storage if o.op is None else host[id(o)]
                 result[name] = Tensor(t.dtype, t.ne, t.nb, storage=st, offset=t.offset, name=t.name or name)
-            log.debug("%s: run %d of %d nodes (%d batches, %d on the CPU): %.2f ms", self.name, state.runs,
-                      len(graph.nodes), sum(s[0] == "gpu" for s in state.steps), len(state.fallback),
+            log.debug("%s: run %d of %d nodes (%s, %d on the CPU): %.2f ms", self.name, state.runs,
+                      len(graph.nodes), "segment by segment" if residency is not None else
+                      f"{sum(s[0] == 'gpu' for s in state.steps)} batches", len(state.fallback),
                       (time.perf_counter() - t0) * 1e3)
             return result
+
+    def _log_pipelines(self, before: dict, nodes: int) -> None:
+        """One INFO line when a run made pipelines: how many, how long, and whether the disk
+        pipeline cache served them (creation feedback, where the driver gives it)."""
+        st = self.device.pipeline_stats
+        made = st["created"] - before["created"]
+        if not made:
+            return
+        hits, misses = st["cache_hits"] - before["cache_hits"], st["cache_misses"] - before["cache_misses"]
+        fb = f"{hits} cache hits, {misses} misses" if hits + misses else "no creation feedback"
+        log.info("%s: graph of %d nodes: %d pipelines made in %.2fs (pipeline cache: %s; %d bytes loaded from %s)",
+                 self.name, nodes, made, st["create_s"] - before["create_s"], fb, st["cache_loaded_bytes"],
+                 self.device.cache_path or "nowhere (SDRT_VULKAN_CACHE=0)")
+
+    # ---- device memory of graphs (for a residency manager) -------------------------------------
+    def alloc_or_make_room(self, nbytes: int, residency=None, host: bool = False) -> int:
+        """A device allocation of the backend's own; when it fails, the residency object frees
+        memory (make_room: unpinned weights, idle graphs) and it is retried once."""
+        try:
+            return self.device.alloc(nbytes, host=host)
+        except DeviceOutOfMemoryError:
+            if residency is None:
+                raise
+            residency.make_room(nbytes)
+            return self.device.alloc(nbytes, host=host)
+
+    def graph_bytes(self, plan=None) -> tuple[int, int]:
+        """(device bytes kept for the graph planned as `plan`, for every other graph)."""
+        mine = other = 0
+        for state in list(self._states.values()):
+            if state.plan is plan:
+                mine += state.nbytes
+            else:
+                other += state.nbytes
+        return mine, other
+
+    def release_graphs(self, keep_plan=None) -> int:
+        """Free the device state of every graph but the one planned as `keep_plan` (rebuilt on its
+        next run); returns the bytes freed."""
+        with self._lock:
+            freed = 0
+            for graph, state in list(self._states.items()):
+                if state.plan is not keep_plan:
+                    del self._states[graph]
+                    state.release()
+                    freed += state.nbytes
+            return freed
 
     def forget(self, graph) -> None:
         with self._lock:

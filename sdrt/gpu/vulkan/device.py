@@ -2,13 +2,16 @@
 pipelines from the shipped SPIR-V, one-shot and recorded command buffers.
 
 Addresses. The backend registry's DeviceMemory speaks in integer device addresses; Vulkan has
-buffers. Each allocation here is one VkBuffer with its own memory, handed out as a virtual
-address `slot << SLOT_SHIFT` (offsets inside it are added), so `resolve(addr)` gives the buffer
-and byte offset back in O(1). A kernel binds the whole buffer from the 16-byte-aligned start at
-or below its tensor and indexes from there (maxStorageBufferRange bounds what one binding reaches).
+buffers. Device memory is sub-allocated: pooled blocks of 256 MiB (one VkDeviceMemory and one
+VkBuffer over it each; larger requests and host-visible buffers get their own), an allocation
+handed out as the virtual address `(slot << SLOT_SHIFT) + offset in the block`, so
+`resolve(addr)` gives the buffer and byte offset back in O(1). A kernel binds its buffer from the
+aligned start at or below its tensor and indexes from there (maxStorageBufferRange bounds what
+one binding reaches, not the block size).
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
@@ -81,10 +84,39 @@ def usable_devices(instance) -> list:
 
 
 class _Buffer:
-    __slots__ = ("buffer", "memory", "size", "mapped")
+    """One VkDeviceMemory with one VkBuffer over all of it: a pooled block that allocations are
+    carved from (`free` the sorted list of free (offset, size) runs), or a dedicated buffer
+    (host-visible staging buffers; requests larger than half a block)."""
+    __slots__ = ("buffer", "memory", "size", "mapped", "free", "used", "pooled")
 
-    def __init__(self, buffer, memory, size, mapped=None):
+    def __init__(self, buffer, memory, size, mapped=None, pooled=False):
         self.buffer, self.memory, self.size, self.mapped = buffer, memory, size, mapped
+        self.pooled, self.used = pooled, 0
+        self.free = [(0, size)] if pooled else []
+
+    def take(self, n: int) -> int | None:
+        """First fit: the offset of n free bytes (n a multiple of the alignment), or None."""
+        for i, (off, size) in enumerate(self.free):
+            if size >= n:
+                if size == n:
+                    del self.free[i]
+                else:
+                    self.free[i] = (off + n, size - n)
+                self.used += n
+                return off
+        return None
+
+    def give(self, off: int, n: int) -> None:
+        """Return [off, off+n) to the free list, merged with its free neighbours."""
+        self.used -= n
+        i = bisect.bisect_left(self.free, (off, 0))
+        if i < len(self.free) and off + n == self.free[i][0]:
+            n += self.free.pop(i)[1]
+        if i > 0 and self.free[i - 1][0] + self.free[i - 1][1] == off:
+            off, n = self.free[i - 1][0], self.free[i - 1][1] + n
+            i -= 1
+            del self.free[i]
+        self.free.insert(i, (off, n))
 
 
 class VulkanDevice:
@@ -106,20 +138,31 @@ class VulkanDevice:
         self.family = _compute_family(v, self.pd)
         f16 = v.VkPhysicalDevice16BitStorageFeatures(storageBuffer16BitAccess=v.VK_TRUE)
         queue = v.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=[1.0])
+        have = {e.extensionName for e in v.vkEnumerateDeviceExtensionProperties(self.pd, None)}
+        # pipeline creation feedback: says whether each pipeline came from the pipeline cache
+        self.feedback = v.VK_EXT_PIPELINE_CREATION_FEEDBACK_EXTENSION_NAME in have
+        exts = [v.VK_EXT_PIPELINE_CREATION_FEEDBACK_EXTENSION_NAME] if self.feedback else []
         self.device = v.vkCreateDevice(self.pd, v.VkDeviceCreateInfo(
-            pNext=f16, pQueueCreateInfos=[queue], queueCreateInfoCount=1), None)
+            pNext=f16, pQueueCreateInfos=[queue], queueCreateInfoCount=1,
+            enabledExtensionCount=len(exts), ppEnabledExtensionNames=exts), None)
         self.queue = v.vkGetDeviceQueue(self.device, self.family, 0)
         self.pool = v.vkCreateCommandPool(self.device, v.VkCommandPoolCreateInfo(
             queueFamilyIndex=self.family, flags=v.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT), None)
         self.fence = v.vkCreateFence(self.device, v.VkFenceCreateInfo(), None)
         self._slots: dict[int, _Buffer] = {}
         self._next = 1
-        self._allocated = 0
+        self._held = 0                      # bytes allocated from the driver (blocks + dedicated)
+        self._pool: list[int] = []          # slots of the pooled blocks
+        self._live: dict[int, int] = {}     # pooled allocation address -> bytes
+        self._stage_ptr, self._stage_size = 0, 0
+        self.alloc_align = max(256, int(self.limits.minStorageBufferOffsetAlignment))
+        self.heap_bytes, self.block_bytes = self._heap_and_block()
         self._lock = threading.RLock()
         self._layouts()
         self._pipelines: dict = {}
         self._modules: dict = {}
-        self.pipeline_stats = {"created": 0, "create_s": 0.0, "cache_loaded_bytes": 0}
+        self.pipeline_stats = {"created": 0, "create_s": 0.0, "cache_loaded_bytes": 0, "cache_hits": 0,
+                               "cache_misses": 0}
         self._cache_dirty = False
         self.cache_path = self._cache_path()
         self.cache = self._load_pipeline_cache()
@@ -136,7 +179,22 @@ class VulkanDevice:
                 return i
         return None
 
-    def _make(self, nbytes: int, host: bool) -> _Buffer:
+    def _heap_and_block(self) -> tuple[int, int]:
+        """(device-local heap bytes, pooled block bytes): blocks of 256 MiB, less where the
+        driver's maxMemoryAllocationSize or a small heap says so ($SDRT_VULKAN_BLOCK_MB overrides)."""
+        v, mp = self.v, self.mem_props
+        heaps = [mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount)
+                 if mp.memoryHeaps[i].flags & v.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT] or \
+                [mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount)]
+        heap = int(max(heaps))
+        m3 = v.VkPhysicalDeviceMaintenance3Properties()
+        v.vkGetPhysicalDeviceProperties2(self.pd, v.VkPhysicalDeviceProperties2(pNext=m3))
+        cap = int(m3.maxMemoryAllocationSize) or heap
+        want = int(float(os.environ.get("SDRT_VULKAN_BLOCK_MB", "256")) * 2**20)
+        block = max(2**20, min(want, cap, heap // 8))
+        return heap, block // self.alloc_align * self.alloc_align
+
+    def _make(self, nbytes: int, host: bool, pooled: bool = False) -> _Buffer:
         v = self.v
         usage = (v.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | v.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
                  | v.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
@@ -160,27 +218,65 @@ class VulkanDevice:
         mapped = None
         if host:
             mapped = np.frombuffer(v.vkMapMemory(self.device, mem, 0, nbytes, 0), dtype=np.uint8)
-        return _Buffer(buf, mem, nbytes, mapped)
+        return _Buffer(buf, mem, nbytes, mapped, pooled)
+
+    def _new_slot(self, b: _Buffer) -> int:
+        slot, self._next = self._next, self._next + 1
+        self._slots[slot] = b
+        self._held += b.size
+        return slot
+
+    def _destroy(self, slot: int) -> None:
+        b = self._slots.pop(slot)
+        self._held -= b.size
+        if b.mapped is not None:
+            self.v.vkUnmapMemory(self.device, b.memory)
+        self.v.vkDestroyBuffer(self.device, b.buffer, None)
+        self.v.vkFreeMemory(self.device, b.memory, None)
 
     def alloc(self, nbytes: int, host: bool = False) -> int:
-        """A new buffer of nbytes (device-local; `host`: host-visible and mapped): its address."""
+        """Device memory for nbytes: its address. Device-local requests up to half a block are
+        carved from pooled blocks of `block_bytes` (one VkDeviceMemory and one VkBuffer each);
+        larger ones and host-visible (`host`, mapped) buffers get their own allocation."""
+        n = max(self.alloc_align, -(-nbytes // self.alloc_align) * self.alloc_align)
         with self._lock:
-            b = self._make(nbytes, host)
-            slot, self._next = self._next, self._next + 1
-            self._slots[slot] = b
-            self._allocated += b.size
-            return slot << SLOT_SHIFT
+            if host or n > self.block_bytes // 2:
+                return self._new_slot(self._make(n, host)) << SLOT_SHIFT
+            for slot in self._pool:
+                off = self._slots[slot].take(n)
+                if off is not None:
+                    ptr = (slot << SLOT_SHIFT) + off
+                    self._live[ptr] = n
+                    return ptr
+            try:
+                block = self._make(self.block_bytes, False, pooled=True)
+            except DeviceOutOfMemoryError:       # no room for a whole block: this request alone
+                return self._new_slot(self._make(n, False)) << SLOT_SHIFT
+            slot = self._new_slot(block)
+            self._pool.append(slot)
+            ptr = (slot << SLOT_SHIFT) + block.take(n)
+            self._live[ptr] = n
+            return ptr
 
-    def free(self, ptr: int) -> None:
+    def free(self, ptr: int, _shift=SLOT_SHIFT, _mask=OFFSET_MASK) -> None:
+        # the constants are bound as defaults: weakref callbacks call this at interpreter exit too
         with self._lock:
-            b = self._slots.pop(ptr >> SLOT_SHIFT, None)
+            slot = ptr >> _shift
+            b = self._slots.get(slot)
             if b is None:
                 return
-            self._allocated -= b.size
-            if b.mapped is not None:
-                self.v.vkUnmapMemory(self.device, b.memory)
-            self.v.vkDestroyBuffer(self.device, b.buffer, None)
-            self.v.vkFreeMemory(self.device, b.memory, None)
+            if not b.pooled:
+                self._destroy(slot)
+                return
+            n = self._live.pop(ptr, None)
+            if n is None:
+                return
+            b.give(ptr & _mask, n)
+            # keep one wholly free block for the next allocation; give further ones back
+            empty = [s for s in self._pool if self._slots[s].used == 0]
+            for s in empty[1:]:
+                self._pool.remove(s)
+                self._destroy(s)
 
     def resolve(self, ptr: int) -> tuple[_Buffer, int]:
         return self._slots[ptr >> SLOT_SHIFT], ptr & OFFSET_MASK
@@ -190,27 +286,33 @@ class VulkanDevice:
         return b.mapped[off:off + nbytes]
 
     def mem_get_info(self) -> tuple[int, int]:
-        mp = self.mem_props
-        total = max(mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount))
-        return max(0, total - self._allocated), total
+        """(free, total): the device-local heap less what this device holds from the driver."""
+        return max(0, self.heap_bytes - self._held), self.heap_bytes
+
+    def _staging(self, nbytes: int) -> int:
+        """A host-visible buffer of at least nbytes, kept for the next upload/download."""
+        if self._stage_ptr and self._stage_size >= nbytes:
+            return self._stage_ptr
+        if self._stage_ptr:
+            self.free(self._stage_ptr)
+            self._stage_ptr = 0
+        size = max(nbytes, 4 * 2**20)
+        self._stage_ptr, self._stage_size = self.alloc(size, host=True), size
+        return self._stage_ptr
 
     def upload(self, ptr: int, host_u8, stream: str = "compute"):
         host_u8 = np.ascontiguousarray(host_u8).view(np.uint8).reshape(-1)
-        stage = self.alloc(host_u8.nbytes, host=True)
-        try:
+        with self._lock:
+            stage = self._staging(host_u8.nbytes)
             self.mapped(stage, host_u8.nbytes)[:] = host_u8
             self.one_shot(lambda cmd: self.cmd_copy(cmd, stage, ptr, host_u8.nbytes))
-        finally:
-            self.free(stage)
 
     def download(self, host_u8, ptr: int, stream: str = "compute") -> None:
         out = host_u8.view(np.uint8).reshape(-1)
-        stage = self.alloc(out.nbytes, host=True)
-        try:
+        with self._lock:
+            stage = self._staging(out.nbytes)
             self.one_shot(lambda cmd: self.cmd_copy(cmd, ptr, stage, out.nbytes))
             out[:] = self.mapped(stage, out.nbytes)
-        finally:
-            self.free(stage)
 
     def record(self, stream: str = "compute"):
         return None      # every submit here completes before it returns
@@ -222,10 +324,21 @@ class VulkanDevice:
         self.v.vkQueueWaitIdle(self.queue)
 
     def stats(self) -> dict:
-        return {"allocated": self._allocated, "buffers": len(self._slots)}
+        """in_use: device-local bytes handed out (pooled allocations and dedicated buffers; the
+        free runs inside partly used blocks are not counted, as a caching allocator's slack is
+        not); cached: wholly free pooled blocks (what empty_cache gives back)."""
+        with self._lock:
+            cached = sum(self._slots[s].size for s in self._pool if self._slots[s].used == 0)
+            dedicated = sum(b.size for b in self._slots.values() if not b.pooled and b.mapped is None)
+            return {"in_use": sum(self._live.values()) + dedicated, "cached": cached, "held": self._held,
+                    "blocks": len(self._pool), "buffers": len(self._slots), "block_bytes": self.block_bytes}
 
     def empty_cache(self) -> None:
-        pass             # no caching allocator: frees go straight to the driver
+        """Give wholly free pooled blocks back to the driver."""
+        with self._lock:
+            for s in [s for s in self._pool if self._slots[s].used == 0]:
+                self._pool.remove(s)
+                self._destroy(s)
 
     # ---- commands ----------------------------------------------------------------------------
     def cmd_copy(self, cmd, src: int, dst: int, nbytes: int) -> None:
@@ -304,9 +417,17 @@ class VulkanDevice:
                                     pData=v.ffi.from_buffer(data)) if spec else None
         stage = v.VkPipelineShaderStageCreateInfo(stage=v.VK_SHADER_STAGE_COMPUTE_BIT, module=mod, pName="main",
                                                   pSpecializationInfo=si)
+        fb = fbi = None
+        if self.feedback:
+            fb = v.ffi.new("VkPipelineCreationFeedback *")
+            fbi = v.VkPipelineCreationFeedbackCreateInfo(pPipelineCreationFeedback=fb,
+                                                         pipelineStageCreationFeedbackCount=0)
         t0 = time.perf_counter()
         p = v.vkCreateComputePipelines(self.device, self.cache, 1, [v.VkComputePipelineCreateInfo(
-            stage=stage, layout=self.pipeline_layout)], None)[0]
+            pNext=fbi, stage=stage, layout=self.pipeline_layout)], None)[0]
+        if fb is not None and fb.flags & v.VK_PIPELINE_CREATION_FEEDBACK_VALID_BIT:
+            hit = bool(fb.flags & v.VK_PIPELINE_CREATION_FEEDBACK_APPLICATION_PIPELINE_CACHE_HIT_BIT)
+            self.pipeline_stats["cache_hits" if hit else "cache_misses"] += 1
         self.pipeline_stats["created"] += 1
         self.pipeline_stats["create_s"] += time.perf_counter() - t0
         self._cache_dirty = True
@@ -315,14 +436,20 @@ class VulkanDevice:
 
     # ---- the disk pipeline cache -----------------------------------------------------------------
     def _cache_path(self) -> str | None:
-        """$SDRT_VULKAN_CACHE (a directory; "0" turns the cache off) or ~/.cache/sdrt/vulkan, one
-        file per device, driver version and pipelineCacheUUID (a driver update starts afresh)."""
-        where = os.environ.get("SDRT_VULKAN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdrt", "vulkan"))
+        """$SDRT_VULKAN_CACHE (a directory; "0" turns the cache off) or <user cache dir>/sdrt/vulkan
+        ($XDG_CACHE_HOME, else ~/.cache): one file per device and driver, named by the device's
+        and the driver's UUIDs and the driver's pipelineCacheUUID (a driver update starts afresh)."""
+        v = self.v
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        where = os.environ.get("SDRT_VULKAN_CACHE", os.path.join(base, "sdrt", "vulkan"))
         if where == "0":
             return None
-        p = self.props
-        uuid = bytes(bytearray(p.pipelineCacheUUID)).hex()
-        return os.path.join(where, f"{p.vendorID:04x}-{p.deviceID:04x}-{p.driverVersion:x}-{uuid}.bin")
+        ids = v.VkPhysicalDeviceIDProperties()
+        v.vkGetPhysicalDeviceProperties2(self.pd, v.VkPhysicalDeviceProperties2(pNext=ids))
+        device_uuid = bytes(bytearray(ids.deviceUUID)).hex()
+        driver_uuid = bytes(bytearray(ids.driverUUID)).hex()
+        cache_uuid = bytes(bytearray(self.props.pipelineCacheUUID)).hex()
+        return os.path.join(where, f"{device_uuid}-{driver_uuid}-{cache_uuid}.bin")
 
     def _load_pipeline_cache(self):
         """A VkPipelineCache seeded from the disk file when there is one (the driver ignores data

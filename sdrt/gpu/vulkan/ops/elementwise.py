@@ -197,6 +197,30 @@ def _upscale(node, xs, out, rec):
     _gather(rec, UPSCALE, x, out, [], sf)
 
 
+RESAMPLE = {"bilinear": 0, "bicubic": 1}
+
+
+@VULKAN.register("upscale", supports=lambda n: n.params["mode"] in RESAMPLE and n.src[0].dtype.name in DTYPE
+                 and n.dtype.name in DTYPE)
+def _resample(node, xs, out, rec):
+    """bilinear / bicubic (shaders/resample.comp): the scales in float32 as ggml computes them."""
+    import numpy as np
+    x, = xs
+    f = np.float32
+    p = node.params
+    ac = p["align_corners"]
+    sf = [f(o) / f(s) for o, s in zip(out.ne, x.ne)]
+    for d in (0, 1):
+        if ac and out.ne[d] > 1 and x.ne[d] > 1:
+            sf[d] = f(out.ne[d] - 1) / f(x.ne[d] - 1)
+    mode = 2 if p["antialias"] else RESAMPLE[p["mode"]]
+    offs = rec.bind([x, None, None, out])
+    n = out.nelements
+    rec.dispatch("resample", (DTYPE[x.dtype.name], 0, 0, DTYPE[out.dtype.name]), groups_for(n),
+                 u=[*x.ne, *x.strides(), *out.ne, offs[0], offs[3], n, mode],
+                 f=[float(s) for s in sf] + [0.0 if ac else 0.5])
+
+
 def _pad_like(rec, x, out, lo, mode, value=0.0):
     import numpy as np
     f0 = float(value)

@@ -112,6 +112,35 @@ def transformer(out):
     out["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
 
 
+def vae(out):
+    """AutoencoderKLQwenImage scaled down (base_dim 8, dim_mult (1, 2, 4, 4), 2 res blocks, 16 latent
+    channels), weights stored under Wan's names (sdrt.models.vae.wan.diffusers_to_wan), f16 values.
+    `x` [1, 3, 32, 48] in [-1, 1] -> `mean` (encode's latent_dist.mean, one frame); `z` [1, 16, 4, 6]
+    -> `dec` (decode without the final clamp: post_quant_conv + decoder on the frame, as _decode)."""
+    from diffusers import QwenImageTransformer2DModel  # noqa: F401 (imported first, the VAE's import chain works here)
+    from diffusers import AutoencoderKLQwenImage
+    from sdrt.models.vae.wan import diffusers_to_wan
+    cfg = dict(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+               temperal_downsample=[False, True, True])
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(**cfg).eval()
+    randomize(vae, torch.Generator().manual_seed(31))
+    g = torch.Generator().manual_seed(32)
+    x = torch.rand(1, 3, 32, 48, generator=g) * 2 - 1
+    z = torch.randn(1, 16, 4, 6, generator=g)
+    with torch.no_grad():
+        mean = vae.encode(x[:, :, None]).latent_dist.mean[:, :, 0]
+        vae.clear_cache()
+        dec = vae.decoder(vae.post_quant_conv(z[:, :, None]), feat_cache=vae._feat_map,
+                          feat_idx=vae._conv_idx)[:, :, 0]
+    sd = vae.state_dict()
+    names = diffusers_to_wan(sd.keys(), cfg["num_res_blocks"])
+    for k, v in sd.items():
+        out["w:" + names[k]] = v.half().numpy()
+    out["x"], out["mean"], out["z"], out["dec"] = x.numpy(), mean.numpy(), z.numpy(), dec.numpy()
+    out["meta"] = np.frombuffer(json.dumps({"config": cfg}).encode(), np.uint8)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", choices=("transformer", "vae"))
@@ -121,7 +150,6 @@ def main():
         transformer(out)
         np.savez_compressed(os.path.join(FIX, "qwen_image_transformer.npz"), **out)
     if a.only in (None, "vae"):
-        from make_qwen_image_vae_goldens import vae   # noqa: E402 (kept apart: the VAE half is long)
         out = {}
         vae(out)
         np.savez_compressed(os.path.join(FIX, "qwen_image_vae.npz"), **out)

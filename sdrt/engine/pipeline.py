@@ -181,8 +181,10 @@ class Pipeline:
     def diffusion_model(self):
         if self._unet is None:
             from .model_manager import DM
-            self._unet = self.family.diffusion_model(self.models.tensors, DM, self.models.paths.get(
-                "diffusion_model", self.models.paths.get("model", "model")))
+            build = self.family.diffusion_model
+            kw = {"model_args": self.model_params.model_args} if "model_args" in _kwargs_of(build) else {}
+            self._unet = build(self.models.tensors, DM, self.models.paths.get(
+                "diffusion_model", self.models.paths.get("model", "model")), **kw)
         return self._unet
 
     unet = diffusion_model   # the old name (tests and tools reach the UNet through it)
@@ -201,7 +203,8 @@ class Pipeline:
                 if self.models is None or not self.models.has_vae:
                     raise SdrtError("no VAE: the checkpoint has no first_stage_model.* tensors; give --vae or --taesd")
                 log.info("using VAE for encoding / decoding")
-                self._vae = AutoencoderKL(self.models.tensors, VAE, source=self.models.paths.get(
+                build = self.family.vae or (lambda t, p, source: AutoencoderKL(t, p, source=source))
+                self._vae = build(self.models.tensors, VAE, source=self.models.paths.get(
                     "vae", self.models.paths.get("model", "vae")))
         return self._tae if self._tae is not None else self._vae
 
@@ -418,7 +421,8 @@ class Pipeline:
         out = []
         for i, src in enumerate(gp.ref_images):
             img = load_image(src, "-r/--ref-image", 3)
-            vw, vh = ref_image_size(img.shape[1], img.shape[0], size.width, size.height)
+            vw, vh = ref_image_size(img.shape[1], img.shape[0], size.width, size.height,
+                                    multiple=self.family.ref_image_multiple)
             log.debug("resize vae ref image %d from %dx%d to %dx%d", i, img.shape[1], img.shape[0], vw, vh)
             out.append(self.encode_first_stage(image_to_tensor(img, vw, vh), rng, gp))
         log.info("EDIT mode: %d reference image%s", len(out), "s" if len(out) > 1 else "")
@@ -534,6 +538,8 @@ class Pipeline:
         out = np.asarray(out, F32)
         if tae:
             return out
+        if hasattr(model, "to_diffusion"):      # the VAE maps its own latents (its encode gives the mean)
+            return model.to_diffusion(out)
         if self.variant.vae_encode == "mean":
             return gaussian_sample(out)
         C = out.shape[1] // 2
@@ -547,6 +553,8 @@ class Pipeline:
         tae = self._tae is not None
         if tae:
             z = latent
+        elif hasattr(model, "from_diffusion"):
+            z = model.from_diffusion(latent)
         else:
             scale, shift = self._latent_scale()
             z = (latent / scale + shift).astype(F32)

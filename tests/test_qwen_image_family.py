@@ -1,0 +1,99 @@
+"""The qwen_image family record: detection, the conditioner (sd.cpp's template and the states it
+drops), the DiT / VAE builders and a CLI run on tiny random files (tools/make_qwen_image_checkpoint.py
+--tiny). Numbers against references: tests/test_qwen_image.py (DiT), tests/test_vae_wan.py (VAE),
+tests/test_qwen_llm.py (LLM); against sd-cli: tests/test_qwen_image_sdcli.py."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from sdrt.cli import main as cli
+from sdrt.errors import UnsupportedError
+from sdrt.models.families import family_of, get_family
+from sdrt.models.qwen_image import QWEN_IMAGE, QWEN_IMAGE_LAYERED, QWEN_IMAGE_TEMPLATE, qwen_image_model
+from sdrt.ops.threads import get_threads, set_threads
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("mkqi", os.path.join(ROOT, "tools", "make_qwen_image_checkpoint.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qi_tiny")
+    mk = _tool()
+    return {n: mk.write(c, str(d / f"{n}.safetensors"), tiny=True) for c, n in
+            (("transformer", "dit"), ("llm", "llm"), ("vae", "vae"))}
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    before = get_threads()
+    yield
+    set_threads(before)
+
+
+def test_record():
+    f = get_family("qwen_image")
+    assert family_of(QWEN_IMAGE) is f and f.runnable and f.text_encoders == ("llm",)
+    assert (f.prediction, f.flow_shift, f.default_sampler, f.default_scheduler) == ("flow", 3.0, "euler", "discrete")
+    assert f.latent_channels == 16 and f.ref_image_multiple == 32 and f.vae is not None
+    assert not family_of(QWEN_IMAGE_LAYERED).runnable
+    with pytest.raises(UnsupportedError, match="Qwen-Image-Layered"):
+        family_of(QWEN_IMAGE_LAYERED).check_runnable(QWEN_IMAGE_LAYERED)
+
+
+def test_detection():
+    from sdrt.io import detect as D
+    dm = "model.diffusion_model."
+    names = {dm + "transformer_blocks.0.img_mod.1.weight": (18432, 3072), dm + "img_in.weight": (3072, 64)}
+    assert D.detect_version(names) == QWEN_IMAGE
+    names[dm + "time_text_embed.addition_t_embedding.weight"] = (2, 3072)
+    assert D.detect_version(names) == QWEN_IMAGE_LAYERED
+
+
+def test_template_drops_exactly_its_prefix():
+    """sd.cpp drops 34 states: the system prompt and the user turn's opening, which tokenize to 34."""
+    from sdrt.models.te.qwen_tokenizer import QwenTokenizer
+    tok = QwenTokenizer()
+    assert len(tok.encode(QWEN_IMAGE_TEMPLATE.prefix)) == QWEN_IMAGE_TEMPLATE.drop == 34
+    assert QWEN_IMAGE_TEMPLATE.out_layer == 0     # the final-norm output of the last layer
+    ids, weights = tok.encode_template(QWEN_IMAGE_TEMPLATE, "a (red:1.5) cat")
+    suffix = tok.encode(QWEN_IMAGE_TEMPLATE.suffix)
+    assert ids[-len(suffix):] == suffix and max(weights) == 1.5 and weights[:34] == [1.0] * 34
+
+
+def test_zero_cond_t_flag_reaches_the_model():
+    from sdrt.ops.tensor import Tensor
+    mk = _tool()
+    table = {"model.diffusion_model." + k: Tensor.from_numpy(v)
+             for k, v in mk.arrays(mk.shapes_of("transformer", True)).items()}
+    assert not qwen_image_model(table, "model.diffusion_model.", "dit").config.zero_cond_t
+    m = qwen_image_model(table, "model.diffusion_model.", "dit", model_args={"qwen_image_zero_cond_t": True})
+    assert m.config.zero_cond_t
+
+
+def test_cli_txt2img_and_img2img(files, tmp_path):
+    base = ["--diffusion-model", files["dit"], "--llm", files["llm"], "--vae", files["vae"], "-p", "a cat",
+            "-W", "64", "-H", "48", "--steps", "2", "--cfg-scale", "2", "-t", "1"]
+    out = tmp_path / "t2i.png"
+    assert cli.main([*base, "-o", str(out)]) == 0
+    from test_image_regression import read_rgb
+    img = read_rgb(str(out))
+    assert img.shape == (48, 64, 3) and img.std() > 0
+    out2 = tmp_path / "i2i.png"
+    assert cli.main([*base, "-i", str(out), "--strength", "0.5", "-o", str(out2)]) == 0
+    assert read_rgb(str(out2)).shape == (48, 64, 3)
+
+
+def test_missing_llm_is_named(files, tmp_path):
+    rc = cli.main(["--diffusion-model", files["dit"], "--vae", files["vae"], "-p", "x", "-W", "32", "-H", "32",
+                   "--steps", "1", "-o", str(tmp_path / "x.png")])
+    assert rc == 2 and not (tmp_path / "x.png").exists()

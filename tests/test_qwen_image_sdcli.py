@@ -71,3 +71,13 @@ def _compare(parts, tmp_path, extra, what):
 
 def test_txt2img_matches_sd_cli(parts, tmp_path):
     _compare(parts, tmp_path, [], "Qwen-Image txt2img")
+
+
+def test_edit_with_reference_image_matches_sd_cli(parts, tmp_path):
+    """Qwen-Image-Edit's reference latents (-r): the image resized as sd.cpp (the generation's area, sides
+    a multiple of 32), VAE-encoded, normalized and appended to the DiT's image tokens (index 1). The
+    LLM file has no vision tower, so sd-cli (like sdrt) encodes the plain prompt."""
+    ref = os.path.join(os.path.dirname(ROOT), "shared", "images", "cat_1024.png")
+    if not os.path.exists(ref):
+        ref = "/work/shared/images/cat_1024.png"
+    _compare(parts, tmp_path, ["-r", ref], "Qwen-Image-Edit (-r)")

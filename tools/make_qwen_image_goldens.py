@@ -13,6 +13,8 @@ positions it never materializes; this script writes them (`ids`: text at max(h/2
 (frame, row, col) with rows/cols centred, references at frame 1, 2, ...) and checks that
 sdrt's pe of those ids equals diffusers' freqs, so the test can feed them.
 
+Vision (qwen_vl_vision.npz): transformers' Qwen2.5-VL vision tower, see vision().
+
 Cases: `t2i` x [1, 16, 8, 12], context [1, 7, 24]; `edit` the same weights + a reference latent
 [1, 16, 8, 8]; `zc` (zero_cond_t=True) with the reference. Keys `<case>:x|t|context|ref|ids|out`,
 `w:<name>` (t2i and edit share), `wz:<name>` (zc), `meta`.
@@ -141,9 +143,37 @@ def vae(out):
     out["meta"] = np.frombuffer(json.dumps({"config": cfg}).encode(), np.uint8)
 
 
+def vision(out):
+    """transformers Qwen2_5_VisionTransformerPretrainedModel, small: width 32 (2 heads of 16), 4 blocks
+    (full attention in 1 and 3, window attention elsewhere), FFN 48, output 24, patch 14, merge 2,
+    window 112 px. `img` [3, 168, 224] (a normalized image: 12 x 16 patches, 6 x 8 merge units, so
+    windows of 4 x 4 units are cut at the edges) -> `out` = pooler_output [48, 24]; weights `w:<HF
+    name>` (f16 values)."""
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+    cfg = dict(depth=4, hidden_size=32, num_heads=2, intermediate_size=48, out_hidden_size=24, patch_size=14,
+               spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1, 3],
+               in_channels=3, hidden_act="silu")
+    torch.manual_seed(0)
+    model = Qwen2_5_VisionTransformerPretrainedModel(Qwen2_5_VLVisionConfig(**cfg)).eval()
+    randomize(model, torch.Generator().manual_seed(41))
+    g = torch.Generator().manual_seed(42)
+    img = torch.randn(3, 168, 224, generator=g).half().float()     # stored as f16
+    gh, gw, m, P, T = 12, 16, 2, 14, 2
+    p = img[None].repeat(T, 1, 1, 1).reshape(1, T, 3, gh // m, m, P, gw // m, m, P)
+    p = p.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(gh * gw, 3 * T * P * P)   # Qwen2VLImageProcessor's order
+    with torch.no_grad():
+        o = model(p, grid_thw=torch.tensor([[1, gh, gw]]))
+    o = o.pooler_output if hasattr(o, "pooler_output") else o
+    for k, v in model.state_dict().items():
+        out["w:" + k] = v.half().numpy()
+    out["img"], out["out"] = img.half().numpy(), o.numpy()
+    out["meta"] = np.frombuffer(json.dumps({"config": cfg}).encode(), np.uint8)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=("transformer", "vae"))
+    ap.add_argument("--only", choices=("transformer", "vae", "vision"))
     a = ap.parse_args()
     if a.only in (None, "transformer"):
         out = {}
@@ -153,6 +183,10 @@ def main():
         out = {}
         vae(out)
         np.savez_compressed(os.path.join(FIX, "qwen_image_vae.npz"), **out)
+    if a.only in (None, "vision"):
+        out = {}
+        vision(out)
+        np.savez_compressed(os.path.join(FIX, "qwen_vl_vision.npz"), **out)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import numpy as np
 import pytest
 
 from sdrt.cli import main as cli
@@ -97,3 +98,47 @@ def test_missing_llm_is_named(files, tmp_path):
     rc = cli.main(["--diffusion-model", files["dit"], "--vae", files["vae"], "-p", "x", "-W", "32", "-H", "32",
                    "--steps", "1", "-o", str(tmp_path / "x.png")])
     assert rc == 2 and not (tmp_path / "x.png").exists()
+
+
+def test_llm_image_embeds_splice_exactly():
+    """Image embeddings spliced at a token index: given the embedding rows of the tokens they replace,
+    the hidden states are the plain run's (sd.cpp's LLM::forward splice)."""
+    from sdrt.models.te.qwen_llm import QwenLLM
+    from sdrt.ops.tensor import Tensor
+    mk = _tool()
+    table = {"text_encoders.llm." + k: Tensor.from_numpy(v) for k, v in mk.arrays(mk.shapes_of("llm", True)).items()}
+    llm = QwenLLM(table, "text_encoders.llm.")
+    ids = np.array([151644, 8948, 198, 100, 200, 300, 151645], np.int32)
+    emb = table["text_encoders.llm.model.embed_tokens.weight"].to_f32().reshape(-1, 64)
+    plain = llm.run(ids)[0]
+    rows = Tensor.from_numpy(np.ascontiguousarray(emb[ids[3:5]]))
+    spliced = llm.run(ids, image_embeds=[(3, rows)])[0]
+    np.testing.assert_allclose(spliced, plain, rtol=1e-5, atol=1e-5)
+    other = llm.run(ids, image_embeds=[(3, Tensor.from_numpy(np.ones((2, 64), np.float32)))])[0]
+    assert np.abs(other[3:] - plain[3:]).max() > 1e-3 and np.allclose(other[:3], plain[:3], atol=1e-5)
+
+
+def test_vision_sizes_like_sdcpp():
+    from sdrt.models.qwen_image import clip_preprocess, vision_size
+    assert vision_size(1024, 1024) == (560, 560)      # > 560^2: scaled down to the cap, floor to 28
+    assert vision_size(100, 80) == (448, 364)         # < 384^2: scaled up, ceil to 28
+    assert vision_size(448, 392) == (448, 392)
+    x = clip_preprocess(np.full((10, 20, 3), 255, np.uint8), 28, 28)
+    assert x.shape == (3, 28, 28) and np.allclose(x[:, 0, 0], (1 - np.array([0.48145466, 0.4578275, 0.40821073]))
+                                                      / np.array([0.26862954, 0.26130258, 0.27577711]), atol=1e-5)
+
+
+def test_cli_edit_with_vision_tower(files, tmp_path):
+    """-r with an --llm file holding `visual.*`: the Edit-Plus prompt with vision tokens (it changes
+    the conditioning, so the image differs from the same run without the tower)."""
+    vl = _tool().write("llm_vl", str(tmp_path / "llm_vl.safetensors"), tiny=True)
+    from PIL import Image
+    ref = tmp_path / "ref.png"
+    Image.fromarray((np.random.RandomState(1).rand(40, 56, 3) * 255).astype(np.uint8)).save(ref)
+    base = ["--diffusion-model", files["dit"], "--vae", files["vae"], "-p", "make it red", "-W", "64", "-H", "64",
+            "--steps", "2", "--cfg-scale", "2", "-t", "1", "-r", str(ref)]
+    a, b = tmp_path / "vl.png", tmp_path / "plain.png"
+    assert cli.main([*base, "--llm", vl, "-o", str(a)]) == 0
+    assert cli.main([*base, "--llm", files["llm"], "-o", str(b)]) == 0
+    from test_image_regression import read_rgb
+    assert np.abs(read_rgb(str(a)).astype(int) - read_rgb(str(b)).astype(int)).max() > 0

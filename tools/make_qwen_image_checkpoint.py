@@ -14,6 +14,8 @@ qwen_image_vae.safetensors).
   llm          the Qwen2.5-VL-7B text stack (`model.embed_tokens.weight`, `model.layers.N.*` with qkv
                biases, `model.norm.weight`): hidden 3584, 28 heads / 4 kv heads of 128 (fixed in sd-cli),
                vocabulary 152064; --llm-layers and --llm-ffn (sd-cli reads both from the weights).
+  llm_vl       llm plus the Qwen2.5-VL vision tower under `visual.` (32 blocks, width 1280, FFN 3420,
+               output 3584; Qwen-Image-Edit's image encoder).
   vae          the Wan-2.1 VAE in Wan's names (dim 96, mult (1, 2, 4, 4), 2 res blocks, z 16: sd-cli's).
   all          the three, as DIR/{dit,llm,vae}.safetensors.
 --tiny: test sizes (DiT hidden 128 = one head, text width 64, LLM hidden 64 with one 128-wide head
@@ -56,6 +58,22 @@ def llm_shapes(layers: int, hidden: int = 3584, ffn: int = 18944, heads: int = 2
         s[p + "self_attn.o_proj.weight"] = (hidden, heads * head_dim)
         s[p + "mlp.gate_proj.weight"] = s[p + "mlp.up_proj.weight"] = (ffn, hidden)
         s[p + "mlp.down_proj.weight"] = (hidden, ffn)
+    return s
+
+
+def vision_shapes(depth: int = 32, hidden: int = 1280, ffn: int = 3420, out: int = 3584, prefix: str = "visual.") -> dict:
+    """The Qwen2.5-VL vision tower (HF names under `visual.`, as in qwen_2.5_vl_7b.safetensors)."""
+    s = {prefix + "patch_embed.proj.weight": (hidden, 3, 2, 14, 14), prefix + "merger.ln_q.weight": (hidden,),
+         prefix + "merger.mlp.0.weight": (4 * hidden, 4 * hidden), prefix + "merger.mlp.0.bias": (4 * hidden,),
+         prefix + "merger.mlp.2.weight": (out, 4 * hidden), prefix + "merger.mlp.2.bias": (out,)}
+    for i in range(depth):
+        p = f"{prefix}blocks.{i}."
+        s[p + "norm1.weight"] = s[p + "norm2.weight"] = (hidden,)
+        s[p + "attn.qkv.weight"], s[p + "attn.qkv.bias"] = (3 * hidden, hidden), (3 * hidden,)
+        s[p + "attn.proj.weight"], s[p + "attn.proj.bias"] = (hidden, hidden), (hidden,)
+        for n in ("gate_proj", "up_proj"):
+            s[f"{p}mlp.{n}.weight"], s[f"{p}mlp.{n}.bias"] = (ffn, hidden), (ffn,)
+        s[p + "mlp.down_proj.weight"], s[p + "mlp.down_proj.bias"] = (hidden, ffn), (hidden,)
     return s
 
 
@@ -144,6 +162,10 @@ def shapes_of(component: str, tiny: bool, depth: int = 1, llm_layers: int = 1, l
         return transformer_shapes(depth, 128, 1, 64) if tiny else transformer_shapes(depth)
     if component == "llm":
         return llm_shapes(llm_layers, 64, 96, 1, 1) if tiny else llm_shapes(llm_layers, ffn=llm_ffn)
+    if component == "llm_vl":     # the LLM with its vision tower (Qwen-Image-Edit)
+        if tiny:
+            return {**llm_shapes(llm_layers, 64, 96, 1, 1), **vision_shapes(2, 80, 96, 64)}
+        return {**llm_shapes(llm_layers, ffn=llm_ffn), **vision_shapes()}
     if component == "vae":
         return vae_shapes(8) if tiny else vae_shapes()
     raise ValueError(component)
@@ -174,7 +196,7 @@ def write(component: str, path: str, tiny: bool = False, depth: int = 1, llm_lay
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--component", choices=("transformer", "llm", "vae", "all"), default="all")
+    ap.add_argument("--component", choices=("transformer", "llm", "llm_vl", "vae", "all"), default="all")
     ap.add_argument("--depth", type=int, default=1)
     ap.add_argument("--llm-layers", type=int, default=1)
     ap.add_argument("--llm-ffn", type=int, default=512)

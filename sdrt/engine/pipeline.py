@@ -283,7 +283,7 @@ class Pipeline:
             log.info("encode_first_stage completed, taking %.2fs", time.time() - t_prep)
         if latents.img_cfg_follows_cfg:
             guidance = replace(guidance, img_cfg=guidance.cfg)
-        latents.ref_latents = self.encode_ref_images(gp, size, ctx_rng)
+        latents.ref_latents = self.encode_ref_images(gp, size, ctx_rng, latents.ref_pixels)
         t_cond = time.time()
         passes = self.conditions(replace(gp, prompt=cond_prompt), size.width, size.height, guidance,
                                  latents)                                   # 5. conditioning
@@ -345,6 +345,8 @@ class Pipeline:
             kw = {"clip_skip": gp.clip_skip}
             if "zero_out_masked" in accepts:
                 kw["zero_out_masked"] = zero_out
+            if "ref_images" in accepts and latents.ref_pixels:      # Qwen-Image-Edit's vision tokens
+                kw["ref_images"] = latents.ref_pixels
             c = enc(text, width, height, **kw)
             return Cond(np.asarray(c.context, F32), None if getattr(c, "y", None) is None else np.asarray(c.y, F32),
                         concat, guidance=dg, **refs)
@@ -409,7 +411,7 @@ class Pipeline:
             if shift is not None:
                 den.set_shift(shift)
 
-    def encode_ref_images(self, gp: GenParams, size, rng) -> list:
+    def encode_ref_images(self, gp: GenParams, size, rng, pixels: list | None = None) -> list:
         """-r/--ref-image: each image resized as sd.cpp (the generation's area, at most 1024x1024,
         the reference's aspect, sides a multiple of 16) and encoded by the VAE (Flux Kontext)."""
         if not gp.ref_images:
@@ -421,6 +423,8 @@ class Pipeline:
         out = []
         for i, src in enumerate(gp.ref_images):
             img = load_image(src, "-r/--ref-image", 3)
+            if pixels is not None:
+                pixels.append(img)
             vw, vh = ref_image_size(img.shape[1], img.shape[0], size.width, size.height,
                                     multiple=self.family.ref_image_multiple)
             log.debug("resize vae ref image %d from %dx%d to %dx%d", i, img.shape[1], img.shape[0], vw, vh)

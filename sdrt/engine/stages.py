@@ -316,6 +316,7 @@ class Latents:
     denoise_mask: np.ndarray | None = None
     img_cfg_follows_cfg: bool = False
     ref_latents: list = field(default_factory=list)   # -r/--ref-image latents (Flux Kontext)
+    ref_pixels: list = field(default_factory=list)    # the -r images as loaded (HxWx3 uint8), for conditioners
 
 
 def prepare_latents(size: SizePlan, family, variant, encode) -> Latents:

@@ -45,11 +45,93 @@ QWEN_IMAGE_TEMPLATE = PromptTemplate(
     "<|im_end|>\n<|im_start|>assistant\n", 34, 0)
 
 
+# sd.cpp LLMEmbedder, QwenImageEditPlusPipeline (reference images and a vision tower): this system
+# prompt, then "Picture i: <|vision_start|>" + one <|image_pad|> per vision token + "<|vision_end|>"
+# per image, the user text, the suffix; 64 states dropped; image i's embeddings spliced in at token
+# 64 + 6 (the first) and then each previous index + n + 1 + 6 (sd.cpp's fixed arithmetic)
+EDIT_SYSTEM = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
+               "objects, background), then explain how the user's text instruction should alter or modify the "
+               "image. Generate a new image that meets the user's requirements while maintaining consistency with "
+               "the original input where appropriate.<|im_end|>\n<|im_start|>user\n")
+EDIT_DROP = 64
+VISION_MIN_PIXELS, VISION_MAX_PIXELS = 384 * 384, 560 * 560
+CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
+CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
+
+
+def vision_size(width: int, height: int, factor: int = 28) -> tuple[int, int]:
+    """sd.cpp's size of a reference image for the vision tower (sides multiples of `factor`,
+    area within [384^2, 560^2])."""
+    import math
+    h_bar = int(round(height / factor) * factor)
+    w_bar = int(round(width / factor) * factor)
+    if h_bar * w_bar > VISION_MAX_PIXELS:
+        beta = math.sqrt(height * width / VISION_MAX_PIXELS)
+        h_bar = max(factor, int(math.floor(height / beta / factor)) * factor)
+        w_bar = max(factor, int(math.floor(width / beta / factor)) * factor)
+    elif h_bar * w_bar < VISION_MIN_PIXELS:
+        beta = math.sqrt(VISION_MIN_PIXELS / (height * width))
+        h_bar = int(math.ceil(height * beta / factor)) * factor
+        w_bar = int(math.ceil(width * beta / factor)) * factor
+    return w_bar, h_bar
+
+
+def clip_preprocess(img: np.ndarray, width: int, height: int) -> np.ndarray:
+    """sd.cpp's clip_preprocess: HxWx3 uint8 -> [3, height, width]: nearest resize by the larger
+    scale (source index = dst * src / dst), centre crop, CLIP mean/std."""
+    a = np.asarray(img, np.float32) / np.float32(255.0)
+    H, W = a.shape[:2]
+    s = max(np.float32(width) / np.float32(W), np.float32(height) / np.float32(H))
+    rw, rh = int(np.float32(s) * np.float32(W)), int(np.float32(s) * np.float32(H))
+    iy, ix = (np.arange(rh) * H) // rh, (np.arange(rw) * W) // rw
+    r = a[iy[:, None], ix[None, :]]
+    y0, x0 = max((rh - height) // 2, 0), max((rw - width) // 2, 0)
+    c = np.clip(r[y0:y0 + height, x0:x0 + width], 0.0, 1.0)
+    return np.ascontiguousarray(((c - CLIP_MEAN) / CLIP_STD).transpose(2, 0, 1), np.float32)
+
+
+class QwenImageConditioner:
+    """sd.cpp's LLMEmbedder for Qwen-Image: the plain template, or with reference images and a
+    vision tower in the --llm file (`visual.*`) the Edit-Plus template with vision tokens."""
+
+    def __init__(self, base, vision=None):
+        self.base, self.vision = base, vision
+
+    def encode(self, prompt: str, width: int | None = None, height: int | None = None, clip_skip: int = -1, *,
+               zero_out_masked: bool = False, ref_images=()) -> Cond:
+        if not ref_images or self.vision is None:
+            return self.base.encode(prompt, width, height, clip_skip, zero_out_masked=zero_out_masked)
+        if not isinstance(prompt, str):
+            raise UsageError(f"prompt must be a string, got {type(prompt).__name__}")
+        from ..ops.tensor import Tensor
+        from .prompt import apply_token_weights
+        from .te.qwen_tokenizer import PromptTemplate
+        b = self.base
+        embeds, text, idx = [], "", EDIT_DROP + 6
+        for i, img in enumerate(ref_images):
+            w, h = vision_size(img.shape[1], img.shape[0])
+            log.debug("resize conditioner ref image %d from %dx%d to %dx%d", i, img.shape[0], img.shape[1], h, w)
+            e = self.vision.encode(clip_preprocess(img, w, h), b.backend)            # [n, hidden]
+            embeds.append((idx, Tensor.from_numpy(np.ascontiguousarray(e))))
+            idx += 1 + e.shape[0] + 6
+            text += f"Picture {i + 1}: <|vision_start|>" + "<|image_pad|>" * e.shape[0] + "<|vision_end|>"
+        tpl = PromptTemplate(EDIT_SYSTEM + text, QWEN_IMAGE_TEMPLATE.suffix, EDIT_DROP, 0)
+        ids, weights = b.tokenizer.encode_template(tpl, prompt)
+        h = b.llm.run(np.asarray(ids, np.int32), 0, b.backend, image_embeds=embeds)[0]
+        return Cond(apply_token_weights(h, np.asarray(weights, np.float32))[EDIT_DROP:][None])
+
+
 def qwen_image_conditioner(table: Mapping, version: str, embd_dir=None, *, backend: str = "cpu",
                            source: str = "model", **kw):
     if embd_dir:
         log.warning("--embd-dir: textual-inversion embeddings are not used by Qwen-Image (as sd.cpp)")
-    return build_llm_conditioner(table, QWEN_IMAGE_TEMPLATE, family="Qwen-Image", backend=backend, source=source)
+    base = build_llm_conditioner(table, QWEN_IMAGE_TEMPLATE, family="Qwen-Image", backend=backend, source=source)
+    vision = None
+    if any(k.startswith(PREFIX_LLM + "visual.") for k in table):
+        from .te.qwen_vision import QwenVisionEncoder
+        vision = QwenVisionEncoder(table, PREFIX_LLM + "visual.", source=source)
+        log.info("Qwen2.5-VL vision tower: %d blocks, width %d", vision.depth, vision.hidden)
+    return QwenImageConditioner(base, vision)
 
 
 class QwenImageDiffusion:

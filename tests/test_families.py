@@ -77,7 +77,7 @@ def test_latent_space_and_defaults():
 def test_components_and_flags_derive_from_the_registry():
     comps = FM.components()
     assert {r: c.flag for r, c in comps.items()} == {"clip_l": "--clip_l", "clip_g": "--clip_g", "t5xxl": "--t5xxl",
-                                                     "llm": "--llm"}
+                                                     "llm": "--llm", "llm_vision": "--llm_vision"}
     assert comps["clip_l"].prefix_for("unet") == "cond_stage_model.transformer."
     assert comps["clip_g"].prefix_for("dit") == "text_encoders.clip_g.transformer."
     flags = {a.dest: a.option_strings for a in cli.build_parser()._actions}

@@ -12,9 +12,11 @@ import pytest
 
 from sdrt.cli import main as cli
 from sdrt.errors import UnsupportedError
-from sdrt.models.families import family_of, get_family
-from sdrt.models.qwen_image import QWEN_IMAGE, QWEN_IMAGE_LAYERED, QWEN_IMAGE_TEMPLATE, qwen_image_model
-from sdrt.ops.threads import get_threads, set_threads
+from sdrt.models.families import families, family_of, get_family
+
+families()     # register every family in FAMILY_MODULES order before this module imports one of them
+from sdrt.models.qwen_image import QWEN_IMAGE, QWEN_IMAGE_LAYERED, QWEN_IMAGE_TEMPLATE, qwen_image_model  # noqa: E402
+from sdrt.ops.threads import get_threads, set_threads  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,7 +45,7 @@ def keep_threads():
 
 def test_record():
     f = get_family("qwen_image")
-    assert family_of(QWEN_IMAGE) is f and f.runnable and f.text_encoders == ("llm",)
+    assert family_of(QWEN_IMAGE) is f and f.runnable and f.text_encoders == ("llm", "llm_vision")
     assert (f.prediction, f.flow_shift, f.default_sampler, f.default_scheduler) == ("flow", 3.0, "euler", "discrete")
     assert f.latent_channels == 16 and f.ref_image_multiple == 32 and f.vae is not None
     assert not family_of(QWEN_IMAGE_LAYERED).runnable
@@ -142,3 +144,21 @@ def test_cli_edit_with_vision_tower(files, tmp_path):
     assert cli.main([*base, "--llm", files["llm"], "-o", str(b)]) == 0
     from test_image_regression import read_rgb
     assert np.abs(read_rgb(str(a)).astype(int) - read_rgb(str(b)).astype(int)).max() > 0
+
+
+def test_llm_vision_from_its_own_file(files, tmp_path):
+    """--llm_vision: the tower in a separate file (bare names) gives the same image as inside --llm."""
+    mk = _tool()
+    vl = mk.write("llm_vl", str(tmp_path / "llm_vl.safetensors"), tiny=True)
+    vis = {k[len("visual."):]: v for k, v in mk.arrays(mk.shapes_of("llm_vl", True)).items() if k.startswith("visual.")}
+    mk.save_safetensors(str(tmp_path / "vision.safetensors"), vis)
+    from PIL import Image
+    ref = tmp_path / "ref.png"
+    Image.fromarray((np.random.RandomState(2).rand(40, 56, 3) * 255).astype(np.uint8)).save(ref)
+    base = ["--diffusion-model", files["dit"], "--vae", files["vae"], "-p", "x", "-W", "64", "-H", "64",
+            "--steps", "1", "-t", "1", "-r", str(ref)]
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    assert cli.main([*base, "--llm", vl, "-o", str(a)]) == 0
+    assert cli.main([*base, "--llm", files["llm"], "--llm_vision", str(tmp_path / "vision.safetensors"), "-o", str(b)]) == 0
+    from test_image_regression import read_rgb
+    assert np.array_equal(read_rgb(str(a)), read_rgb(str(b)))

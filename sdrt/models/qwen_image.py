@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import UsageError
-from .families import Cond, Family, Variant, register_family
+from .families import Component, Cond, Family, Variant, register_component, register_family
 from .llm_conditioning import LLM, PREFIX_LLM, build_llm_conditioner  # noqa: F401 (registers --llm)
 from .recognized import QWEN_IMAGE, QWEN_IMAGE_LAYERED, marker
 from .te.qwen_tokenizer import PromptTemplate
@@ -36,6 +36,12 @@ __all__ = ["QWEN_IMAGE", "QWEN_IMAGE_LAYERED", "QWEN_IMAGE_TEMPLATE", "MODEL_ARG
 log = logging.getLogger("sdrt")
 DM = "model.diffusion_model."
 MODEL_ARGS = {"qwen_image_zero_cond_t": False}   # sd-cli --qwen-image-zero-cond-t
+PREFIX_VISION = PREFIX_LLM + "visual."
+# sd-cli --llm_vision: the vision tower from its own file, loaded under text_encoders.llm.visual.
+LLM_VISION = register_component(Component(
+    "llm_vision", "--llm_vision", "llm vision",
+    "path to the Qwen2.5-VL vision tower (Qwen-Image-Edit) when it is not inside the --llm file",
+    strip=(PREFIX_VISION, "visual."), prefix={"dit": PREFIX_VISION}, replaces=(PREFIX_VISION,)))
 
 # sd.cpp LLMEmbedder (Qwen-Image, no reference images): prompt_template_encode_start_idx 34, no
 # out_layers (the final-norm output)
@@ -127,9 +133,9 @@ def qwen_image_conditioner(table: Mapping, version: str, embd_dir=None, *, backe
         log.warning("--embd-dir: textual-inversion embeddings are not used by Qwen-Image (as sd.cpp)")
     base = build_llm_conditioner(table, QWEN_IMAGE_TEMPLATE, family="Qwen-Image", backend=backend, source=source)
     vision = None
-    if any(k.startswith(PREFIX_LLM + "visual.") for k in table):
+    if any(k.startswith(PREFIX_VISION) for k in table):
         from .te.qwen_vision import QwenVisionEncoder
-        vision = QwenVisionEncoder(table, PREFIX_LLM + "visual.", source=source)
+        vision = QwenVisionEncoder(table, PREFIX_VISION, source=source)
         log.info("Qwen2.5-VL vision tower: %d blocks, width %d", vision.depth, vision.hidden)
     return QwenImageConditioner(base, vision)
 
@@ -171,7 +177,7 @@ _RULE = marker(11, DM + "transformer_blocks.0.img_mod.1.weight", QWEN_IMAGE)
 
 register_family(Family(
     "qwen_image", {QWEN_IMAGE: Variant()}, "Qwen-Image",
-    detect=(_RULE,), text_encoders=("llm",), te_layout="dit",
+    detect=(_RULE,), text_encoders=("llm", "llm_vision"), te_layout="dit",
     conditioner=qwen_image_conditioner, diffusion_model=qwen_image_model, vae=qwen_image_vae,
     latent_channels=16, vae_scale_factor=8, size_multiple=16, latent_scale=1.0, latent_shift=0.0,
     ref_image_multiple=32, prediction="flow", flow_shift=3.0, default_sampler="euler", default_scheduler="discrete",

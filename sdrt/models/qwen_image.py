@@ -5,8 +5,8 @@
   (order 11); Qwen-Image-Layered (its `time_text_embed.addition_t_embedding`, order 10) is recognized
   and refused by name.
 - components: `--diffusion-model` (diffusers / ComfyUI names, used as they are), `--llm` (the
-  Qwen2.5-VL-7B text stack, sdrt.models.llm_conditioning), `--vae` (the Wan-2.1 VAE, Wan names or a
-  diffusers folder's).
+  Qwen2.5-VL-7B text stack, sdrt.models.llm_conditioning; its vision tower inside it or from
+  `--llm_vision`), `--vae` (the Wan-2.1 VAE in Wan's names, as the ComfyUI qwen_image_vae.safetensors).
 - conditioning: sd.cpp's LLMEmbedder for Qwen-Image: the prompt inside Qwen-Image's system/user
   chat template, the final-norm output of the last LLM layer, the template's first 34 states
   dropped (QWEN_IMAGE_TEMPLATE).

@@ -166,7 +166,9 @@ class WanVAE:
         w = Weights(table, prefix, source)
         names = list(w.keys())
         if "decoder.conv1.weight" not in w or "conv2.weight" not in w:
-            raise ModelFileError(f"{source}: no Wan VAE decoder under {prefix!r} (decoder.conv1 / conv2)")
+            raise ModelFileError(f"{source}: no Wan VAE decoder under {prefix!r} (decoder.conv1 / conv2; a diffusers "
+                                 "AutoencoderKLQwenImage file is not converted: use the Wan-named "
+                                 "qwen_image_vae.safetensors)")
         self.source = source
         self.post_quant = _Conv(w, "conv2")
         self.decoder = _Side(w, "decoder", names)

@@ -51,13 +51,13 @@ def parts(tmp_path_factory):
         if not os.path.exists(path):
             mk.write(comp, path, depth=1, llm_layers=1, llm_ffn=512)
         out[name] = path
-    out["llm_vl"] = os.path.join(d, "llm_vl.safetensors")       # written by the vision test when it runs
+    out["vision"] = os.path.join(d, "vision.safetensors")       # written by the vision test when it runs
     out["mk"] = mk
     return out
 
 
-def _compare(parts, tmp_path, extra, what, llm="llm"):
-    files = ["--diffusion-model", parts["dit"], "--llm", parts[llm], "--vae", parts["vae"]]
+def _compare(parts, tmp_path, extra, what):
+    files = ["--diffusion-model", parts["dit"], "--llm", parts["llm"], "--vae", parts["vae"]]
     ref, ours = str(tmp_path / "sdcli.png"), str(tmp_path / "sdrt.png")
     r = subprocess.run([_sdcli(), *files, *ARGS, *extra, "-o", ref], capture_output=True, text=True, timeout=3600)
     assert r.returncode == 0 and os.path.exists(ref), r.stdout[-3000:] + r.stderr[-3000:]
@@ -86,8 +86,11 @@ def test_edit_with_reference_image_matches_sd_cli(parts, tmp_path):
 
 
 def test_edit_with_vision_tower_matches_sd_cli(parts, tmp_path):
-    """Qwen-Image-Edit with the Qwen2.5-VL vision tower in the --llm file (full size: sd-cli fixes its
-    32 blocks of width 1280; +1.3 GB): the Edit-Plus prompt with the reference image's vision tokens."""
-    if not os.path.exists(parts["llm_vl"]):
-        parts["mk"].write("llm_vl", parts["llm_vl"], llm_layers=1, llm_ffn=512)
-    _compare(parts, tmp_path, ["-r", "/work/shared/images/cat_1024.png"], "Qwen-Image-Edit (-r, vision)", llm="llm_vl")
+    """Qwen-Image-Edit with the Qwen2.5-VL vision tower from --llm_vision (full size: sd-cli fixes its
+    32 blocks of width 1280; 1.35 GB): the Edit-Plus prompt with the reference image's vision tokens."""
+    mk = parts["mk"]
+    if not os.path.exists(parts["vision"]):
+        shapes = {k[len("visual."):]: v for k, v in mk.vision_shapes().items()}
+        mk.save_safetensors(parts["vision"], mk.arrays(shapes))
+    _compare(parts, tmp_path, ["--llm_vision", parts["vision"], "-r", "/work/shared/images/cat_1024.png"],
+             "Qwen-Image-Edit (-r, vision tower)")

@@ -77,12 +77,13 @@ def test_latent_space_and_defaults():
 def test_components_and_flags_derive_from_the_registry():
     comps = FM.components()
     assert {r: c.flag for r, c in comps.items()} == {"clip_l": "--clip_l", "clip_g": "--clip_g", "t5xxl": "--t5xxl",
-                                                     "llm": "--llm"}
+                                                     "llm": "--llm", "llm_vision": "--llm_vision"}
     assert comps["clip_l"].prefix_for("unet") == "cond_stage_model.transformer."
     assert comps["clip_g"].prefix_for("dit") == "text_encoders.clip_g.transformer."
     flags = {a.dest: a.option_strings for a in cli.build_parser()._actions}
     assert flags["clip_l"] == ["--clip_l"] and flags["clip_g"] == ["--clip_g"]
-    assert "--t5xxl" not in cli._sdcli_only() and "--clip_l" not in cli._sdcli_only() and "--llm_vision" in cli._sdcli_only()
+    assert "--t5xxl" not in cli._sdcli_only() and "--clip_l" not in cli._sdcli_only() and "--llm" not in cli._sdcli_only()
+    assert "--clip_vision" in cli._sdcli_only()
     assert "--guidance" not in cli._sdcli_only() and "guidance" in flags      # Flux takes distilled guidance
     assert FM.component("vae").flag == "--vae"
     with pytest.raises(UsageError, match="unknown model component"):

@@ -86,9 +86,12 @@ def test_causal_and_batch(gold, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype,tol", [("F16", 1e-4), ("BF16", 0.03), ("Q8_0", 0.03)])
-def test_stored_types(gold, arch, dtype, tol):
+def test_stored_types(gold, arch, dtype, tol, monkeypatch):
     """Weights stored as `dtype` run through mul_mat / get_rows as stored (not widened): against
-    sdrt F32 on the same dequantized values, tight; against HF's F32 output, within the rounding."""
+    sdrt F32 on the same dequantized values, tight (Q8_0 with the dequantizing GEMM: the default
+    int8-activation kernel's rounding is tests/test_ops_qgemm.py's business); against HF's F32
+    output, within the rounding."""
+    monkeypatch.setenv("SDRT_QGEMM", "off")
     table = weights(gold, arch, dtype)
     m = QwenLLM(table, head_dim=32 if arch == "qwen2" else None)
     assert m.layers[0].q.weight.dtype.name == dtype and m.embed.dtype.name == dtype

@@ -42,7 +42,7 @@ _SDCLI_FLAGS = (
     "--imat-out", "--imat-in", "--image", "--metadata-format", "--metadata-raw", "--metadata-brief",
     "--metadata-all", "--cache-mode", "--cache-option",
     "--scm-mask", "--scm-policy", "--circular", "--circularx", "--circulary",
-    "--pm-id-images-dir", "--pm-id-embed-path", "--pm-style-strength", "--vace-strength", "--qwen-image-zero-cond-t")
+    "--pm-id-images-dir", "--pm-id-embed-path", "--pm-style-strength", "--vace-strength")
 
 
 def _skip_layers(text: str) -> list[int]:
@@ -211,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chroma-disable-dit-mask", action="store_true", help="disable dit mask for chroma")
     g.add_argument("--chroma-enable-t5-mask", action="store_true", help="enable t5 mask for chroma")
     g.add_argument("--chroma-t5-mask-pad", type=int, default=1, help="t5 mask pad size of chroma (default: 1)")
+    g.add_argument("--qwen-image-zero-cond-t", action="store_true",
+                   help="enable zero_cond_t for qwen image (Qwen-Image-Edit-2511)")
     g.add_argument("--vae-tiling", action="store_true", help="process vae in tiles to reduce memory usage")
     g.add_argument("--vae-tile-size", default=None, help="tile size for vae tiling, format [X]x[Y] (default: 32x32)")
     g.add_argument("--vae-tile-overlap", type=_float, default=0.5,
@@ -367,7 +369,8 @@ def params_from_args(args):
                      lora_apply_mode=args.lora_apply_mode, type=args.type,
                      model_args={"chroma_use_dit_mask": not args.chroma_disable_dit_mask,
                                  "chroma_use_t5_mask": args.chroma_enable_t5_mask,
-                                 "chroma_t5_mask_pad": args.chroma_t5_mask_pad},
+                                 "chroma_t5_mask_pad": args.chroma_t5_mask_pad,
+                                 "qwen_image_zero_cond_t": args.qwen_image_zero_cond_t},
                      tensor_type_rules=args.tensor_type_rules or None, rng=args.rng, sampler_rng=args.sampler_rng,
                      prediction=args.prediction, threads=args.threads, backend=args.backend,
                      params_backend=args.params_backend, offload_to_cpu=args.offload_to_cpu, max_vram=args.max_vram,

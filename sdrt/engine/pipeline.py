@@ -186,8 +186,10 @@ class Pipeline:
     def diffusion_model(self):
         if self._unet is None:
             from .model_manager import DM
-            self._unet = self.family.diffusion_model(self.models.tensors, DM, self.models.paths.get(
-                "diffusion_model", self.models.paths.get("model", "model")))
+            build = self.family.diffusion_model
+            kw = {"model_args": self.model_params.model_args} if "model_args" in _kwargs_of(build) else {}
+            self._unet = build(self.models.tensors, DM, self.models.paths.get(
+                "diffusion_model", self.models.paths.get("model", "model")), **kw)
         return self._unet
 
     unet = diffusion_model   # the old name (tests and tools reach the UNet through it)
@@ -206,7 +208,8 @@ class Pipeline:
                 if self.models is None or not self.models.has_vae:
                     raise SdrtError("no VAE: the checkpoint has no first_stage_model.* tensors; give --vae or --taesd")
                 log.info("using VAE for encoding / decoding")
-                self._vae = AutoencoderKL(self.models.tensors, VAE, source=self.models.paths.get(
+                build = self.family.vae or (lambda t, p, source: AutoencoderKL(t, p, source=source))
+                self._vae = build(self.models.tensors, VAE, source=self.models.paths.get(
                     "vae", self.models.paths.get("model", "vae")))
         return self._tae if self._tae is not None else self._vae
 
@@ -295,7 +298,7 @@ class Pipeline:
             log.info("encode_first_stage completed, taking %.2fs", time.time() - t_prep)
         if latents.img_cfg_follows_cfg:
             guidance = replace(guidance, img_cfg=guidance.cfg)
-        latents.ref_latents = self.encode_ref_images(gp, size, ctx_rng)
+        latents.ref_latents = self.encode_ref_images(gp, size, ctx_rng, latents.ref_pixels)
         control = self.control_hint(gp, size)
         t_cond = time.time()
         passes = self.conditions(replace(gp, prompt=cond_prompt), size.width, size.height, guidance,
@@ -374,6 +377,8 @@ class Pipeline:
             kw = {"clip_skip": gp.clip_skip}
             if "zero_out_masked" in accepts:
                 kw["zero_out_masked"] = zero_out
+            if "ref_images" in accepts and latents.ref_pixels:      # Qwen-Image-Edit's vision tokens
+                kw["ref_images"] = latents.ref_pixels
             c = enc(text, width, height, **kw)
             return Cond(np.asarray(c.context, F32), None if getattr(c, "y", None) is None else np.asarray(c.y, F32),
                         concat, guidance=dg, **refs)
@@ -442,7 +447,7 @@ class Pipeline:
             if shift is not None:
                 den.set_shift(shift)
 
-    def encode_ref_images(self, gp: GenParams, size, rng) -> list:
+    def encode_ref_images(self, gp: GenParams, size, rng, pixels: list | None = None) -> list:
         """-r/--ref-image: each image resized as sd.cpp (the generation's area, at most 1024x1024,
         the reference's aspect, sides a multiple of 16) and encoded by the VAE (Flux Kontext)."""
         if not gp.ref_images:
@@ -454,7 +459,10 @@ class Pipeline:
         out = []
         for i, src in enumerate(gp.ref_images):
             img = load_image(src, "-r/--ref-image", 3)
-            vw, vh = ref_image_size(img.shape[1], img.shape[0], size.width, size.height)
+            if pixels is not None:
+                pixels.append(img)
+            vw, vh = ref_image_size(img.shape[1], img.shape[0], size.width, size.height,
+                                    multiple=self.family.ref_image_multiple)
             log.debug("resize vae ref image %d from %dx%d to %dx%d", i, img.shape[1], img.shape[0], vw, vh)
             out.append(self.encode_first_stage(image_to_tensor(img, vw, vh), rng, gp))
         log.info("EDIT mode: %d reference image%s", len(out), "s" if len(out) > 1 else "")
@@ -652,6 +660,8 @@ class Pipeline:
         out = np.asarray(out, F32)
         if tae:
             return out
+        if hasattr(model, "to_diffusion"):      # the VAE maps its own latents (its encode gives the mean)
+            return model.to_diffusion(out)
         if self.variant.vae_encode == "mean":
             return gaussian_sample(out)
         C = out.shape[1] // 2
@@ -666,6 +676,8 @@ class Pipeline:
         tae = self._tae is not None
         if tae:
             z = latent
+        elif hasattr(model, "from_diffusion"):
+            z = model.from_diffusion(latent)
         else:
             scale, shift = self._latent_scale()
             z = (latent / scale + shift).astype(F32)

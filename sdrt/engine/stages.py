@@ -159,13 +159,16 @@ def img2img_sigmas(sigmas: np.ndarray, steps: int, strength: float) -> tuple[np.
     return sigmas[steps - t_enc - 1:], t_enc
 
 
-def ref_image_size(ref_w: int, ref_h: int, width: int, height: int, max_pixels: int = 1024 * 1024) -> tuple[int, int]:
+def ref_image_size(ref_w: int, ref_h: int, width: int, height: int, max_pixels: int = 1024 * 1024,
+                   multiple: int = 16) -> tuple[int, int]:
     """sd.cpp's resize of a reference image before the VAE (resize_before_vae): the generation's
-    area (at most max_pixels), the reference's aspect, each side rounded to a multiple of 16."""
+    area (at most max_pixels), the reference's aspect, each side rounded to a multiple of
+    `multiple` (16; Qwen-Image 32)."""
+    m = multiple
     area = min(max_pixels, width * height)
     vw = math.sqrt(area * ref_w // ref_h)          # sd.cpp divides integers before the sqrt
     vh = vw * ref_h / ref_w
-    return max(16, math.floor(vw / 16 + 0.5) * 16), max(16, math.floor(vh / 16 + 0.5) * 16)   # C round()
+    return max(m, math.floor(vw / m + 0.5) * m), max(m, math.floor(vh / m + 0.5) * m)   # C round()
 
 
 def decode_to_uint8(img01: np.ndarray) -> np.ndarray:
@@ -313,6 +316,7 @@ class Latents:
     denoise_mask: np.ndarray | None = None
     img_cfg_follows_cfg: bool = False
     ref_latents: list = field(default_factory=list)   # -r/--ref-image latents (Flux Kontext)
+    ref_pixels: list = field(default_factory=list)    # the -r images as loaded (HxWx3 uint8), for conditioners
 
 
 def prepare_latents(size: SizePlan, family, variant, encode) -> Latents:

@@ -33,7 +33,7 @@ UNKNOWN = "unknown"
 ALL_MODES = frozenset({"txt2img", "img2img", "inpaint", "edit", "ref_images"})
 # modules whose import registers families (order = registration order)
 FAMILY_MODULES = ["sdrt.models.sd", "sdrt.models.recognized", "sdrt.models.flux", "sdrt.models.sd3",
-                  "sdrt.models.zimage"]
+                  "sdrt.models.zimage", "sdrt.models.qwen_image"]
 
 
 # ---- what the conditioner hands the diffusion model ----------------------------------------------
@@ -159,13 +159,17 @@ class Family:
     diffusers_te_prefixes: dict = field(default_factory=dict)  # e.g. {"te1.": "text_encoders.clip_l.transformer."}
     # models
     conditioner: Callable | None = None              # (table, version, embd_dir=, backend=) -> .encode(...)
-    diffusion_model: Callable | None = None          # (tensors, prefix, source) -> .predict(x, t, Cond, backend=)
+    diffusion_model: Callable | None = None          # (tensors, prefix, source[, model_args]) -> .predict(x, t, Cond, backend=)
+    # (tensors, prefix, source) -> .decode/.encode as AutoencoderKL's; None: AutoencoderKL. A VAE with
+    # to_diffusion / from_diffusion maps its latents itself (Qwen-Image's per-channel mean/std)
+    vae: Callable | None = None
     # latent space
     latent_channels: int = 4
     vae_scale_factor: int = 8                        # pixels per latent
     size_multiple: int = 64                          # request sizes align up to this (VAE x model down factor)
     latent_scale: float | None = None
     latent_shift: float = 0.0
+    ref_image_multiple: int = 16                     # -r images resize to sides of this multiple (sd.cpp)
     # sampling
     prediction: str | Callable | None = None         # str, or (table, metadata, version) -> str | None
     probe_prediction: Callable | None = None         # (diffusion_model, version, call) -> prediction

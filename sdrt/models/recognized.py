@@ -81,12 +81,7 @@ _one(LENS, "Lens", (marker(7, DM + "transformer_blocks.0.attn.norm_added_q.weigh
 _one(MINIT2I, "MiniT2I", (marker(8, "net.img_embedder.proj1.weight", MINIT2I),), "minit2i_flow")
 _one(MAGE_FLOW, "Mage Flow", (marker(9, DM + "transformer_blocks.0.img_mod.1.weight", MAGE_FLOW,
                                      lambda f: dim(f.ne(_IMG_IN), 0) == 128),), "flow", 6.0)
-register_family(Family(
-    "qwen_image", {QWEN_IMAGE: Variant(), QWEN_IMAGE_LAYERED: Variant()}, "Qwen-Image",
-    detect=(marker(10, DM + "transformer_blocks.0.img_mod.1.weight", QWEN_IMAGE_LAYERED,
-                   lambda f: DM + "time_text_embed.addition_t_embedding.weight" in f.names),
-            marker(11, DM + "transformer_blocks.0.img_mod.1.weight", QWEN_IMAGE)),
-    prediction="flow", flow_shift=3.0))
+# Qwen-Image (orders 10, 11): sdrt.models.qwen_image
 _one(HUNYUAN_VIDEO, "HunyuanVideo", (marker(12, DM + "txt_in.individual_token_refiner.blocks.0.adaLN_modulation.1.weight",
                                             HUNYUAN_VIDEO),), "flow", 7.0)
 _one(ANIMA, "Anima", (marker(13, "llm_adapter.blocks.0.cross_attn.q_proj.weight", ANIMA),), "flow", 3.0)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...errors import ModelFileError
+from ...errors import ModelFileError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
 from ..common import Linear, Weights, token_ids
@@ -190,13 +190,17 @@ class QwenLLM:
         """The layer whose un-normed output `out_layer` gives, or 0 for the final-norm output."""
         return out_layer if 0 < out_layer <= self.config.layers else 0
 
-    def forward(self, ids, out_layer: int = 0, *, cut_prefix: str | None = "llm") -> Tensor:
-        """Hidden states F32 ne=[hidden, L, N] (see `out_layer` in the module docstring)."""
+    def forward(self, ids, out_layer: int = 0, *, cut_prefix: str | None = "llm", image_embeds=()) -> Tensor:
+        """Hidden states F32 ne=[hidden, L, N] (see `out_layer` in the module docstring).
+        image_embeds: ((token index, Tensor [hidden, n]), ...) spliced over the token embeddings
+        from that index on (sd.cpp's LLM::forward for Qwen-Image-Edit's vision tokens; N = 1)."""
         cfg = self.config
         a = token_ids(ids, cfg.vocab, "LLM")
         N, L = a.shape
         x = F.get_rows(self.embed, Tensor.from_numpy(a.reshape(-1), name="llm_ids"))
         x = x.reshape(cfg.hidden, L, N)
+        if image_embeds:
+            x = _splice(x, image_embeds, L, N)
         pos = Tensor.from_numpy(np.arange(L, dtype=np.int32), name="llm_pos")
         mask = Tensor.from_numpy(causal_mask(L), name="llm_causal_mask")
         stop = self.reads_layer(out_layer)
@@ -210,7 +214,26 @@ class QwenLLM:
                 F.mark_cut(x, f"{cut_prefix}.layer.{i}")
         return F.mul(F.rms_norm(x, cfg.eps), self.norm)
 
-    def run(self, ids, out_layer: int = 0, backend: str = "cpu") -> np.ndarray:
+    def run(self, ids, out_layer: int = 0, backend: str = "cpu", image_embeds=()) -> np.ndarray:
         """forward + execute: float32 [N, L, hidden]."""
-        r = F.Graph({"hidden": self.forward(ids, out_layer)}).run(backend)["hidden"].to_f32()
+        r = F.Graph({"hidden": self.forward(ids, out_layer, image_embeds=image_embeds)}).run(backend)["hidden"].to_f32()
         return r.reshape((-1,) + r.shape[-2:])
+
+
+def _splice(x: Tensor, image_embeds, L: int, N: int) -> Tensor:
+    """x [hidden, L, 1] with rows [i, i + n) replaced by each (i, embed [hidden, n])."""
+    if N != 1:
+        raise UsageError("LLM: image embeddings need a batch of 1")
+    parts, at = [], 0
+    for i, e in sorted(image_embeds, key=lambda p: p[0]):
+        n = e.ne[1]
+        if i < at or i + n > L or e.ne[0] != x.ne[0]:
+            raise UsageError(f"LLM: an image embedding of {n} tokens x {e.ne[0]} at token {i} does not fit "
+                             f"{L} tokens x {x.ne[0]}")
+        if i > at:
+            parts.append(x.slice(1, at, i))
+        parts.append(F.cast(e, "F32").reshape(x.ne[0], n, 1) if e.dtype.name != "F32" else e.reshape(x.ne[0], n, 1))
+        at = i + n
+    if at < L:
+        parts.append(x.slice(1, at, L))
+    return F.concat_many(parts, 1) if len(parts) > 1 else parts[0]

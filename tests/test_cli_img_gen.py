@@ -111,8 +111,8 @@ def test_choices_come_from_registries():
     (["-i", "/nonexistent/x.png"], "-i/--init-img: no such image file: '/nonexistent/x.png'"),
     (["-M", "vid_gen"], "mode 'vid_gen' is not implemented yet"),
 ])
-def test_errors_are_one_line_naming_the_flag(model, capsys, stub_load, tmp_path, argv, msg):
-    os.chdir(tmp_path)
+def test_errors_are_one_line_naming_the_flag(model, capsys, stub_load, tmp_path, argv, msg, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     rc, err = _err(capsys, ["-m", model] + argv)
     assert rc == 2
     assert msg in err

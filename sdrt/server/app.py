@@ -398,7 +398,8 @@ class Server:
             return error(str(e), 429, "queue_full")
         except ShuttingDown as e:
             return error(str(e), 503, "shutting_down")
-        return JSONResponse({"id": job.id, "kind": job.kind, "status": job.status, "created": job.created,
+        # the state it was accepted in (the worker may already have started it: polling tells)
+        return JSONResponse({"id": job.id, "kind": job.kind, "status": "queued", "created": job.created,
                              "poll_url": f"/sdcpp/v1/jobs/{job.id}"}, status_code=202)
 
     async def vid_gen(self, request):

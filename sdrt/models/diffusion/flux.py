@@ -55,6 +55,16 @@ _UNSUPPORTED = {  # a tensor that names a Flux-like model sdrt does not run -> i
 }
 
 
+def with_rope_axes(cfg, overrides: dict, source: str):
+    """A detected DiT config with the caller's `overrides` applied, its RoPE axes checked against
+    the head width (Flux, Qwen-Image: axes (16, 56, 56) for 128-wide heads, else given)."""
+    cfg = dataclasses.replace(cfg, **overrides) if overrides else cfg
+    if sum(cfg.axes_dim) != cfg.head_dim or any(d % 2 for d in cfg.axes_dim):
+        raise ModelFileError(f"{source}: head width {cfg.head_dim} needs RoPE axes of even sizes summing to it "
+                             f"(got axes_dim={list(cfg.axes_dim)}; pass axes_dim= for non-128 heads)")
+    return cfg
+
+
 @dataclass(frozen=True)
 class FluxConfig:
     in_channels: int = 64           # img_in width: latent channels * 4 (+ Fill/Controls concat)
@@ -129,11 +139,7 @@ class FluxConfig:
                   depth=depth, depth_single_blocks=single, guidance_embed="guidance_in.in_layer.weight" in w,
                   is_chroma=is_chroma,
                   axes_dim=(16, 56, 56) if head_dim == 128 else ())
-        cfg = dataclasses.replace(cfg, **overrides) if overrides else cfg
-        if sum(cfg.axes_dim) != cfg.head_dim or any(d % 2 for d in cfg.axes_dim):
-            raise ModelFileError(f"{source}: head width {cfg.head_dim} needs RoPE axes of even sizes summing to it "
-                                 f"(got axes_dim={list(cfg.axes_dim)}; pass axes_dim= for non-128 heads)")
-        return cfg
+        return with_rope_axes(cfg, overrides, source)
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """{BFL name (no prefix): torch shape} of every tensor this config uses."""

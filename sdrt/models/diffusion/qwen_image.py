@@ -23,7 +23,6 @@ while the generated tokens (and the text stream, and norm_out) use t.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from ...errors import ModelFileError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
 from ..common import GraphCache, Linear, Weights, batch_cond
-from .flux import flux_pe
+from .flux import flux_pe, with_rope_axes
 from .flux_blocks import attention, modulate, pad_to_patch, patchify, unpatchify
 
 __all__ = ["PREFIX", "QwenImageConfig", "QwenImageModel", "qwen_image_ids", "ZERO_COND_T_MARKER"]
@@ -85,11 +84,7 @@ class QwenImageConfig:
                   hidden_size=hidden, num_heads=hidden // head_dim, num_layers=layers, joint_attention_dim=ctx,
                   axes_dim=(16, 56, 56) if head_dim == 128 else (),
                   zero_cond_t=any(ZERO_COND_T_MARKER in n for n in names), patch_size=p)
-        cfg = dataclasses.replace(cfg, **overrides) if overrides else cfg
-        if sum(cfg.axes_dim) != cfg.head_dim or any(d % 2 for d in cfg.axes_dim):
-            raise ModelFileError(f"{source}: head width {cfg.head_dim} needs RoPE axes of even sizes summing to it "
-                                 f"(got axes_dim={list(cfg.axes_dim)}; pass axes_dim= for non-128 heads)")
-        return cfg
+        return with_rope_axes(cfg, overrides, source)
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """{diffusers name (no prefix): torch shape} of every tensor this config uses."""

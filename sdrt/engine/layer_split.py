@@ -60,7 +60,7 @@ class SplitResidency:
             m.prefetch = False
         self.managers = list(managers)
         self.given = list(capacities) if capacities is not None else None
-        self._splits: dict[int, tuple[object, list[int]]] = {}
+        self._splits: dict[int, tuple[object, list[int], int]] = {}   # id(plan) -> (plan, split, peer bytes)
         self._device_of: list[int] = []
         self.peer_bytes = 0          # activation bytes crossing a device boundary in the last run
         self.name = "&".join(m.name for m in managers)
@@ -95,23 +95,26 @@ class SplitResidency:
 
     def split_of(self, plan) -> list[int]:
         """The device index of each segment of `plan` (computed once per plan)."""
+        return self._split(plan)[1]
+
+    def _split(self, plan) -> tuple[object, list[int], int]:
+        """(plan, device index of each segment, peer bytes), computed once per plan."""
         hit = self._splits.get(id(plan))
         if hit is not None and hit[0] is plan:
-            return hit[1]
+            return hit
         info = self.managers[0]._plan_info(plan)
         wb = [info.weight_bytes(k) for k in range(len(info.segments))]
         split = split_segments(wb, self.capacities(info.activation_bytes), [n or "final" for n in info.names])
-        self._splits[id(plan)] = (plan, split)
+        self._splits[id(plan)] = hit = (plan, split, _peer_bytes(plan, split))
         per = [sum(b for b, d in zip(wb, split) if d == j) for j in range(len(self.managers))]
         log.info("layer split over %s: %s", self.name, ", ".join(
             f"{m.name} segments {split.index(j)}-{len(split) - 1 - split[::-1].index(j)} ({_mb(per[j])})"
             for j, m in enumerate(self.managers) if j in split))
-        return split
+        return hit
 
     def begin_graph(self, plan, extra_bytes: int = 0) -> bool:
-        split = self.split_of(plan)
+        _, split, self.peer_bytes = self._split(plan)
         self._device_of = split
-        self.peer_bytes = _peer_bytes(plan, split)
         used = sorted(set(split))
         return all([self.managers[j].begin_graph(plan, extra_bytes) for j in used])
 

@@ -38,7 +38,7 @@ from ..common import GraphCache, batch_cond, Linear, Weights
 from .flux_blocks import (ChromaApproximator, DoubleStreamBlock, LastLayer, MLPEmbedder, SingleStreamBlock,
                           pad_to_patch, patchify, unpatchify)
 
-__all__ = ["PREFIX", "FluxConfig", "FluxModel", "fill_concat", "flux_ids", "flux_pe", "REF_INDEX_MODES"]
+__all__ = ["PREFIX", "FluxConfig", "FluxModel", "fill_concat", "flux_ids", "flux_pe", "REF_INDEX_MODES", "with_rope_axes"]
 
 PREFIX = "model.diffusion_model."
 REF_INDEX_MODES = ("fixed", "increase", "decrease")

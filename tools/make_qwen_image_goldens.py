@@ -31,30 +31,9 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from make_flux_goldens import pack, randomize, unpack  # noqa: E402  (the same random init and latent packing)
 FIX = os.path.join(ROOT, "tests", "fixtures")
-
-
-def randomize(model, g):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith("weight") and p.ndim == 1:
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / np.sqrt(p.shape[-1]))
-            p.copy_(p.half().float())
-
-
-def pack(x):
-    n, c, h, w = x.shape
-    return x.view(n, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(n, (h // 2) * (w // 2), c * 4)
-
-
-def unpack(x, h, w):
-    n, _, cp = x.shape
-    c = cp // 4
-    return x.view(n, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(n, c, h, w)
 
 
 def diffusers_ids(shapes, txt_len):

@@ -24,6 +24,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sdrt  # noqa: E402,F401  before numpy: sdrt/__init__.py sets OpenBLAS's thread spin
+import sdrt.gpu  # noqa: E402,F401  registers cuda0 (models used without the engine do not)
 
 import numpy as np  # noqa: E402
 

@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import ModelFileError, UsageError
 from ..ops import api as F
 from ..ops.tensor import Tensor
-from .common import Conv2d, Weights
+from .common import Conv2d, GraphCache, Weights
 
 __all__ = ["RRDBNet", "RRDBNetConfig", "detect_esrgan", "to_basicsr_names"]
 
@@ -162,6 +162,7 @@ class RRDBNet:
         cout = w.shape("conv_last.weight")[3]
         self.config = RRDBNetConfig(scale, num_block, cin, cout, nf, gc, old)
         self.scale = scale
+        self._graphs = GraphCache()
         self.conv_first = _conv(w, "conv_first", cin, nf)
         self.body = [RRDB(w.sub(f"body.{i}."), nf, gc) for i in range(num_block)]
         self.conv_body = _conv(w, "conv_body", nf, nf)
@@ -188,5 +189,5 @@ class RRDBNet:
         a = np.asarray(x)
         if a.ndim != 4:
             raise UsageError(f"ESRGAN input must be [N, C, H, W], got shape {a.shape}")
-        t = Tensor.from_numpy(np.ascontiguousarray(a, dtype=np.float32), name="esrgan_in")
-        return F.compute(self.graph(t), backend=backend)
+        # one graph per input shape, run again for every tile of that shape (a GPU replays it)
+        return self._graphs.run([np.asarray(a, np.float32)], lambda v: self.graph(v[0]), backend)

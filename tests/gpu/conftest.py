@@ -24,3 +24,12 @@ def cuda():
 @pytest.fixture(scope="session")
 def cuda_rt(cuda):
     return cuda.rt
+
+
+@pytest.fixture(autouse=True)
+def exact_cpu_quant_gemm():
+    """The CPU backend is these tests' reference: its quantized GEMM runs the exact path (float32
+    products of the dequantized weights), not the int8-activation kernel that is its default."""
+    from sdrt.ops.quant.gemm import using_path
+    with using_path("off"):
+        yield

@@ -2,6 +2,7 @@
 
     python bench/profile_cuda_kernels.py [--arch sdxl|sd15] [--ckpt FILE] [--rows 45]
     python bench/profile_cuda_kernels.py --arch flux --ckpt FLUX_TRANSFORMER_FILE [--torch]
+    python bench/profile_cuda_kernels.py --arch esrgan [--torch]
 
 One CFG step (batch-2 UNet forward at 1024x1024 for SDXL, 512x512 for SD1.5) is run until its
 CUDA graph replays, then once more under torch.profiler with CUDA activities: CUPTI traces the
@@ -12,6 +13,8 @@ arrays in host memory, which the backend copies in on every call (the "Memcpy Ht
 checkpoint (tools/make_sd_checkpoint.py) they stay resident. Flux: the DiT of a transformer file
 (tools/make_flux_checkpoint.py, any depth) on bench_cuda_flux.py's 1024x1024 inputs; --torch also
 profiles diffusers' FluxTransformer2DModel (bf16, same depth) for the kernel-by-kernel comparison.
+ESRGAN: bench_esrgan.py's random RealESRGAN_x4plus-shaped RRDBNet (f16 weights) on a 512x512
+image, whole; --torch also profiles the plain-torch RRDBNet in fp16.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # esrgan_weights
 import sdrt  # noqa: E402,F401  before numpy: sdrt/__init__.py sets OpenBLAS's thread spin
 import sdrt.gpu  # noqa: E402,F401  registers cuda0 (models used without the engine do not)
 
@@ -31,7 +35,7 @@ import numpy as np  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", choices=("sdxl", "sd15", "flux"), default="sdxl")
+    ap.add_argument("--arch", choices=("sdxl", "sd15", "flux", "esrgan"), default="sdxl")
     ap.add_argument("--torch", action="store_true", help="flux: profile diffusers' transformer too")
     ap.add_argument("--ckpt", default=None, help="checkpoint to take the UNet from (default: random weights)")
     ap.add_argument("--rows", type=int, default=45)
@@ -41,6 +45,8 @@ def main():
     torch.zeros(1, device="cuda")  # torch's context first: the primary context sdrt then shares
     if a.arch == "flux":
         return profile_flux(a, torch)
+    if a.arch == "esrgan":
+        return profile_esrgan(a, torch)
     cfg = UNetConfig.preset("sdxl" if a.arch == "sdxl" else "sd1")
     if a.ckpt:
         from sdrt.io import open_model
@@ -88,6 +94,37 @@ def profile_flux(a, torch):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
             step()
             torch.cuda.synchronize()
+        print(p.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows, max_name_column_width=80))
+
+
+def profile_esrgan(a, torch):
+    from bench_esrgan import torch_rrdbnet
+    from esrgan_weights import basicsr_state
+    from sdrt.models.esrgan import RRDBNet
+    from sdrt.ops.tensor import Tensor
+    sd = basicsr_state(0, 64, 32, 23, 4, last_bias=0.5)
+    x = np.random.default_rng(0).random((1, 3, 512, 512), dtype=np.float32)
+    net = RRDBNet({k: Tensor.from_numpy(v.astype(np.float16), name=k) for k, v in sd.items()})
+    for _ in range(3):
+        net(x, backend="cuda0")
+    t0 = time.perf_counter()
+    net(x, backend="cuda0")
+    print(f"esrgan f16: replayed forward {1e3 * (time.perf_counter() - t0):.1f} ms")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        net(x, backend="cuda0")
+        torch.cuda.synchronize()
+    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows, max_name_column_width=80))
+    if a.torch:
+        torch.backends.cudnn.benchmark = True
+        m = torch_rrdbnet(sd, 23).cuda().half()
+        xt = torch.from_numpy(x).cuda().half()
+        with torch.no_grad():
+            for _ in range(3):
+                m(xt)
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+                m(xt)
+                torch.cuda.synchronize()
         print(p.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows, max_name_column_width=80))
 
 

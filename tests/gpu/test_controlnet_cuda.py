@@ -26,7 +26,7 @@ def test_controlnet_module_cuda_matches_golden(cuda, case):
     for i, c in enumerate(controls):
         assert rel_err(c, a[f"controls_sdcpp_{i}"]) <= 1e-3, f"control {i}"
     out = unet(a["x"], a["t"], a["context"], y, controls=controls, control_strength=meta["strength"], backend="cuda0")
-    assert rel_err(out, a["out_sdcpp"]) <= 1e-3
+    assert rel_err(out, a["out_sdcpp"]) <= 2e-3  # the UNet after it, F16 GEMM inputs on the GPU
 
 
 @pytest.mark.parametrize("extra", [[], ["--control-net-cpu"]], ids=["cn-on-gpu", "control-net-cpu"])

@@ -24,7 +24,7 @@ def test_controlnet_module_cuda_matches_golden(cuda, case):
     assert rel_err(gh, cn.hint(a["hint"])) <= 5e-4  # eight convolutions, summed in another order on the GPU
     controls = cn(a["x"], gh, a["t"], a["context"], y, backend="cuda0")
     for i, c in enumerate(controls):
-        assert rel_err(c, a[f"controls_sdcpp_{i}"]) <= 1e-3, f"control {i}"
+        assert rel_err(c, a[f"controls_sdcpp_{i}"]) <= 2e-3, f"control {i}"  # F16 GEMM inputs
     out = unet(a["x"], a["t"], a["context"], y, controls=controls, control_strength=meta["strength"], backend="cuda0")
     assert rel_err(out, a["out_sdcpp"]) <= 2e-3  # the UNet after it, F16 GEMM inputs on the GPU
 

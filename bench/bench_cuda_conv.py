@@ -1,11 +1,11 @@
-"""CUDA 3x3 conv (stride 1, padding 1, F16 weights, F32 activations): the implicit-GEMM kernel
-(conv.cu conv3x3_tc) vs the im2col + cuBLAS path vs PyTorch's cuDNN fp16 conv, one run (GPU only).
+"""CUDA 3x3 conv (stride 1, padding 1, F16 weights, F32 activations): sdrt's im2col + cuBLAS path
+vs PyTorch's cuDNN fp16 conv, one run (GPU only).
 
     python bench/bench_cuda_conv.py [--repeat 20] [--no-torch]
 
 Per shape, all on the device, timed with CUDA events over --repeat back-to-back calls after a
-warm-up (median of 3 such runs): sdrt's conv2d kernel function (bias included) with
-sdrt.gpu.cuda.ops.conv.IMPLICIT_3X3 on and off, and torch.nn.functional.conv2d in fp16
+warm-up (median of 3 such runs): sdrt's conv2d kernel function (bias included), and
+torch.nn.functional.conv2d in fp16
 (channels-first input, cudnn.benchmark on) — the conv a PyTorch fp16 model runs. TFLOP/s count
 2*N*OC*9C*H*W. Random values; the times do not depend on them.
 """
@@ -44,11 +44,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args()
-    import sdrt.gpu.cuda.ops.conv as G
+    import sdrt.gpu.cuda.ops.conv  # noqa: F401  registers the conv kernels
     from sdrt.gpu.cuda.table import CUDA
     d = CudaDev("bench_cuda_conv")
     rng = np.random.default_rng(0)
-    print(f"{'shape':36s} {'implicit ms':>11s} {'im2col ms':>10s} {'torch ms':>9s} {'TFLOP/s':>8s} {'impl/im2col':>11s} {'impl/torch':>10s}")
+    print(f"{'shape':36s} {'sdrt ms':>9s} {'torch ms':>9s} {'sdrt TFLOP/s':>12s} {'sdrt/torch':>10s}")
     for name, N, C, HW, OC in SHAPES:
         flop = 2.0 * N * OC * 9 * C * HW * HW
         x = Tensor.from_numpy(rng.standard_normal((N, C, HW, HW), np.float32))
@@ -61,11 +61,7 @@ def main():
         def call():
             d.rt.begin_kernel()
             k.fn(node, xs, out, d.rt)
-        times = {}
-        for on in (True, False):
-            G.IMPLICIT_3X3 = on
-            times[on] = d.time_ms(call, args.repeat)
-        G.IMPLICIT_3X3 = True
+        ts = d.time_ms(call, args.repeat)
         tt = float("nan")
         if not args.no_torch:
             import torch
@@ -76,8 +72,7 @@ def main():
             with torch.no_grad():
                 tt = torch_time_ms(lambda: torch.nn.functional.conv2d(xt, wt, bt, padding=1), args.repeat)
             del xt, wt, bt
-        print(f"{name:36s} {times[True]:11.3f} {times[False]:10.3f} {tt:9.3f} {flop / times[True] / 1e9:8.1f} "
-              f"{times[True] / times[False]:11.2f} {times[True] / tt:10.2f}", flush=True)
+        print(f"{name:36s} {ts:9.3f} {tt:9.3f} {flop / ts / 1e9:12.1f} {ts / tt:10.2f}", flush=True)
         d.free_all()
 
 

@@ -1,5 +1,4 @@
-"""CUDA conv1d/conv2d/conv3d/conv_transpose2d (im2col + cuBLAS, or the implicit-GEMM 3x3 kernel)
-and pool1d/pool2d vs the CPU
+"""CUDA conv1d/conv2d/conv3d/conv_transpose2d (im2col + cuBLAS) and pool1d/pool2d vs the CPU
 backend on the same graph (skips without a GPU).
 
 Tolerances are relative to the output's largest magnitude: F32 weights run a pedantic F32 GEMM
@@ -148,48 +147,6 @@ def test_conv2d_3d_input(cuda, rng):
     node = F.conv2d(leaf(x), leaf(w), leaf(b), padding=1, stride=(1, 2))
     assert node.ne == (7, 5, 4)
     check(cuda, node)
-
-
-# ---- the implicit-GEMM 3x3 conv (conv.cu conv3x3_tc: stride 1, pad 1, C % 16, OC % 32) ----------
-@pytest.fixture
-def conv_kernels(monkeypatch, cuda):
-    """The names of the conv-module kernels launched while the test runs."""
-    names, fn = [], cuda.rt.fn
-
-    def spy(module, kernel, argtypes):
-        if module == "conv":
-            names.append(kernel)
-        return fn(module, kernel, argtypes)
-    monkeypatch.setattr(cuda.rt, "fn", spy)
-    return names
-
-
-IMPLICIT_SHAPES = [  # N, C, H, W, OC: partial tiles both ways, one-pixel maps, both block widths
-    (2, 16, 37, 45, 32), (1, 48, 9, 70, 64), (1, 32, 4, 32, 96), (2, 64, 1, 1, 32), (1, 192, 20, 33, 64)]
-
-
-@pytest.mark.parametrize("xdtype", FLOATS)
-@pytest.mark.parametrize("shape", IMPLICIT_SHAPES, ids=["x".join(map(str, s)) for s in IMPLICIT_SHAPES])
-def test_conv2d_implicit_3x3(cuda, rng, conv_kernels, monkeypatch, xdtype, shape):
-    import sdrt.gpu.cuda.ops.conv as G
-    N, C, H, W, OC = shape
-    x = leaf(randn(rng, N, C, H, W), xdtype)
-    node = F.conv2d(x, leaf(randn(rng, OC, C, 3, 3) / np.sqrt(9 * C), "F16"), leaf(randn(rng, OC)), padding=1)
-    check(cuda, node)
-    assert any(k.startswith("conv3x3_tc") for k in conv_kernels), conv_kernels
-    implicit = run_f32(cuda, node)
-    monkeypatch.setattr(G, "IMPLICIT_3X3", False)
-    assert_within_scale(implicit, run_f32(cuda, node), 1e-3, "implicit vs im2col")
-
-
-def test_conv2d_implicit_3x3_views(cuda, rng, conv_kernels):
-    # a channel slice of a concatenation (what ESRGAN's dense blocks feed) and a permuted view
-    w = leaf(randn(rng, 32, 32, 3, 3) / 17, "F16")
-    big = leaf(randn(rng, 2, 64, 11, 13))
-    check(cuda, F.conv2d(big.slice(2, 16, 48), w, padding=1))
-    p = leaf(randn(rng, 2, 13, 11, 32)).permute(2, 0, 1, 3)     # ne (11, 13, 32, 2) from (32, 11, 13, 2)
-    check(cuda, F.conv2d(p, w, padding=1))
-    assert sum(k.startswith("conv3x3_tc") for k in conv_kernels) >= 2   # one launch per check
 
 
 # ---- conv2d at stable-diffusion shapes -------------------------------------------------------

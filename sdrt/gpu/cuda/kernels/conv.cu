@@ -11,15 +11,12 @@
 //   pixel, gathered (one thread per output pixel: no atomics, deterministic).
 // - bias_store / zero: conv outputs are F32 [N][OC][P]; the bias (OC elements, any view)
 //   is added after the GEMM (the CPU kernel's order) or stored before col2im accumulates.
-// - conv3x3_tc: the common 3x3 / stride 1 / pad 1 conv as an implicit GEMM (tensor cores), no
-//   column matrix.
 // - pool2d: ggml_pool_2d (avg divides by the full kernel area, max starts at -FLT_MAX);
 //   pool1d is pool2d with a 1-row kernel.
 //
 // Every kernel but im2col is a 1-D grid-stride loop over its outputs (int64 indices).
 #include "common.cuh"
 #include <float.h>
-#include <mma.h>
 
 #define GRID_STRIDE_LOOP(i, n) \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
@@ -164,109 +161,6 @@ IM2COL_VEC8_KERNEL(bf16_f32, __nv_bfloat16, float)
 IM2COL_VEC8_KERNEL(f32_f16, float, __half)
 IM2COL_VEC8_KERNEL(f16_f16, __half, __half)
 IM2COL_VEC8_KERNEL(bf16_f16, __nv_bfloat16, __half)
-
-// ---- 3x3 convolution as an implicit GEMM on tensor cores ----------------------------------------
-// stride 1, padding 1, no dilation, one group, C % 16 == 0 and OC % 32 == 0, F16 weights
-// [OC][C*9]: no column matrix. A block computes BM output channels x (TH x C3_TW) output pixels of
-// one batch item (TH = 8 rows for BM = 32, 4 for BM = 64: the same 256 MMA tiles a block, within
-// 48 KB of shared memory). Per 16 input channels it stages the weights as [tap][oc][ic] and the
-// input patch with its one-pixel halo as three copies shifted by kx = 0, 1, 2 (wmma loads need
-// 32-byte aligned rows, so a tap's window cannot start at an odd column of one copy), then runs
-// the nine taps as 16x16x16 half MMAs with float accumulators. The activation is narrowed to F16
-// while staged, as im2col narrows it, so the products are the im2col + cuBLAS path's. Output:
-// F32 [N][OC][H][W] (the bias is added after, as for every conv).
-constexpr int C3_TW = 32, C3_KC = 16, C3_THREADS = 256;
-constexpr int C3_AP = 24;  // staged weight row stride in halves (a multiple of 8; spreads banks)
-
-template <typename TI, int BM>
-__device__ void conv3x3_tc(float* __restrict__ out, const char* __restrict__ x,
-                           const __half* __restrict__ w, int64_t sn, int64_t sc, int64_t sy,
-                           int64_t sx, int C, int H, int W, int OC) {
-    constexpr int TH = BM == 32 ? 8 : 4, BN = TH * C3_TW;
-    constexpr int FM = BM / 16;                   // oc fragments
-    constexpr int FW = FM * (BN / 16) / 8;        // accumulator tiles a warp
-    constexpr int BROW = (TH + 2) * C3_TW;        // one channel of one shifted copy
-    constexpr int A_ELEMS = 9 * BM * C3_AP, B_ELEMS = 3 * C3_KC * BROW;
-    constexpr int AB_BYTES = (A_ELEMS + B_ELEMS) * 2, C_BYTES = BM * BN * 4;
-    __shared__ __align__(128) unsigned char smem[AB_BYTES > C_BYTES ? AB_BYTES : C_BYTES];
-    __half* sA = reinterpret_cast<__half*>(smem);
-    __half* sB = sA + A_ELEMS;
-    float* sC = reinterpret_cast<float*>(smem);
-
-    const int tiles_x = (W + C3_TW - 1) / C3_TW;
-    const int x0 = (blockIdx.x % tiles_x) * C3_TW, y0 = (blockIdx.x / tiles_x) * TH;
-    const int oc0 = blockIdx.y * BM;
-    const char* xn = x + (int64_t)blockIdx.z * sn;
-    const int64_t K = (int64_t)C * 9;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int fi = warp % FM, fj0 = (warp / FM) * FW;  // this warp's oc fragment, first pixel fragment
-
-    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[FW];
-    for (int f = 0; f < FW; ++f) nvcuda::wmma::fill_fragment(acc[f], 0.0f);
-
-    for (int c0 = 0; c0 < C; c0 += C3_KC) {
-        __syncthreads();
-        // weights: a thread takes (oc, ic) pairs and their nine contiguous taps
-        for (int i = threadIdx.x; i < BM * C3_KC; i += C3_THREADS) {
-            const int m = i / C3_KC, k = i % C3_KC;
-            const __half* src = w + (int64_t)(oc0 + m) * K + (int64_t)(c0 + k) * 9;
-#pragma unroll
-            for (int t = 0; t < 9; ++t) sA[(t * BM + m) * C3_AP + k] = src[t];
-        }
-        // input: a warp takes whole halo rows (channel, row), its lanes the C3_TW + 2 columns
-        for (int row = warp; row < C3_KC * (TH + 2); row += C3_THREADS / 32) {
-            const int k = row / (TH + 2), r = row % (TH + 2), iy = y0 + r - 1;
-            const bool yin = iy >= 0 && iy < H;
-            const char* xr = xn + (int64_t)(c0 + k) * sc + (int64_t)iy * sy;
-            __half* dst = sB + k * BROW + r * C3_TW;
-            for (int cc = lane; cc < C3_TW + 2; cc += 32) {
-                const int ix = x0 + cc - 1;
-                const __half h = __float2half_rn(yin && ix >= 0 && ix < W ? load_f<TI>(xr, (int64_t)ix * sx) : 0.0f);
-#pragma unroll
-                for (int kx = 0; kx < 3; ++kx) {
-                    const int c = cc - kx;
-                    if (c >= 0 && c < C3_TW) dst[kx * C3_KC * BROW + c] = h;
-                }
-            }
-        }
-        __syncthreads();
-#pragma unroll
-        for (int t = 0; t < 9; ++t) {
-            const int ky = t / 3, kx = t % 3;
-            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __half, nvcuda::wmma::row_major> a;
-            nvcuda::wmma::load_matrix_sync(a, sA + (t * BM + fi * 16) * C3_AP, C3_AP);
-#pragma unroll
-            for (int f = 0; f < FW; ++f) {
-                const int j = fj0 + f, tr = j / (C3_TW / 16), cg = j % (C3_TW / 16);
-                nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __half, nvcuda::wmma::row_major> b;
-                nvcuda::wmma::load_matrix_sync(b, sB + kx * C3_KC * BROW + (tr + ky) * C3_TW + cg * 16, BROW);
-                nvcuda::wmma::mma_sync(acc[f], a, b, acc[f]);
-            }
-        }
-    }
-    __syncthreads();
-    for (int f = 0; f < FW; ++f)
-        nvcuda::wmma::store_matrix_sync(sC + fi * 16 * BN + (fj0 + f) * 16, acc[f], BN, nvcuda::wmma::mem_row_major);
-    __syncthreads();
-    for (int i = threadIdx.x; i < BM * BN; i += C3_THREADS) {
-        const int m = i / BN, p = i % BN, oy = y0 + p / C3_TW, ox = x0 + p % C3_TW;
-        if (oy < H && ox < W)
-            out[(((int64_t)blockIdx.z * OC + oc0 + m) * H + oy) * W + ox] = sC[i];
-    }
-}
-
-#define CONV3X3_TC_KERNEL(suffix, TI, BM)                                                         \
-    extern "C" __global__ void __launch_bounds__(C3_THREADS) conv3x3_tc##BM##_##suffix(          \
-        float* out, const char* x, const __half* w, int64_t sn, int64_t sc, int64_t sy,          \
-        int64_t sx, int C, int H, int W, int OC) {                                                \
-        conv3x3_tc<TI, BM>(out, x, w, sn, sc, sy, sx, C, H, W, OC);                               \
-    }
-CONV3X3_TC_KERNEL(f32, float, 32)
-CONV3X3_TC_KERNEL(f16, __half, 32)
-CONV3X3_TC_KERNEL(bf16, __nv_bfloat16, 32)
-CONV3X3_TC_KERNEL(f32, float, 64)
-CONV3X3_TC_KERNEL(f16, __half, 64)
-CONV3X3_TC_KERNEL(bf16, __nv_bfloat16, 64)
 
 // ---- conv_transpose2d: col2im gather ----------------------------------------------------------
 // cols[b][(oc*KH + ky)*KW + kx][(iy - r0)*W + ix] for input rows iy in [r0, r0 + rows) of batch

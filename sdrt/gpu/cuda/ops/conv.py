@@ -40,9 +40,6 @@ MODULE = "conv"
 # shapes pick cuBLAS's kernels): at 256 MiB SDXL's 1024x1024 VAE decode (2.8 GB of activations)
 # did not fit --max-vram 3 beside its weights; at 64 MiB it does (the decode: 154 against 137 ms).
 COL_BYTES = 64 << 20
-# the 2-D 3x3 / stride-1 / pad-1 convs with F16 GEMMs, C % 16 == 0 and OC % 32 == 0 run
-# conv.cu's implicit GEMM (no column matrix); tests turn it off to hold it to the im2col path
-IMPLICIT_3X3 = True
 
 
 _ESIZE = {"F32": 4, "F16": 2}
@@ -157,16 +154,6 @@ def conv_forward(rt, x, w, bias, out, *, N, strides, dims, OC, kernel, out_dims,
                     stride_b=og * K, stride_c=og * P)
 
     pointwise = kernel == (1, 1, 1) and stride == (1, 1, 1) and pad == (0, 0, 0)
-    if IMPLICIT_3X3 and gdt == "F16" and groups == 1 and D == 1 and kernel == (1, 3, 3) and stride == (1, 1, 1) \
-            and pad == (0, 1, 1) and dil == (1, 1, 1) and not any(circ) and C % 16 == 0 and OC % 32 == 0:
-        bm = 64 if OC % 64 == 0 else 32  # output channels per block
-        tiles = -(-W // 32) * -(-H // (8 if bm == 32 else 4))  # conv.cu's C3_TW x TH pixels a block
-        rt.fn(MODULE, f"conv3x3_tc{bm}_{_SUFFIX[x.dtype.name]}", "PPP" + "q" * 4 + "i" * 4)(
-            (tiles, OC // bm, N), (256, 1, 1), out.ptr, x.ptr, wp, strides[0], strides[1], strides[3],
-            strides[4], C, H, W, OC)
-        if bias is not None:
-            add_bias(rt, out.ptr, bias, OC, P, N * OC * P)
-        return
     if pointwise and x.dtype.name == gdt and x.is_contiguous:
         gemms(x.ptr, C * P, 0, N, 0, P)  # the input is the column matrix
     else:

@@ -8,7 +8,8 @@ import numpy as np
 from opcheck import leaf
 
 from sdrt.gpu.cuda import fuse
-from sdrt.gpu.cuda.backend import import_families
+from sdrt.gpu.cuda import ops as cuda_ops
+from sdrt.gpu.device_backend import import_families
 from sdrt.gpu.cuda.table import CUDA
 from sdrt.ops import api as F
 from sdrt.ops.graph import Graph
@@ -41,7 +42,7 @@ def launches(graph):
 
 def half(graph):
     """The nodes fuse.half_nodes stores as F16, with the CUDA backend's own kernels."""
-    import_families()
+    import_families(cuda_ops)
     plan = graph.plan()
     ptr = _addresses(plan)
     kernels = [[CUDA.find(n).fn for n in seg.nodes] for seg in plan.segments]

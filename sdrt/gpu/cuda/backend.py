@@ -26,11 +26,8 @@
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import pkgutil
-import threading
 import time
 import weakref
 
@@ -38,27 +35,14 @@ import numpy as np
 
 from ...errors import DeviceOutOfMemoryError, UnsupportedError
 from ...ops.backend import Residency
-from ...ops.graph import ALIGN
-from . import cudagraph, fuse
+from ..device_backend import GraphStates, align as _align, import_families
+from . import cudagraph, fuse, ops
 from .devtensor import DevTensor
 from .driver import CudaDevice, PinnedBuffer
 from .runtime import CudaRuntime, ScratchOverflow
 from .table import CUDA
 
 log = logging.getLogger("sdrt.cuda")
-
-def import_families() -> list[str]:
-    """Import every op-family module (sdrt.gpu.cuda.ops.*; each registers its kernels into CUDA)."""
-    from . import ops
-    names = [m.name for m in pkgutil.iter_modules(ops.__path__) if not m.name.startswith("_")]
-    for name in names:
-        importlib.import_module(f"{ops.__name__}.{name}")
-    return names
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
 
 def _span(leaf) -> tuple[int, int]:
     return leaf.offset, leaf.span_bytes()
@@ -215,7 +199,7 @@ class _GraphState:
             pass
 
 
-class CudaBackend:
+class CudaBackend(GraphStates):
     """The CUDA backend of one device (the ops.backend.Backend protocol); `get_backend("cudaN")`
     makes one per device. A residency object it runs with follows ops.backend.Residency."""
 
@@ -227,12 +211,11 @@ class CudaBackend:
         self.device = CudaDevice(index)
         self.rt = CudaRuntime(self.device)
         self.memory = self.rt.memory
-        self.families = import_families()
+        self.families = import_families(ops)
         self._weights: dict[tuple[int, int, int], int] = {}   # (storage address, offset, span) -> ptr
         self._weight_storages = _LiveStorages(self._storage_gone)
         self._registered = _LiveStorages()
-        self._states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-        self._lock = threading.RLock()
+        self._init_states()
         self._pending_upload = None   # event of the last weight upload on the copy stream
         self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"
         self.store_half = os.environ.get("SDRT_CUDA_HALF", "1") != "0"
@@ -443,40 +426,10 @@ class CudaBackend:
             self.device.activate()       # runs the frees deferred meanwhile
             return self.device.allocator.alloc(nbytes)
 
-    def graph_bytes(self, plan=None) -> tuple[int, int]:
-        """(device bytes kept for the graph planned as `plan`, for every other graph): arenas,
-        input and output buffers held between runs."""
-        mine = other = 0
-        for state in list(self._states.values()):
-            if state.plan is plan:
-                mine += state.nbytes
-            else:
-                other += state.nbytes
-        return mine, other
-
-    def release_graphs(self, keep_plan=None) -> int:
-        """Free the device state of every graph but the one planned as `keep_plan` (rebuilt on its
-        next run); returns the bytes freed. A residency manager calls this when its budget needs
-        the room (the memory goes to the allocator's cache, which the manager then empties)."""
-        with self._lock:
-            freed = 0
-            for graph, state in list(self._states.items()):
-                if state.plan is not keep_plan:
-                    del self._states[graph]
-                    state.release()
-                    freed += state.nbytes
-            self.device.activate()       # runs the deferred frees now
-            return freed
+    def _after_release(self) -> None:
+        self.device.activate()       # runs the deferred frees now (freed memory goes to the allocator's cache)
 
     # ---- housekeeping ------------------------------------------------------------------------
-    def forget(self, graph) -> None:
-        """Free what `graph` holds on the device now (otherwise when the Graph is garbage)."""
-        with self._lock:
-            state = self._states.pop(graph, None)
-            if state is not None:
-                state.release()
-                self.device.activate()
-
     def synchronize(self) -> None:
         self.device.synchronize()
 

@@ -47,10 +47,11 @@ def ops_header() -> str:
 def registered_kernels() -> dict[str, list[str]]:
     """{module: [kernel names]}: every (op, dtypes) the CUDA table registers for a named family
     (the float dtypes its element-wise kernels take)."""
-    from .backend import import_families
+    from ..device_backend import import_families
+    from . import ops
     from .table import CUDA
     _load_ops()
-    import_families()
+    import_families(ops)
     out: dict[str, list[str]] = {}
     for kind, (module, arity) in NAMED.items():
         for op in ops_of_kind(kind):

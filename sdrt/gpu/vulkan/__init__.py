@@ -67,9 +67,10 @@ def _make(index: int):
 
 
 def _kernels():
-    from .backend import import_families
+    from ..device_backend import import_families
+    from . import ops
     from .table import VULKAN
-    import_families()
+    import_families(ops)
     return VULKAN
 
 

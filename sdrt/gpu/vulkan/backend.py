@@ -30,12 +30,9 @@
 from __future__ import annotations
 
 import atexit
-import importlib
 import logging
 import os
-import pkgutil
 import struct
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -45,27 +42,15 @@ import numpy as np
 from ...errors import DeviceOutOfMemoryError, UnsupportedError
 from ...ops.backend import Residency
 from ...ops.dtypes import DType
-from ...ops.graph import ALIGN
 from ...ops.tensor import Tensor
+from ..device_backend import GraphStates, align as _align, import_families
+from . import ops
 from .device import BINDINGS, VulkanDevice
 from .table import VULKAN
 
 log = logging.getLogger("sdrt.vulkan")
 _EXITING: list = []                   # [True] once the interpreter exits (atexit runs before teardown)
 atexit.register(_EXITING.append, True)
-
-
-def import_families() -> list[str]:
-    """Import every op-family module (sdrt.gpu.vulkan.ops.*; each registers into VULKAN)."""
-    from . import ops
-    names = [m.name for m in pkgutil.iter_modules(ops.__path__) if not m.name.startswith("_")]
-    for name in names:
-        importlib.import_module(f"{ops.__name__}.{name}")
-    return names
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 def padded_nb(t: Tensor) -> tuple[int, int, int, int]:
@@ -375,7 +360,7 @@ class _GraphState:
             pass
 
 
-class VulkanBackend:
+class VulkanBackend(GraphStates):
     """The Vulkan backend of one device (the ops.backend.Backend protocol)."""
 
     def __init__(self, index: int = 0):
@@ -384,11 +369,10 @@ class VulkanBackend:
         self.device = VulkanDevice(index)
         self.memory = self.device
         self.cpu = get_backend("cpu")
-        self.families = import_families()
+        self.families = import_families(ops)
         self._weights: dict[tuple[int, int, int], tuple[int, object]] = {}   # key -> (ptr, weakref)
         self._registered: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
-        self._states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-        self._lock = threading.RLock()
+        self._init_states()
 
     def __repr__(self):
         return f"VulkanBackend({self.name}: {self.device.describe()})"
@@ -505,34 +489,6 @@ class VulkanBackend:
                 raise
             residency.make_room(nbytes)
             return self.device.alloc(nbytes, host=host)
-
-    def graph_bytes(self, plan=None) -> tuple[int, int]:
-        """(device bytes kept for the graph planned as `plan`, for every other graph)."""
-        mine = other = 0
-        for state in list(self._states.values()):
-            if state.plan is plan:
-                mine += state.nbytes
-            else:
-                other += state.nbytes
-        return mine, other
-
-    def release_graphs(self, keep_plan=None) -> int:
-        """Free the device state of every graph but the one planned as `keep_plan` (rebuilt on its
-        next run); returns the bytes freed."""
-        with self._lock:
-            freed = 0
-            for graph, state in list(self._states.items()):
-                if state.plan is not keep_plan:
-                    del self._states[graph]
-                    state.release()
-                    freed += state.nbytes
-            return freed
-
-    def forget(self, graph) -> None:
-        with self._lock:
-            state = self._states.pop(graph, None)
-            if state is not None:
-                state.release()
 
     def synchronize(self) -> None:
         self.device.synchronize()

@@ -1,0 +1,70 @@
+"""What the device backends (sdrt.gpu.cuda, sdrt.gpu.vulkan) share: importing their op-family
+modules, and the per-graph device state a residency manager reads and frees.
+
+A backend keeps one state object per Graph it ran (`_states`, weak on the graph; each state has
+`plan`, `nbytes` and `release()`), under `_lock`; `_after_release()` is the backend's hook for
+what freeing needs next (CUDA runs the frees it deferred)."""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+import weakref
+
+from ..ops.graph import ALIGN
+
+
+def import_families(ops_package) -> list[str]:
+    """Import every op-family module of a backend's ops package (each registers its kernels)."""
+    names = [m.name for m in pkgutil.iter_modules(ops_package.__path__) if not m.name.startswith("_")]
+    for name in names:
+        importlib.import_module(f"{ops_package.__name__}.{name}")
+    return names
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class GraphStates:
+    """The graph-state bookkeeping of a device backend (a mixin: call `_init_states()`)."""
+
+    def _init_states(self) -> None:
+        self._states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._lock = threading.RLock()
+
+    def _after_release(self) -> None:
+        pass
+
+    def graph_bytes(self, plan=None) -> tuple[int, int]:
+        """(device bytes kept for the graph planned as `plan`, for every other graph): arenas,
+        input and output buffers held between runs."""
+        mine = other = 0
+        for state in list(self._states.values()):
+            if state.plan is plan:
+                mine += state.nbytes
+            else:
+                other += state.nbytes
+        return mine, other
+
+    def release_graphs(self, keep_plan=None) -> int:
+        """Free the device state of every graph but the one planned as `keep_plan` (rebuilt on its
+        next run); returns the bytes freed. A residency manager calls this when its budget needs
+        the room."""
+        with self._lock:
+            freed = 0
+            for graph, state in list(self._states.items()):
+                if state.plan is not keep_plan:
+                    del self._states[graph]
+                    state.release()
+                    freed += state.nbytes
+            self._after_release()
+            return freed
+
+    def forget(self, graph) -> None:
+        """Free what `graph` holds on the device now (otherwise when the Graph is garbage)."""
+        with self._lock:
+            state = self._states.pop(graph, None)
+            if state is not None:
+                state.release()
+                self._after_release()

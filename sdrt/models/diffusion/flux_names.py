@@ -27,7 +27,7 @@ import numpy as np
 
 from ...errors import ModelFileError
 
-__all__ = ["Part", "diffusers_to_bfl_plan", "convert_diffusers_flux", "DIFFUSERS_PREFIXES"]
+__all__ = ["Part", "PlanBuilder", "diffusers_to_bfl_plan", "convert_diffusers_flux", "DIFFUSERS_PREFIXES"]
 
 DIFFUSERS_PREFIXES = ("transformer.", "model.diffusion_model.")
 
@@ -69,25 +69,38 @@ def strip_diffusers_prefix(name: str) -> str:
     return name
 
 
+class PlanBuilder:
+    """A conversion plan under construction: `take(target, parts)` maps diffusers names (without
+    their wrapper prefix) to one target tensor, each name used once; `pending()` yields the names
+    no `take` has used yet, in sorted order. `what` names the model in errors ("diffusers Flux")."""
+
+    def __init__(self, names: Iterable[str], what: str):
+        self.by_plain = {strip_diffusers_prefix(n): n for n in names}
+        self.what, self.plan, self.used = what, {}, set()
+
+    def take(self, target: str, parts: tuple[str, ...], swap: bool = False) -> None:
+        missing = [p for p in parts if p not in self.by_plain]
+        if missing:
+            raise ModelFileError(f"{self.what}: {target} needs {', '.join(parts)}; missing {', '.join(missing)}")
+        self.plan[target] = Part(tuple(self.by_plain[p] for p in parts), swap)
+        self.used.update(parts)
+
+    def pending(self):
+        for plain in sorted(self.by_plain):
+            if plain not in self.used:
+                yield plain
+
+    def unknown(self, plain: str, model_class: str) -> ModelFileError:
+        return ModelFileError(f"{self.what}: unknown tensor {self.by_plain[plain]!r} (not part of {model_class})")
+
+
 def diffusers_to_bfl_plan(names: Iterable[str]) -> dict[str, Part]:
     """{BFL name: Part} covering every given diffusers name exactly once (a `transformer.` or
     `model.diffusion_model.` prefix is accepted). Raises ModelFileError for a name it does not
     know or a fused tensor with a part missing."""
-    names = list(names)
-    by_plain = {strip_diffusers_prefix(n): n for n in names}
-    plan: dict[str, Part] = {}
-    used: set[str] = set()
-
-    def take(bfl: str, parts: tuple[str, ...], swap: bool = False):
-        missing = [p for p in parts if p not in by_plain]
-        if missing:
-            raise ModelFileError(f"diffusers Flux: {bfl} needs {', '.join(parts)}; missing {', '.join(missing)}")
-        plan[bfl] = Part(tuple(by_plain[p] for p in parts), swap)
-        used.update(parts)
-
-    for plain in sorted(by_plain):
-        if plain in used:
-            continue
+    b = PlanBuilder(names, "diffusers Flux")
+    take = b.take
+    for plain in b.pending():
         leaf = plain.rsplit(".", 1)[-1]
         m = _RE_BLOCK.match(plain)
         if m:
@@ -125,8 +138,8 @@ def diffusers_to_bfl_plan(names: Iterable[str]) -> dict[str, Part]:
             if base == "norm_out.linear":
                 take(f"final_layer.adaLN_modulation.1.{leaf}", (plain,), swap=True)
                 continue
-        raise ModelFileError(f"diffusers Flux: unknown tensor {by_plain[plain]!r} (not part of FluxTransformer2DModel)")
-    return plan
+        raise b.unknown(plain, "FluxTransformer2DModel")
+    return b.plan
 
 
 def apply_part(part: Part, arrays: Mapping[str, np.ndarray]) -> np.ndarray:

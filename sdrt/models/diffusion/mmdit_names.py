@@ -24,8 +24,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from ...errors import ModelFileError
-from .flux_names import DIFFUSERS_PREFIXES, Part, apply_part, strip_diffusers_prefix
+from .flux_names import DIFFUSERS_PREFIXES, Part, PlanBuilder, apply_part
 
 __all__ = ["diffusers_to_sai_plan", "convert_diffusers_sd3", "DIFFUSERS_PREFIXES"]
 
@@ -53,21 +52,10 @@ def diffusers_to_sai_plan(names: Iterable[str]) -> dict[str, Part]:
     """{SAI name: Part} covering every given diffusers name exactly once (a `transformer.` or
     `model.diffusion_model.` prefix is accepted). Raises ModelFileError for an unknown name or a
     fused tensor with a part missing."""
-    by_plain = {strip_diffusers_prefix(n): n for n in names}
-    last = max((int(m.group(1)) for n in by_plain if (m := _RE_BLOCK.match(n))), default=-1)
-    plan: dict[str, Part] = {}
-    used: set[str] = set()
-
-    def take(sai: str, parts: tuple[str, ...], swap: bool = False):
-        missing = [p for p in parts if p not in by_plain]
-        if missing:
-            raise ModelFileError(f"diffusers SD3: {sai} needs {', '.join(parts)}; missing {', '.join(missing)}")
-        plan[sai] = Part(tuple(by_plain[p] for p in parts), swap)
-        used.update(parts)
-
-    for plain in sorted(by_plain):
-        if plain in used:
-            continue
+    b = PlanBuilder(names, "diffusers SD3")
+    take = b.take
+    last = max((int(m.group(1)) for n in b.by_plain if (m := _RE_BLOCK.match(n))), default=-1)
+    for plain in b.pending():
         m = _RE_BLOCK.match(plain)
         if m:
             i, base, leaf = int(m.group(1)), m.group(2), m.group(3)
@@ -93,8 +81,8 @@ def diffusers_to_sai_plan(names: Iterable[str]) -> dict[str, Part]:
             if base == "norm_out.linear":
                 take(f"final_layer.adaLN_modulation.1.{leaf}", (plain,), swap=True)
                 continue
-        raise ModelFileError(f"diffusers SD3: unknown tensor {by_plain[plain]!r} (not part of SD3Transformer2DModel)")
-    return plan
+        raise b.unknown(plain, "SD3Transformer2DModel")
+    return b.plan
 
 
 def convert_diffusers_sd3(state: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, np.ndarray]:

@@ -104,6 +104,17 @@ def _unary_infer(op):
     return infer
 
 
+def unary_scalars(node) -> tuple[float, float]:
+    """The two float parameters a device kernel of a unary op takes: clamp (min, max), scale
+    (s, b), leaky_relu (slope, 0), every other op (0, 0)."""
+    p = node.params
+    if node.op == "clamp":
+        return p["min"], p["max"]
+    if node.op == "scale":
+        return p["s"], p["b"]
+    return p.get("slope", 0.0), 0.0
+
+
 UNARY_PARAMS = {"leaky_relu": {"slope": 0.1}, "clamp": {"min": -0.5, "max": 0.5}, "scale": {"s": 1.5, "b": 0.25}}
 
 

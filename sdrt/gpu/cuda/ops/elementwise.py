@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from ....ops import elementwise as _defs  # noqa: F401  (defines the ops registered below)
+from ....ops import elementwise as _defs  # defines the ops registered below
 from ....ops.registry import ops_of_kind
 from ..devtensor import SUFFIX as FLOAT
 from ..devtensor import kernel_dtypes
@@ -103,18 +103,9 @@ for _op in ops_of_kind("binary"):
 
 
 # ---- unary -------------------------------------------------------------------------------------
-def unary_params(node) -> tuple[float, float]:
-    p = node.params
-    if node.op == "clamp":
-        return p["min"], p["max"]
-    if node.op == "scale":
-        return p["s"], p["b"]
-    return p.get("slope", 0.0), 0.0
-
-
 def _unary(node, xs, out, rt):
     x, = xs
-    _launch_strided(rt, kernel_name(node.op, (x.dtype,)), x, out, *unary_params(node), extra_types="ff")
+    _launch_strided(rt, kernel_name(node.op, (x.dtype,)), x, out, *_defs.unary_scalars(node), extra_types="ff")
 
 
 for _op in ops_of_kind("unary"):

@@ -9,7 +9,7 @@ operand's dtype); cast among F32/F16/BF16; cont of any 2- or 4-byte type bit for
 """
 from __future__ import annotations
 
-from ....ops import elementwise as _defs  # noqa: F401  (defines the ops registered below)
+from ....ops import elementwise as _defs  # defines the ops registered below
 from ....ops.registry import ops_of_kind
 from ..table import VULKAN
 
@@ -79,17 +79,8 @@ for _op in ops_of_kind("binary"):
         VULKAN.register(_op, supports=_floats)(_binary)
 
 
-def unary_params(node) -> tuple[float, float]:
-    p = node.params
-    if node.op == "clamp":
-        return p["min"], p["max"]
-    if node.op == "scale":
-        return p["s"], p["b"]
-    return p.get("slope", 0.0), 0.0
-
-
 def _unary(node, xs, out, rec):
-    walk(rec, UNARY[node.op], xs[0], out, params=unary_params(node))
+    walk(rec, UNARY[node.op], xs[0], out, params=_defs.unary_scalars(node))
 
 
 for _op in ops_of_kind("unary"):

@@ -11,7 +11,8 @@ Opt-in: runs only when SDRT_SDCLI names an sd-cli binary; SDRT_SDCLI_ARCH is sd1
 sdxl; SDRT_SDCLI_MODEL is the full-size random checkpoint of that family
 (tools/make_sd_checkpoint.py --arch sd15|sdxl; made in the work dir when unset, 2 / 6.5 GB);
 SDRT_SDCLI_LORA_OUT keeps the images and logs (else a temp dir); SDRT_SDCLI_SIZE (default 128) and
-SDRT_SDCLI_STEPS (default 2) change the image. About 1-2 min per sd-cli image on 2 CPU cores.
+SDRT_SDCLI_STEPS (default 2) change the image; SDRT_SDCLI_LOCK=/work/heavy.lock runs each engine
+under `flock` on that file (one lock hold per image instead of one for the whole test). About 1-2 min per sd-cli image on 2 CPU cores.
 
 sd-cli (stable-diffusion.cpp in stable-diffusion-cpp-python 0.4.7) facts the checks encode:
 - at_runtime, it loads each file once per stage (text encoder, UNet, VAE) and prints one
@@ -216,6 +217,8 @@ def _run(env, engine: str, tag: str, prompt: str, extra: list) -> tuple[str, str
         cmd = [env["exe"], *args]
     else:
         cmd = [sys.executable, "-m", "sdrt.cli.main", *args]
+    if os.environ.get("SDRT_SDCLI_LOCK"):    # a shared host: each engine's run holds the lock alone
+        cmd = ["flock", os.environ["SDRT_SDCLI_LOCK"], *cmd]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
                        env={**os.environ, "PYTHONPATH": ROOT}, cwd=env["work"])
     log = r.stdout + r.stderr

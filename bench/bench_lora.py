@@ -9,7 +9,8 @@ forward at a [2, 4, size, size] latent (cond + uncond), without LoRA and then wi
 of the given rank on every attention, feed-forward and proj_in/out weight of the transformer
 blocks (what kohya trains by default) applied at_runtime (sdrt.engine.lora.RuntimePath: the delta
 folded into the weight in the graph or the low-rank chain beside the GEMM, --runtime-merge).
-Each model is warmed once (graph build) and timed --repeat times; medians printed. --backend cuda0
+Each model is warmed once (graph build), then the two run alternately --repeat times; the
+fastest run of each gives the figure (medians printed too). --backend cuda0
 times the same on the GPU (weights registered as weights, so the step runs as a replayed CUDA
 graph; the LoRA factors are read-only leaves, cached on the device the same way).
 merge: the SDXL UNet's tensor names and shapes (tools/make_sd_checkpoint.py layout); the same
@@ -78,27 +79,33 @@ def step(args):
         from sdrt.ops.backend import get_backend
         get_backend(be).register_weights(table)           # writeable numpy weights are not inputs
 
-    def timed(model):
-        model(x, t, ctx, backend=be)                       # warm-up: builds the graph
-        ts = []
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            model(x, t, ctx, backend=be)
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
+    def warm(model):
+        model(x, t, ctx, backend=be)                       # builds (and caches) the graph
+        return model
 
-    base = timed(UNetModel(table, config=cfg))
+    base_model = warm(UNetModel(table, config=cfg))      # its graph is built before the LoRA exists
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "lora.safetensors")
         n = kohya_lora({k: v.ne[::-1] for k, v in table.items()}, args.rank, path)
         _, runtime = apply_loras(table, [LoraSpec(path, 1.0)], "sd1", "at_runtime")
         for w, p in runtime.items():
             RUNTIME_LORA[w] = p
-        lora = timed(UNetModel(table, config=cfg))
+        lora_model = warm(UNetModel(table, config=cfg))
+    # alternating runs: on a shared host, load that comes and goes hits both alike; the fastest
+    # run of each is the least disturbed one
+    ts: dict = {"base": [], "lora": []}
+    for _ in range(args.repeat):
+        for key, model in (("base", base_model), ("lora", lora_model)):
+            t0 = time.perf_counter()
+            model(x, t, ctx, backend=be)
+            ts[key].append(time.perf_counter() - t0)
+    base, lora = min(ts["base"]), min(ts["lora"])
+    med = {key: statistics.median(v) for key, v in ts.items()}
     unit, k = ("ms", 1e3) if be != "cpu" else ("s", 1.0)
     print(f"SD1.5 UNet step on {be}, latent {S}x{S} batch 2, F16 weights: {base * k:.2f} {unit}; with a rank-{args.rank} "
           f"LoRA on {n} weights at_runtime: {lora * k:.2f} {unit} ({100 * (lora / base - 1):+.1f} %; "
-          f"RUNTIME_MERGE={args.runtime_merge})")
+          f"RUNTIME_MERGE={args.runtime_merge}; fastest of {args.repeat} alternating runs each, medians "
+          f"{med['base'] * k:.2f} / {med['lora'] * k:.2f} {unit})")
 
 
 def merge(args):

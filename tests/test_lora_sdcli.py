@@ -239,6 +239,17 @@ def applied_counts(log: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+def sdcli_unrun(keys: list, mode: str) -> list:
+    """The keys sd-cli never counts as applied: at run time it marks a LoRA tensor applied when
+    a forward builds its layer, and SDXL's CLIP-L stops after its penultimate layer (clip_skip 2,
+    clip.hpp CLIPEncoder::forward), so the last layer's te1 LoRA is never built (its output is
+    unused, the image does not depend on it): (774 / 792) on the text-encoder stage. sdrt counts
+    what it maps, (792 / 792)."""
+    if mode != "at_runtime" or ARCH != "sdxl":
+        return []
+    return [k for k in keys if k.startswith("lora_te1_text_model_encoder_layers_11_")]
+
+
 @pytest.fixture(scope="module")
 def no_lora(env):
     """sdrt's image without LoRA (reused from SDRT_SDCLI_LORA_OUT when a run there made it)."""
@@ -261,7 +272,7 @@ def _compare(env, no_lora, tag: str, names: list, extra: list, mode: str):
     for n in names:
         total = len(env["keys"][n])
         assert got_sdrt.get(n) == (total, total), (n, got_sdrt)
-        assert got_sdcli.get(n) == (total, total), (n, got_sdcli)
+        assert got_sdcli.get(n) == (total - len(sdcli_unrun(env["keys"][n], mode)), total), (n, got_sdcli)
     assert moved <= MAX_NOLORA_PSNR, f"{tag}: the LoRA barely changes the image ({moved:.2f} dB from no-LoRA)"
     assert p >= MIN_PSNR, f"{tag}: sdrt vs sd-cli PSNR {p:.2f} dB (need >= {MIN_PSNR})"
 

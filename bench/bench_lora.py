@@ -10,7 +10,8 @@ of the given rank on every attention, feed-forward and proj_in/out weight of the
 blocks (what kohya trains by default) applied at_runtime (sdrt.engine.lora.RuntimePath: the delta
 folded into the weight in the graph or the low-rank chain beside the GEMM, --runtime-merge).
 Each model is warmed once (graph build), then the two run alternately --repeat times; the
-fastest run of each gives the figure (medians printed too). --backend cuda0
+fastest run of each gives the figure (medians printed too). --profile first prints per-op time
+sums of one step of each (CPU), split into the LoRA's own nodes and the other ops' difference. --backend cuda0
 times the same on the GPU (weights registered as weights, so the step runs as a replayed CUDA
 graph; the LoRA factors are read-only leaves, cached on the device the same way).
 merge: the SDXL UNet's tensor names and shapes (tools/make_sd_checkpoint.py layout); the same
@@ -91,6 +92,8 @@ def step(args):
         for w, p in runtime.items():
             RUNTIME_LORA[w] = p
         lora_model = warm(UNetModel(table, config=cfg))
+    if args.profile:
+        _profile(lambda: base_model(x, t, ctx, backend=be), lambda: lora_model(x, t, ctx, backend=be))
     # alternating runs: on a shared host, load that comes and goes hits both alike; the fastest
     # run of each is the least disturbed one
     ts: dict = {"base": [], "lora": []}
@@ -106,6 +109,51 @@ def step(args):
           f"LoRA on {n} weights at_runtime: {lora * k:.2f} {unit} ({100 * (lora / base - 1):+.1f} %; "
           f"RUNTIME_MERGE={args.runtime_merge}; fastest of {args.repeat} alternating runs each, medians "
           f"{med['base'] * k:.2f} / {med['lora'] * k:.2f} {unit})")
+
+
+def _profile(run_base, run_lora):
+    """Per-op time sums of one base and one LoRA step on a host backend (each node's kernel timed
+    in sdrt.ops.graph.run_on_host): the LoRA's own nodes (those reading a LoRA factor) and the
+    other ops' difference, steadier on a shared host than whole-step times."""
+    import collections
+
+    import sdrt.ops.graph as G
+    sums: dict = collections.defaultdict(float)
+    real = G.run_on_host
+
+    class Timed:
+        def __init__(self, be):
+            self.be, self.name = be, be.name
+
+        def find(self, node):
+            k = self.be.find(node)
+            lora = any((s.name or "").endswith(".lora") for s in node.src)
+
+            class K:
+                @staticmethod
+                def fn(n, xs, out):
+                    t0 = time.perf_counter()
+                    k.fn(n, xs, out)
+                    sums[(n.op, lora)] += time.perf_counter() - t0
+            return K
+
+    G.run_on_host = lambda graph, plan, be, *a, **kw: real(graph, plan, Timed(be), *a, **kw)
+    try:
+        got = {}
+        for key, run in (("base", run_base), ("lora", run_lora)):
+            sums.clear()
+            t0 = time.perf_counter()
+            run()
+            got[key] = (time.perf_counter() - t0, dict(sums))
+    finally:
+        G.run_on_host = real
+    (tb, b), (tl, lo) = got["base"], got["lora"]
+    own = sum(v for (op, is_lora), v in lo.items() if is_lora)
+    ops = sorted({op for op, _ in list(b) + list(lo)})
+    diff = {op: sum(v for (o, _), v in lo.items() if o == op) - b.get((op, False), 0.0) for op in ops}
+    print(f"profile: base step {tb:.2f} s, LoRA step {tl:.2f} s; LoRA-factor nodes {own * 1e3:.0f} ms "
+          f"({', '.join(f'{op} {v * 1e3:.0f}' for (op, il), v in sorted(lo.items()) if il)}); other ops' "
+          f"difference: {', '.join(f'{op} {diff[op] * 1e3:+.0f}' for op in ops if abs(diff[op]) >= 0.005)} ms")
 
 
 def merge(args):
@@ -156,6 +204,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--backend", default="cpu", help="step: cpu or cudaN")
     ap.add_argument("--generic", action="store_true", help="merge: time the generic (unfused) path")
+    ap.add_argument("--profile", action="store_true", help="step (cpu): per-op time sums of one base and one LoRA step first")
     ap.add_argument("--runtime-merge", default="auto", choices=("auto", "on", "off"),
                     help="step: sdrt.engine.lora.RUNTIME_MERGE (off: the low-rank chain beside every GEMM)")
     args = ap.parse_args()

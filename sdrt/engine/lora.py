@@ -15,7 +15,8 @@ Apply modes (`--lora-apply-mode`): `immediately` wraps each target in a lazily c
 holds W + delta in W's type (quantized weights are requantized, as sd.cpp's merge graph does);
 `at_runtime` leaves W as it is and registers, for the Linear / Conv2d that reads it, a path added
 to its output: the low-rank chain x -> down [-> mid] -> up for LoRA, a dense delta GEMM for LoKr
-(sdrt: LoKr is not materialized in W either); raw diffs and LoHa patch the weight as sd.cpp's
+(sdrt: LoKr is not materialized in W either); a Linear with a float W may instead add the delta
+to W inside the graph when that costs less for its activation rows (RuntimePath.linear); raw diffs and LoHa patch the weight as sd.cpp's
 runtime patch_weight does. `auto` = at_runtime when any weight is quantized or params live
 elsewhere than compute (sd.cpp), else immediately.
 """

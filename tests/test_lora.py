@@ -279,6 +279,45 @@ def test_immediately_equals_at_runtime(tiny, caplog):
     assert _psnr(imm, none) < _psnr(imm, rt) - 15
 
 
+@pytest.mark.parametrize("merge", ["on", "off"])
+def test_runtime_fold_equals_beside(tiny, monkeypatch, merge):
+    """at_runtime on float Linears: the delta folded into the weight in the graph (W + up @ down,
+    "on") and the low-rank chain beside the GEMM ("off") give the image the merge gives."""
+    monkeypatch.setattr(L, "RUNTIME_MERGE", merge)
+    prompt = "a cat <lora:locon:0.8><lora:lyco:0.5>"
+    _, imm = _gen(tiny, prompt, lora_apply_mode="immediately")
+    _, rt = _gen(tiny, prompt, lora_apply_mode="at_runtime")
+    assert _psnr(imm, rt) > 60, _psnr(imm, rt)
+
+
+def test_runtime_fold_graph(monkeypatch):
+    """RuntimePath.linear's two graphs against numpy: x @ (W + s·up@down + dense)^T + b."""
+    from sdrt.ops import api as F
+    from sdrt.ops.tensor import Tensor
+    r = np.random.default_rng(3)
+    n_in, n_out, rows, rank = 24, 16, 40, 4
+    w = (r.standard_normal((n_out, n_in)) * 0.2).astype(np.float16)
+    b = r.standard_normal(n_out).astype(np.float32)
+    x = r.standard_normal((rows, n_in)).astype(np.float32)
+    down, up = r.standard_normal((rank, n_in)), r.standard_normal((n_out, rank))
+    kron = (r.standard_normal((n_out, n_in)) * 0.1).astype(np.float32)
+    lo = {"lora_unet_a.lora_down.weight": down.astype(np.float32), "lora_unet_a.lora_up.weight": up.astype(np.float32),
+          "lora_unet_a.alpha": np.array(2.0, np.float32)}
+    p = L.RuntimePath()
+    p.dense.append(Tensor.from_numpy(kron))
+    group = {k.split(".", 1)[1].split(".")[0]: (k, v) for k, v in lo.items()}
+    lm = L.LoraModel("x", 0.5)
+    q = L._runtime_path(lm, "model.diffusion_model.a.weight", [(0, group)], (n_out, n_in))
+    p.chains, p.merge_factors = q.chains, q.merge_factors
+    want = x.astype(np.float64) @ (w.astype(np.float64) + up @ down * (2.0 / rank) * 0.5 + kron).T + b
+    for mode in ("on", "off", "auto"):
+        monkeypatch.setattr(L, "RUNTIME_MERGE", mode)
+        y = p.linear(Tensor.from_numpy(x), Tensor.from_numpy(w), Tensor.from_numpy(b))
+        ops = {n.op for n in F.Graph({"y": y}).nodes}
+        assert ("mul_mat" in ops) and (mode != "on" or y.owner.src[0].owner.src[0].op == "add"), (mode, ops)
+        np.testing.assert_allclose(F.compute(y), want, rtol=1e-4, atol=1e-4)
+
+
 def test_q8_0_base_applies_at_runtime(tiny, caplog):
     from sdrt.models.common import RUNTIME_LORA
     with caplog.at_level(logging.INFO, "sdrt"):

@@ -11,7 +11,8 @@ Opt-in: runs only when SDRT_SDCLI names an sd-cli binary; SDRT_SDCLI_ARCH is sd1
 sdxl; SDRT_SDCLI_MODEL is the full-size random checkpoint of that family
 (tools/make_sd_checkpoint.py --arch sd15|sdxl; made in the work dir when unset, 2 / 6.5 GB);
 SDRT_SDCLI_LORA_OUT keeps the images and logs (else a temp dir); SDRT_SDCLI_SIZE (default 128) and
-SDRT_SDCLI_STEPS (default 2) change the image. About 1-2 min per sd-cli image on 2 CPU cores.
+SDRT_SDCLI_STEPS (default 2) change the image; SDRT_SDCLI_LOCK=/work/heavy.lock runs each engine
+under `flock` on that file (one lock hold per image instead of one for the whole test). About 1-2 min per sd-cli image on 2 CPU cores.
 
 sd-cli (stable-diffusion.cpp in stable-diffusion-cpp-python 0.4.7) facts the checks encode:
 - at_runtime, it loads each file once per stage (text encoder, UNet, VAE) and prints one
@@ -216,6 +217,8 @@ def _run(env, engine: str, tag: str, prompt: str, extra: list) -> tuple[str, str
         cmd = [env["exe"], *args]
     else:
         cmd = [sys.executable, "-m", "sdrt.cli.main", *args]
+    if os.environ.get("SDRT_SDCLI_LOCK"):    # a shared host: each engine's run holds the lock alone
+        cmd = ["flock", os.environ["SDRT_SDCLI_LOCK"], *cmd]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
                        env={**os.environ, "PYTHONPATH": ROOT}, cwd=env["work"])
     log = r.stdout + r.stderr
@@ -234,6 +237,17 @@ def applied_counts(log: str) -> dict[str, tuple[int, int]]:
         pa, pn = out.get(name, (0, 0))
         out[name] = (pa + int(a), pn + int(n))
     return out
+
+
+def sdcli_unrun(keys: list, mode: str) -> list:
+    """The keys sd-cli never counts as applied: at run time it marks a LoRA tensor applied when
+    a forward builds its layer, and SDXL's CLIP-L stops after its penultimate layer (clip_skip 2,
+    clip.hpp CLIPEncoder::forward), so the last layer's te1 LoRA is never built (its output is
+    unused, the image does not depend on it): (774 / 792) on the text-encoder stage. sdrt counts
+    what it maps, (792 / 792)."""
+    if mode != "at_runtime" or ARCH != "sdxl":
+        return []
+    return [k for k in keys if k.startswith("lora_te1_text_model_encoder_layers_11_")]
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +272,7 @@ def _compare(env, no_lora, tag: str, names: list, extra: list, mode: str):
     for n in names:
         total = len(env["keys"][n])
         assert got_sdrt.get(n) == (total, total), (n, got_sdrt)
-        assert got_sdcli.get(n) == (total, total), (n, got_sdcli)
+        assert got_sdcli.get(n) == (total - len(sdcli_unrun(env["keys"][n], mode)), total), (n, got_sdcli)
     assert moved <= MAX_NOLORA_PSNR, f"{tag}: the LoRA barely changes the image ({moved:.2f} dB from no-LoRA)"
     assert p >= MIN_PSNR, f"{tag}: sdrt vs sd-cli PSNR {p:.2f} dB (need >= {MIN_PSNR})"
 

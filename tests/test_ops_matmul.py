@@ -219,6 +219,7 @@ def test_small_row_gemm_one_blas_thread(rng, monkeypatch, wdt):
         return real_matmul(*a, **kw)
 
     monkeypatch.setattr(cpu_mm.np, "matmul", spy)
+    monkeypatch.setattr(cpu_mm, "TINY_GEMM_MACS", 0)       # the row rule alone (tiny GEMMs: below)
     with blas_controller().limit(limits=2, user_api="blas"):
         monkeypatch.setattr(cpu_mm, "SMALL_GEMM_ROWS", 256)
         small = run(F.mul_mat(tw, leaf(x)))
@@ -229,9 +230,16 @@ def test_small_row_gemm_one_blas_thread(rng, monkeypatch, wdt):
         monkeypatch.setattr(cpu_mm, "SMALL_GEMM_MACS", 1 << 30)
         monkeypatch.setattr(cpu_mm, "SMALL_GEMM_ROWS", m - 1)
         big = run(F.mul_mat(tw, leaf(x)))
+        big_seen, seen[:] = seen[:], []
+        monkeypatch.setattr(cpu_mm, "TINY_GEMM_MACS", m * n * k + 1)   # many rows, little work: one thread
+        tiny = run(F.mul_mat(tw, leaf(x)))
+        tiny_seen = seen[:]
         after = blas_controller().select(user_api="blas").info()[0]["num_threads"]
     monkeypatch.undo()
     assert small_seen and set(small_seen) == {1}
+    assert tiny_seen and set(tiny_seen) == {1}
+    np.testing.assert_array_equal(tiny, big)
+    seen = big_seen
     assert seen and set(seen) == {2} and after == 2
     assert heavy_seen and set(heavy_seen) == {2}
     np.testing.assert_array_equal(heavy, big)

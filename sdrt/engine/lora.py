@@ -15,7 +15,8 @@ Apply modes (`--lora-apply-mode`): `immediately` wraps each target in a lazily c
 holds W + delta in W's type (quantized weights are requantized, as sd.cpp's merge graph does);
 `at_runtime` leaves W as it is and registers, for the Linear / Conv2d that reads it, a path added
 to its output: the low-rank chain x -> down [-> mid] -> up for LoRA, a dense delta GEMM for LoKr
-(sdrt: LoKr is not materialized in W either); raw diffs and LoHa patch the weight as sd.cpp's
+(sdrt: LoKr is not materialized in W either); a Linear with a float W may instead add the delta
+to W inside the graph when that costs less for its activation rows (RuntimePath.linear); raw diffs and LoHa patch the weight as sd.cpp's
 runtime patch_weight does. `auto` = at_runtime when any weight is quantized or params live
 elsewhere than compute (sd.cpp), else immediately.
 """
@@ -94,6 +95,12 @@ def _f32(t) -> np.ndarray:
     """A tensor (or raw scalar array) as float32 in torch layout."""
     if isinstance(t, np.ndarray):
         return np.asarray(t, _F32)
+    if t.dtype.name == "F16":       # the hardware conversion: numpy's astype is ~16x slower here
+        from ..ops.cpu.matmul import widen_f16
+        raw = np.ascontiguousarray(t.numpy()).view(np.uint16)
+        out = np.empty(raw.shape, _F32)
+        widen_f16(raw.reshape(1, -1), out.reshape(1, -1))
+        return out.reshape(t.ne[::-1])
     from ..ops.convert import raw_to_f32
     return np.asarray(raw_to_f32(t.numpy(), t.dtype), _F32).reshape(t.ne[::-1])
 
@@ -463,6 +470,7 @@ def apply_loras(tensors: dict, specs, version: str | None, mode: str = "auto",
                     acc = runtime.setdefault(target, RuntimePath())
                     acc.chains += path.chains
                     acc.dense += path.dense
+                    acc.merge_factors += path.merge_factors
                 continue
             d = _plan_delta(lm, target, parts, shape)
             if d is not None:
@@ -530,14 +538,28 @@ def _hookable(target: str) -> bool:
         and "embedding" not in target
 
 
+# at_runtime on a float (F16/BF16/F32) Linear weight, the graph may add the LoRA delta to the
+# weight (W + B·A, one rank-r GEMM of the weight's size) instead of running x -> down -> up beside
+# the GEMM (rank-r GEMMs of the activations' size): "auto" picks whichever costs less for the
+# activation rows at hand; "on" folds wherever it can, "off" never (tests and
+# `bench_lora.py step --runtime-merge` compare them).
+RUNTIME_MERGE = "auto"
+# cost model, in multiply-adds: a pass over an F32 element (read-add-write, widen) ~ this many
+_PASS_MACS = 40
+
+
 class RuntimePath:
-    """The output-side LoRA path of one weight: sum of low-rank chains (down, mid, up, scale) and
-    dense deltas (LoKr) added to the layer's output; built into the graph by the hook."""
-    __slots__ = ("chains", "dense")
+    """The LoRA of one weight at run time: low-rank chains (down, mid, up, scale) and dense
+    deltas (LoKr), built into the graph by the model's Linear / Conv2d hook. For a Linear with a
+    float weight and many activation rows (UNet tokens), `linear` folds the delta into the
+    weight inside the graph; otherwise the chains run beside the layer's GEMM and are added to
+    its output. The scale is folded into `up` at load (sdrt; sd.cpp scales the chain's output)."""
+    __slots__ = ("chains", "dense", "merge_factors")
 
     def __init__(self):
         self.chains: list = []   # (down, mid, up, scale) sdrt Tensors, torch layouts as stored
         self.dense: list = []    # delta Tensors in the weight's ne
+        self.merge_factors: list = []   # (down^T ne [r, in], up ne [r, out], r) of the mid-less chains
 
     def output(self, x, conv: dict | None):
         from ..ops import api as F
@@ -554,12 +576,40 @@ class RuntimePath:
                 if mid is not None:
                     h = F.conv2d(h, _as4d(mid), None, **conv)
                 h = F.conv2d(h, _as4d(up), None)
-            h = F.scale(h, scale)
+            if scale != 1.0:
+                h = F.scale(h, scale)
             acc = h if acc is None else F.add(acc, h)
         for d in self.dense:
             h = F.linear(x, _as2d(d)) if conv is None else F.conv2d(x, d, None, **conv)
             acc = h if acc is None else F.add(acc, h)
         return acc
+
+    def linear(self, x, w, b=None):
+        """F.linear(x, w, b) with this LoRA; w is the 2-D weight the layer multiplies by."""
+        from ..ops import api as F
+        if self._merge_cheaper(x, w):
+            delta = None
+            for down_t, up, _ in self.merge_factors:
+                h = F.mul_mat(down_t, up)                  # ne [in, out] = (up @ down) in torch
+                delta = h if delta is None else F.add(delta, h)
+            for d in self.dense:
+                dd = d.reshape(w.ne)
+                delta = dd if delta is None else F.add(delta, dd)
+            return F.linear(x, F.add(delta, w), b)         # F32: W widened, plus the delta
+        return F.add(F.linear(x, w, b), self.output(x, None))
+
+    def _merge_cheaper(self, x, w) -> bool:
+        if RUNTIME_MERGE == "off" or w.dtype.is_quantized or not w.dtype.is_float or w.ndim != 2 \
+                or len(self.merge_factors) != len(self.chains) or not (self.chains or self.dense):
+            return False
+        if RUNTIME_MERGE == "on":
+            return True
+        n_in, n_out = w.ne
+        rows = x.nelements // x.ne[0]
+        r = sum(f[2] for f in self.merge_factors)
+        beside = rows * (r * (n_in + n_out) + n_in * n_out * len(self.dense) + _PASS_MACS * n_out)
+        folded = n_in * n_out * (r + _PASS_MACS * (1 + len(self.dense) + len(self.merge_factors)))
+        return folded < beside
 
 
 def _as2d(t):
@@ -592,8 +642,13 @@ def _runtime_path(lm: LoraModel, target: str, parts, shape) -> RuntimePath | Non
         lm.skipped.update(k for k, _ in group.values())
         return None
     lm.applied.update(_keys(group, ["lora_up", "lora_down", "lora_mid", "scale" if "scale" in group else "alpha"]))
+    up = up * _F32(scale * lm.multiplier)
     p.chains.append(tuple(Tensor.from_numpy(_read_only(a), name=target + ".lora") if a is not None else None
-                          for a in (down, mid, up)) + (float(scale * lm.multiplier),))
+                          for a in (down, mid, up)) + (1.0,))
+    if mid is None and len(shape) >= 2:      # what RuntimePath.linear may fold into the weight
+        r = down.shape[0]
+        p.merge_factors.append((Tensor.from_numpy(_read_only(down.reshape(r, -1).T), name=target + ".lora"),
+                                Tensor.from_numpy(_read_only(up.reshape(up.shape[0], r)), name=target + ".lora"), r))
     return p
 
 

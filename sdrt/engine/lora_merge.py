@@ -9,8 +9,8 @@ float32 scratch, and one Numba pass reads the stored weight, widens it (the hard
 float conversion, as sdrt.ops.cpu.matmul), adds the scratch and narrows to the stored type
 (hardware float -> half with round-to-nearest-even, as ggml's F16C cast; BF16 with ggml's
 rounding). Blocks are independent: sdrt.ops.threads.run_tasks spreads them over the -t threads,
-each with single-thread BLAS. Other stored types (quantized, F8) keep the generic path in
-sdrt.engine.lora.
+each with single-thread BLAS, every weight in at least two tasks per thread. Other stored types
+(quantized, F8) keep the generic path in sdrt.engine.lora.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ __all__ = ["FUSED_TYPES", "merge_into"]
 
 FUSED_TYPES = ("F16", "BF16", "F32")
 BLOCK_ELEMS = 1 << 18      # float32 elements of one block's scratch (1 MiB: stays in L2)
-BLOCKS_PER_TASK = 8
+BLOCKS_PER_TASK = 8        # at most, for big weights (fewer, longer tasks)
+TASKS_PER_THREAD = 2       # at least, per thread: a core taken by another process delays one task
 
 
 @intrinsic
@@ -119,15 +120,19 @@ def merge_into(raw: np.ndarray, dtype_name: str, shape2d: tuple[int, int], lowra
     raw: W's storage bytes; shape2d: (out, in) with in = every dim past the first (torch
     layout); up [out, r] and down [r, in] float32 (the scale folded into up); dense: float32
     [out, in] or None."""
-    from ..ops.threads import run_tasks
+    from ..ops.threads import get_threads, run_tasks
     kernel, st = _KERNELS[dtype_name]
     rows, cols = shape2d
     w = np.asarray(raw).view(st).reshape(rows, cols)
     out = np.empty((rows, cols), st)
     lowrank = [(np.ascontiguousarray(u, np.float32), np.ascontiguousarray(d, np.float32)) for u, d in lowrank]
-    step = max(1, BLOCK_ELEMS // max(cols, 1))
+    # every weight is split into at least TASKS_PER_THREAD tasks per thread (the pipeline fills
+    # one leaf at a time, so a weight of one task would leave the other cores idle)
+    want = TASKS_PER_THREAD * get_threads()
+    step = max(1, min(BLOCK_ELEMS // max(cols, 1), -(-rows // want)))
     blocks = [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
-    tasks = [blocks[i:i + BLOCKS_PER_TASK] for i in range(0, len(blocks), BLOCKS_PER_TASK)]
+    n_tasks = min(len(blocks), max(want, -(-len(blocks) // BLOCKS_PER_TASK)))
+    tasks = [blocks[len(blocks) * i // n_tasks: len(blocks) * (i + 1) // n_tasks] for i in range(n_tasks)]
 
     def run(task):
         scratch = np.empty((step, cols), np.float32)

@@ -62,6 +62,14 @@ def with_lora(out: Tensor, x: Tensor, weight: Tensor, conv: dict | None = None) 
     return out if path is None else F.add(out, path.output(x, conv))
 
 
+def linear_lora(x: Tensor, w: Tensor, b: Tensor | None = None, leaf: Tensor | None = None) -> Tensor:
+    """F.linear(x, w, b) with the run-time LoRA registered for `leaf` (default w; the stored
+    weight when w is a reshaped view of it): the path builds the layer (it may fold the delta
+    into w, see sdrt.engine.lora.RuntimePath.linear)."""
+    path = RUNTIME_LORA.get(w if leaf is None else leaf) if RUNTIME_LORA else None
+    return F.linear(x, w, b) if path is None else path.linear(x, w, b)
+
+
 class Linear:
     """torch.nn.Linear: weight ne=[in, out], bias ne=[out]; x ne=[in, ...] -> [out, ...]."""
 
@@ -73,7 +81,7 @@ class Linear:
         self.in_features, self.out_features = self.weight.ne[0], self.weight.ne[1]
 
     def __call__(self, x: Tensor) -> Tensor:
-        return with_lora(F.linear(x, self.weight, self.bias), x, self.weight)
+        return linear_lora(x, self.weight, self.bias)
 
 
 class Conv2d:

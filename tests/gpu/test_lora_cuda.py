@@ -22,8 +22,12 @@ def _image(tiny, backend, prompt=PROMPT, **mp):  # noqa: F811
     return out[0].image.astype(np.float64)
 
 
-@pytest.mark.parametrize("wtype", [None, "q8_0"])
-def test_runtime_lora_cuda_matches_cpu(cuda, tiny, caplog, wtype):  # noqa: F811
+@pytest.mark.parametrize("wtype, merge", [(None, "auto"), (None, "on"), ("q8_0", "auto")])
+def test_runtime_lora_cuda_matches_cpu(cuda, tiny, caplog, monkeypatch, wtype, merge):  # noqa: F811
+    """merge "on": every float Linear folds its delta into the weight in the graph
+    (sdrt.engine.lora.RUNTIME_MERGE; "auto" picks per layer, the chain at this small size)."""
+    from sdrt.engine import lora as L
+    monkeypatch.setattr(L, "RUNTIME_MERGE", merge)
     mp = dict(lora_apply_mode="at_runtime", type=wtype)
     cpu = _image(tiny, "cpu", **mp)
     with caplog.at_level(logging.INFO, "sdrt"):
@@ -32,7 +36,7 @@ def test_runtime_lora_cuda_matches_cpu(cuda, tiny, caplog, wtype):  # noqa: F811
     assert f"({tiny['n_lyco']} / {tiny['n_lyco']}) LoRA tensors have been applied" in caplog.text
     none = _image(tiny, "cuda0", "a cat", type=wtype)
     db = _psnr(cpu, gpu)
-    print(f"runtime LoRA, weights {wtype or 'f16'}: cuda0 vs cpu {db:.2f} dB; vs cuda0 without LoRA {_psnr(gpu, none):.2f} dB")
+    print(f"runtime LoRA, weights {wtype or 'f16'}, RUNTIME_MERGE={merge}: cuda0 vs cpu {db:.2f} dB; vs cuda0 without LoRA {_psnr(gpu, none):.2f} dB")
     assert db >= 50.0
     assert _psnr(gpu, none) < db - 10
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import Conv2d, GroupNorm, LayerNorm, Linear, Weights, multihead_attention, with_lora
+from ..common import Conv2d, GroupNorm, LayerNorm, Linear, Weights, linear_lora, multihead_attention
 
 
 class ResBlock:
@@ -105,10 +105,10 @@ class SpatialTransformer:
         Wd, Hd, C, N = x.ne4
         h = self.norm(x)
         h = F.cont(h.permute(1, 2, 0, 3)).reshape(C, Wd * Hd, N)        # [C, W*H, N]
-        h = with_lora(F.linear(h, self.proj_in_w, self.proj_in_b), h, self.proj_in_leaf)   # [I, W*H, N]
+        h = linear_lora(h, self.proj_in_w, self.proj_in_b, self.proj_in_leaf)   # [I, W*H, N]
         for blk in self.blocks:
             h = blk(h, context)
-        h = with_lora(F.linear(h, self.proj_out_w, self.proj_out_b), h, self.proj_out_leaf)  # [C, W*H, N]
+        h = linear_lora(h, self.proj_out_w, self.proj_out_b, self.proj_out_leaf)  # [C, W*H, N]
         h = F.cont(h.permute(1, 0, 2, 3)).reshape(Wd, Hd, C, N)          # [W, H, C, N]
         return F.add(h, x)
 

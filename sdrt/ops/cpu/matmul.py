@@ -48,6 +48,7 @@ TILE_BYTES = 32 << 20   # float32 bytes of one dequantized weight tile (kept per
 TILE_ROWS: int | None = None  # override the tile height (tests use it to force many tiles)
 SMALL_GEMM_ROWS = 256   # GEMMs with at most this many activation rows run BLAS on one thread ...
 SMALL_GEMM_MACS = 1 << 30  # ... unless they are this much work (T5-XXL's 256 x 4096 x 4096: 4.3 G)
+TINY_GEMM_MACS = 1 << 24   # any GEMM below this runs on one thread (rank-32 LoRA GEMMs: ~0.4 ms)
 
 # F16 bit pattern -> F32 bit pattern, every one of the 65536 halves (exact, NaN payloads kept)
 _F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
@@ -254,7 +255,8 @@ def gemm_weight(dt, w2d: np.ndarray, groups) -> None:
             qg.qgemm(xg, w2d, dt, og, path, get_threads())
         return
     rows = max(xg.shape[0] for xg, _ in groups)
-    if get_threads() > 1 and rows <= SMALL_GEMM_ROWS and rows * w2d.shape[0] * groups[0][0].shape[1] < SMALL_GEMM_MACS:
+    macs = rows * w2d.shape[0] * groups[0][0].shape[1]
+    if get_threads() > 1 and (rows <= SMALL_GEMM_ROWS and macs < SMALL_GEMM_MACS or macs < TINY_GEMM_MACS):
         with one_blas_thread():
             _gemm_weight(dt, w2d, groups)
     else:

@@ -56,6 +56,9 @@ def main():
     ap.add_argument("--size", type=int, default=64, help="latent H = W")
     ap.add_argument("--f32", action="store_true", help="F32 weights instead of F16")
     ap.add_argument("--peer", action="store_true", help="also time diffusers (PyTorch fp32)")
+    ap.add_argument("--peer-bf16", action="store_true",
+                    help="with --peer, also time diffusers in bfloat16 (weights and activations: "
+                         "PyTorch's fastest CPU setting where the CPU has AVX512_BF16/AMX)")
     ap.add_argument("--profile", action="store_true", help="time per op kind")
     ap.add_argument("--backend", default="cpu", help="cpu or cudaN (--profile then gives per-node GPU times)")
     args = ap.parse_args()
@@ -112,7 +115,16 @@ def main():
             with torch.no_grad():
                 return unet(xt, tt, encoder_hidden_states=ct).sample
 
-    ts, tp = [], []
+        if args.peer_bf16:
+            import copy
+            unet16 = copy.deepcopy(unet).to(torch.bfloat16)
+            xb, tb, cb = xt.to(torch.bfloat16), tt.to(torch.bfloat16), ct.to(torch.bfloat16)
+
+            def peer16():
+                with torch.no_grad():
+                    return unet16(xb, tb, encoder_hidden_states=cb).sample
+
+    ts, tp, tb16 = [], [], []
     for i in range(args.repeat + 1):
         t0 = time.perf_counter()
         o = model(x, t, ctx, y, backend=args.backend)
@@ -130,6 +142,13 @@ def main():
             msg += f", torch {dp:.2f} s"
             if i:
                 tp.append(dp)
+            if args.peer_bf16:
+                t0 = time.perf_counter()
+                peer16()
+                db = time.perf_counter() - t0
+                msg += f", torch bf16 {db:.2f} s"
+                if i:
+                    tb16.append(db)
         print(msg, flush=True)
     assert np.isfinite(o).all()
     med = statistics.median(ts)
@@ -137,6 +156,9 @@ def main():
     if peer is not None:
         print(f"torch fp32: {statistics.median(tp):.2f} s per forward; sdrt / torch = "
               f"{statistics.median(a / b for a, b in zip(ts, tp)):.2f} (median of per-run ratios)")
+    if tb16:
+        print(f"torch bf16: {statistics.median(tb16):.2f} s per forward; sdrt / torch bf16 = "
+              f"{statistics.median(a / b for a, b in zip(ts, tb16)):.2f} (median of per-run ratios)")
     if args.profile:
         os.environ["SDRT_DEBUG"] = "0"
         tot = sum(prof.values())

@@ -20,6 +20,8 @@ from opcheck import leaf, run, values
 from sdrt.errors import OpError
 from sdrt.ops import api as F
 from sdrt.ops.cpu import bf16gemm as bg
+from sdrt.ops.cpu import conv as cpu_conv
+from sdrt.ops.cpu.conv_winograd import winograd_applies
 
 PATHS = [p for p in bg.PATHS if p in bg.available_paths()]
 pytestmark = pytest.mark.skipif(bg._k is None, reason="the bf16 GEMM extension is not built")
@@ -119,6 +121,17 @@ def test_simd_equals_portable_on_special_values(rng):
     np.testing.assert_array_equal(bits[0], bits[1])
 
 
+def test_simd_equals_portable_on_f16_weights(rng):
+    """Every float16 bit pattern (subnormals, infinities, NaN) as a weight, both operand roles."""
+    if "avx512bf16" not in PATHS:
+        pytest.skip("this CPU has no AVX512_BF16: the portable path is checked against numpy above")
+    raw = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(512, 128)
+    x = rng.standard_normal((7, 128)).astype(np.float32)
+    for a, at, b, bt in [(x, "F32", raw.T, "F16"), (raw, "F16", np.ascontiguousarray(x.T), "F32")]:
+        bits = [_bits(_gemm(a, at, b, bt, p)) for p in ("scalar", "avx512bf16")]
+        np.testing.assert_array_equal(bits[0], bits[1])
+
+
 def test_round_bf16_matches_independent_rounding(rng):
     x = (rng.standard_normal(100000) * np.exp(rng.uniform(-20, 20, 100000))).astype(np.float32)
     x[:4] = [0.0, -0.0, 1e-40, -1e-40]
@@ -201,8 +214,9 @@ def test_f32_weights_stay_exact(rng):
 @pytest.mark.parametrize("n,c,hw,oc,ksz,pad", [(2, 8, 6, 12, 3, 1),     # merged batch GEMM
                                               (1, 5, 40, 7, 3, 1),     # per item, column chunks
                                               (2, 16, 9, 40, 1, 0),    # pointwise, merged
-                                              (1, 40, 34, 36, 3, 1)])  # would be Winograd
-def test_conv2d_paths(rng, wdt, n, c, hw, oc, ksz, pad):
+                                              (1, 40, 34, 36, 3, 1)])  # im2col (Winograd off)
+def test_conv2d_paths(rng, monkeypatch, wdt, n, c, hw, oc, ksz, pad):
+    monkeypatch.setattr(cpu_conv, "WINOGRAD", False)
     x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
     tw = leaf(rng.standard_normal((oc, c, ksz, ksz)) / np.sqrt(c * ksz * ksz), wdt)
     wv = values(tw)
@@ -221,3 +235,30 @@ def test_conv2d_paths(rng, wdt, n, c, hw, oc, ksz, pad):
             got = run(node)
         assert (np.abs(got - ref) <= bound).all(), p
         np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("wdt", ["F16", "BF16"])
+def test_conv2d_winograd_bf16(rng, wdt):
+    """3x3 convs Winograd takes: its 16 products in bf16. The transforms mix up to 16 inputs and 9
+    taps, so the bound is the bf16 unit (2^-8) per operand times the transforms' gains (4 for V,
+    9/4 for U, 9 for the output) on the tap-by-tap sum of |x||w|; all paths bit-identical."""
+    n, c, hw, oc = 2, 40, 18, 36
+    assert winograd_applies(c, oc, n, hw, hw)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    tw = leaf(rng.standard_normal((oc, c, 3, 3)) / np.sqrt(9 * c), wdt)
+    wv = values(tw)
+    node = F.conv2d(leaf(x), tw, stride=1, padding=1)
+    ref = _conv_np(x, wv, 1)
+    bound = 2.0 ** -8 * (4 + 9 / 4) * 9 * _conv_np(np.abs(x), np.abs(wv), 1) + 1e-6
+    with bg.using_path("off"):
+        exact = run(node)
+    got = {}
+    for p in PATHS:
+        with bg.using_path(p):
+            got[p] = run(node)
+        assert (np.abs(got[p] - ref) <= bound).all(), p
+        rel = np.sqrt(((got[p] - ref) ** 2).mean() / (ref ** 2).mean())
+        assert rel < 4e-3, rel
+        assert not np.array_equal(got[p], exact)
+    for p in PATHS[1:]:
+        np.testing.assert_array_equal(_bits(got[p]), _bits(got[PATHS[0]]))

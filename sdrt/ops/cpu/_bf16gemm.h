@@ -10,7 +10,7 @@
  * that order from acc = 0 over k = 0..K-1 (the K blocking below reloads the accumulator from C,
  * which holds it exactly), so the portable C path is the bit-exact model of the SIMD one.
  *
- * Packing (the same code for every path, so only the multiply differs): A into panels of
+ * Packing (bg_pack; the SIMD path's bg_pack_avx512 writes the same bits faster): A into panels of
  * BG_MR rows, [Kp][BG_MR] 32-bit bf16 pairs; B into panels of BG_NR columns, [Kp][BG_NR] pairs
  * (a 64-byte vector = 16 columns x one k pair, the vdpbf16ps operand). The micro-kernel keeps a
  * BG_MR x BG_NR block of C in 24 zmm accumulators: per k pair, 4 loads of B and 6 broadcasts of
@@ -110,6 +110,71 @@ static void bg_pack(const void* X, int type, int64_t rs, int64_t ks, int64_t r0,
     }
 }
 
+#if BG_X86
+/* The same packing with AVX-512 conversions (vcvtph2ps, vcvtne2ps2bf16: bit-identical to
+ * bg_round_bf16, which the tests check on subnormals, infinities and NaN) for float32/float16
+ * sources; anything else goes to bg_pack. */
+#define BG_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+BG_TARGET static inline __m512i bg_cvt32(const void* X, int type, int64_t i) {
+    __m512 lo, hi;  /* 32 consecutive elements -> 16 bf16 pairs */
+    if (type == BG_F32) { lo = _mm512_loadu_ps((const float*)X + i); hi = _mm512_loadu_ps((const float*)X + i + 16); }
+    else {
+        lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)X + i)));
+        hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)X + i + 16)));
+    }
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+BG_TARGET static inline __m256i bg_cvt16(const void* X, int type, int64_t i) {
+    __m512 v = type == BG_F32 ? _mm512_loadu_ps((const float*)X + i)
+                              : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)X + i)));
+    return (__m256i)_mm512_cvtneps_pbh(v);
+}
+
+BG_TARGET
+static void bg_pack_avx512(const void* X, int type, int64_t rs, int64_t ks, int64_t r0, int64_t w,
+                           int64_t K, int width, uint32_t* dst) {
+    int64_t Kp = (K + 1) / 2;
+    if (type == BG_BF16 || (ks != 1 && rs != 1)) { bg_pack(X, type, rs, ks, r0, w, K, width, dst); return; }
+    if (w < width) memset(dst, 0, (size_t)(Kp * width) * 4);
+    if (ks == 1) {
+        int64_t kv = K / 32 * 32;
+        for (int64_t r = 0; r < w; r++) {
+            int64_t base = (r0 + r) * rs;
+            uint32_t tmp[16];
+            for (int64_t k = 0; k < kv; k += 32) {
+                _mm512_storeu_si512(tmp, bg_cvt32(X, type, base + k));
+                uint32_t* d = dst + (k / 2) * width + r;
+                for (int i = 0; i < 16; i++) d[i * width] = tmp[i];
+            }
+            for (int64_t p = kv / 2; p < Kp; p++) {
+                uint32_t lo = bg_load(X, type, base + 2 * p), hi = 2 * p + 1 < K ? bg_load(X, type, base + 2 * p + 1) : 0;
+                dst[p * width + r] = lo | (hi << 16);
+            }
+        }
+        return;
+    }
+    /* rs == 1: two k rows of contiguous elements -> interleaved pairs */
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    int64_t rv = w / 16 * 16;
+    for (int64_t p = 0; p < Kp; p++) {
+        int64_t k0 = 2 * p * ks, k1 = (2 * p + 1) * ks;
+        uint32_t* d = dst + p * width;
+        int two = 2 * p + 1 < K;
+        for (int64_t r = 0; r < rv; r += 16) {
+            __m256i lo = bg_cvt16(X, type, r0 + r + k0);
+            __m256i hi = two ? bg_cvt16(X, type, r0 + r + k1) : _mm256_setzero_si256();
+            __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            _mm512_storeu_si512(d + r, _mm512_permutexvar_epi16(idx, both));
+        }
+        for (int64_t r = rv; r < w; r++)
+            d[r] = (uint32_t)bg_load(X, type, r0 + r + k0) | (two ? (uint32_t)bg_load(X, type, r0 + r + k1) << 16 : 0u);
+    }
+}
+#endif
+
 /* ---- portable path: the bit-exact model of vdpbf16ps ---- */
 static inline float bg_daz(float x) {
     uint32_t u = bg_f32_bits(x);
@@ -137,8 +202,6 @@ static void bg_kernel_scalar(const uint32_t* a, const uint32_t* b, int64_t kp, f
 }
 
 #if BG_X86
-#define BG_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
 BG_TARGET
 static void bg_kernel_avx512(const uint32_t* a, const uint32_t* b, int64_t kp, float* c, int64_t ldc,
                              int load, int mr, int nr) {
@@ -192,6 +255,7 @@ static int bg_path_available(int path) {
     return 0;
 }
 
+typedef void (*bg_pack_fn)(const void*, int, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t*);
 typedef void (*bg_kernel_fn)(const uint32_t*, const uint32_t*, int64_t, float*, int64_t, int, int, int);
 
 /* C[M, N] (row stride ldc) = A . B; element (m, k) of A at A + m*ars + k*acs, (k, n) of B at
@@ -203,8 +267,9 @@ static int bg_gemm(int64_t M, int64_t N, int64_t K, const void* A, int atype, in
     if (K <= 0) { for (int64_t m = 0; m < M; m++) memset(C + m * ldc, 0, (size_t)N * 4); return 0; }
     int64_t Kp = (K + 1) / 2, MP = (M + BG_MR - 1) / BG_MR, NP = (N + BG_NR - 1) / BG_NR, i;
     bg_kernel_fn kern = bg_kernel_scalar;
+    bg_pack_fn pack = bg_pack;
 #if BG_X86
-    if (path == BG_PATH_AVX512BF16) kern = bg_kernel_avx512;
+    if (path == BG_PATH_AVX512BF16) { kern = bg_kernel_avx512; pack = bg_pack_avx512; }
 #endif
     uint32_t* ap = (uint32_t*)aligned_alloc(64, (size_t)(MP * BG_MR * Kp) * 4 + 64);
     uint32_t* bp = (uint32_t*)aligned_alloc(64, (size_t)(NP * BG_NR * Kp) * 4 + 64);
@@ -214,10 +279,10 @@ static int bg_gemm(int64_t M, int64_t N, int64_t K, const void* A, int atype, in
     {
         #pragma omp for schedule(static) nowait
         for (i = 0; i < MP; i++)
-            bg_pack(A, atype, ars, acs, i * BG_MR, M - i * BG_MR < BG_MR ? M - i * BG_MR : BG_MR, K, BG_MR, ap + i * BG_MR * Kp);
+            pack(A, atype, ars, acs, i * BG_MR, M - i * BG_MR < BG_MR ? M - i * BG_MR : BG_MR, K, BG_MR, ap + i * BG_MR * Kp);
         #pragma omp for schedule(static)
         for (i = 0; i < NP; i++)  /* B's element (n, k) sits at n*bcs + k*brs */
-            bg_pack(B, btype, bcs, brs, i * BG_NR, N - i * BG_NR < BG_NR ? N - i * BG_NR : BG_NR, K, BG_NR, bp + i * BG_NR * Kp);
+            pack(B, btype, bcs, brs, i * BG_NR, N - i * BG_NR < BG_NR ? N - i * BG_NR : BG_NR, K, BG_NR, bp + i * BG_NR * Kp);
         int64_t mc = BG_MC, nc = BG_NC, kc = BG_KC / 2;
         int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc, t;
         #pragma omp for schedule(dynamic, 1)

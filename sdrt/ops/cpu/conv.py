@@ -33,8 +33,8 @@ activations are widened whole.
 
 F16/BF16 weights where sdrt.ops.cpu.bf16gemm's kernel is active (AVX512_BF16, SDRT_BF16GEMM) skip
 the widening: one bf16 GEMM per call multiplies the raw weight rows by the float32 columns (both
-rounded to bf16 as they are packed), and the 3x3 convs take that im2col path instead of Winograd
-(see WINOGRAD_BF16).
+rounded to bf16 as they are packed); the 3x3 convs Winograd takes run its 16 products through
+the same kernel (faster than the bf16 im2col GEMM at every SD shape timed, bench/README.md).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ COL_BYTES = 64 << 20  # cap of the im2col / col2im column buffer
 WEIGHT_TILE_BYTES = 32 << 20  # cap of one widened (non-F32) weight tile: mul_mat's TILE_BYTES
 MERGE_MAX_P = 1024     # output positions per item up to which a batch runs as one GEMM
 WINOGRAD = True        # 3x3 stride-1 convs by F(2x2, 3x3) where it pays (conv_winograd.py)
-WINOGRAD_BF16 = False  # ... also when the weight goes through the bf16 GEMM (bench/README.md)
+WINOGRAD_BF16 = True   # ... also when the weight goes through the bf16 GEMM (bench/README.md)
 FLT_MAX = float(np.finfo(np.float32).max)
 # below this many column elements im2col runs serially: waking a Numba team next to OpenBLAS's
 # spinning threads costs more than the copy (as mul_mat measured for its weight tiles)

@@ -27,6 +27,12 @@ PATHS = [p for p in bg.PATHS if p in bg.available_paths()]
 pytestmark = pytest.mark.skipif(bg._k is None, reason="the bf16 GEMM extension is not built")
 
 
+@pytest.fixture(autouse=True)
+def _no_f32_model(monkeypatch):
+    """A model loaded with --type f32 earlier in the session turns the kernel off: not here."""
+    monkeypatch.setattr(bg, "_f32_type", False)
+
+
 def to_bf16(x):
     """float32 -> bfloat16 values (as float64): 8 significant bits, round half to even;
     float32 subnormals -> signed zero (as the kernel's packing)."""
@@ -155,6 +161,11 @@ def test_selector(monkeypatch):
                 bg.active_path()
     with pytest.raises(OpError):
         bg.set_path("fast")
+    with bg.using_path("scalar"):           # --type f32 wins over any setting, until another type
+        bg.follow_weight_type("f32")
+        assert bg.active_path() is None and bg.path_for("F16") is None
+        bg.follow_weight_type(None)
+        assert bg.active_path() == "scalar"
     with pytest.raises(OpError, match="do not match"):
         bg.gemm(np.zeros((2, 3), np.float32), "F32", np.zeros((4, 2), np.float32), "F32",
                 np.zeros((2, 2), np.float32), "scalar", 1)

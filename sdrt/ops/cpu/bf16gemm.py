@@ -16,8 +16,9 @@ bit-identical; the scalar path is the reference model the tests hold the SIMD pa
 
 `SDRT_BF16GEMM` (environment) or `set_path()` picks one: "auto" (the default: avx512bf16 where the
 CPU has it, else off), "avx512bf16", "scalar" (the model: slow, for tests), or "off" (widen the
-weights to float32 and multiply with BLAS: the exact path). F32 weights (`--type f32`, or an F32
-checkpoint) never come here: they keep the exact float32 path whatever the setting. A knob of its
+weights to float32 and multiply with BLAS: the exact path). F32 weights (an F32 checkpoint) never
+come here, and `--type f32` (which keeps F16 storage, widened exactly) turns the kernel off for
+its model (`follow_weight_type`), whatever the setting. A knob of its
 own, not SDRT_QGEMM's: a different precision class for different weight types, and either can be
 turned off alone when an image must match a reference.
 """
@@ -42,6 +43,7 @@ WEIGHT_TYPES = ("F16", "BF16")
 _CODES = {"F32": 0, "F16": 1, "BF16": 2}
 
 _choice: str | None = None  # set_path(); None: the environment's SDRT_BF16GEMM
+_f32_type = False           # a model loaded with --type f32 (follow_weight_type)
 
 
 def available_paths() -> tuple[str, ...]:
@@ -58,10 +60,19 @@ def _requested() -> str:
     return c
 
 
+def follow_weight_type(wtype: str | None) -> None:
+    """Called as a model loads with its `--type`: f32 asks for float32 compute, but sdrt keeps
+    F16/BF16 weights in their storage under it (its kernels widen them exactly), so the bf16
+    GEMM is off while such a model is in use, whatever SDRT_BF16GEMM/set_path say; any other
+    type (or none) hands the choice back to them."""
+    global _f32_type
+    _f32_type = (wtype or "").lower() == "f32"
+
+
 def active_path() -> str | None:
     """The path F16/BF16 weights use now, or None for the exact float32 path."""
     c = _requested()
-    if c == "off":
+    if c == "off" or _f32_type:
         return None
     avail = available_paths()
     if c == "auto":  # the portable model is far slower than BLAS: never auto

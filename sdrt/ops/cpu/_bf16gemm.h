@@ -10,8 +10,9 @@
  * that order from acc = 0 over k = 0..K-1 (the K blocking below reloads the accumulator from C,
  * which holds it exactly), so the portable C path is the bit-exact model of the SIMD one.
  *
- * Packing (bg_pack; the SIMD path's bg_pack_avx512 writes the same bits faster): A into panels of
- * BG_MR rows, [Kp][BG_MR] 32-bit bf16 pairs; B into panels of BG_NR columns, [Kp][BG_NR] pairs
+ * Packing (bg_pack_rows, bg_pack; the SIMD path's *_avx512 twins write the same bits faster): A
+ * row-major as 32-bit bf16 pairs [M rounded up to BG_MR][Kp] (the kernel broadcasts one pair of
+ * each of its 6 rows per step); B into panels of BG_NR columns, [Kp][BG_NR] pairs
  * (a 64-byte vector = 16 columns x one k pair, the vdpbf16ps operand). The micro-kernel keeps a
  * BG_MR x BG_NR block of C in 24 zmm accumulators: per k pair, 4 loads of B and 6 broadcasts of
  * A feed 24 vdpbf16ps. Blocking: C tiles of BG_MC rows x BG_NC columns are the OpenMP tasks;
@@ -175,6 +176,37 @@ static void bg_pack_avx512(const void* X, int type, int64_t rs, int64_t ks, int6
 }
 #endif
 
+/* Pack rows [r0, r0 + w) of X row-major: dst[r * Kp + p] = the pair (2p, 2p+1) of row r0 + r. */
+static void bg_pack_rows(const void* X, int type, int64_t rs, int64_t ks, int64_t r0, int64_t w,
+                         int64_t K, uint32_t* dst) {
+    int64_t Kp = (K + 1) / 2;
+    for (int64_t r = 0; r < w; r++) {
+        int64_t base = (r0 + r) * rs;
+        uint32_t* d = dst + r * Kp;
+        for (int64_t p = 0; p < K / 2; p++)
+            d[p] = (uint32_t)bg_load(X, type, base + 2 * p * ks) | ((uint32_t)bg_load(X, type, base + (2 * p + 1) * ks) << 16);
+        if (K & 1) d[Kp - 1] = bg_load(X, type, base + (K - 1) * ks);
+    }
+}
+
+#if BG_X86
+BG_TARGET
+static void bg_pack_rows_avx512(const void* X, int type, int64_t rs, int64_t ks, int64_t r0, int64_t w,
+                                int64_t K, uint32_t* dst) {
+    if (type == BG_BF16 || ks != 1) { bg_pack_rows(X, type, rs, ks, r0, w, K, dst); return; }
+    int64_t Kp = (K + 1) / 2, kv = K / 32 * 32;
+    for (int64_t r = 0; r < w; r++) {
+        int64_t base = (r0 + r) * rs;
+        uint32_t* d = dst + r * Kp;
+        for (int64_t k = 0; k < kv; k += 32) _mm512_storeu_si512(d + k / 2, bg_cvt32(X, type, base + k));
+        for (int64_t p = kv / 2; p < Kp; p++) {
+            uint32_t lo = bg_load(X, type, base + 2 * p), hi = 2 * p + 1 < K ? bg_load(X, type, base + 2 * p + 1) : 0;
+            d[p] = lo | (hi << 16);
+        }
+    }
+}
+#endif
+
 /* ---- portable path: the bit-exact model of vdpbf16ps ---- */
 static inline float bg_daz(float x) {
     uint32_t u = bg_f32_bits(x);
@@ -187,13 +219,13 @@ static inline float bg_fma(uint16_t a, uint16_t b, float acc) {
 }
 
 /* C[r, c] (r < mr, c < nr) = (load ? C : 0) + panels a [kp][MR] . b [kp][NR] */
-static void bg_kernel_scalar(const uint32_t* a, const uint32_t* b, int64_t kp, float* c, int64_t ldc,
+static void bg_kernel_scalar(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t kp, float* c, int64_t ldc,
                              int load, int mr, int nr) {
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < nr; j++) {
             float acc = load ? c[r * ldc + j] : 0.0f;
             for (int64_t p = 0; p < kp; p++) {
-                uint32_t x = a[p * BG_MR + r], y = b[p * BG_NR + j];
+                uint32_t x = a[r * lda + p], y = b[p * BG_NR + j];
                 acc = bg_fma((uint16_t)(x >> 16), (uint16_t)(y >> 16), acc);
                 acc = bg_fma((uint16_t)x, (uint16_t)y, acc);
             }
@@ -203,7 +235,7 @@ static void bg_kernel_scalar(const uint32_t* a, const uint32_t* b, int64_t kp, f
 
 #if BG_X86
 BG_TARGET
-static void bg_kernel_avx512(const uint32_t* a, const uint32_t* b, int64_t kp, float* c, int64_t ldc,
+static void bg_kernel_avx512(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t kp, float* c, int64_t ldc,
                              int load, int mr, int nr) {
     float tmp[BG_MR * BG_NR];
     float* cc = c;
@@ -229,8 +261,7 @@ static void bg_kernel_avx512(const uint32_t* a, const uint32_t* b, int64_t kp, f
         const uint32_t* bp = b + p * BG_NR;
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp), b1 = (__m512bh)_mm512_loadu_si512(bp + 16);
         __m512bh b2 = (__m512bh)_mm512_loadu_si512(bp + 32), b3 = (__m512bh)_mm512_loadu_si512(bp + 48);
-        const uint32_t* ap = a + p * BG_MR;
-#define BG_ROW(R) { __m512bh x = (__m512bh)_mm512_set1_epi32((int)ap[R]); \
+#define BG_ROW(R) { __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[R * lda + p]); \
         c##R##0 = _mm512_dpbf16_ps(c##R##0, x, b0); c##R##1 = _mm512_dpbf16_ps(c##R##1, x, b1); \
         c##R##2 = _mm512_dpbf16_ps(c##R##2, x, b2); c##R##3 = _mm512_dpbf16_ps(c##R##3, x, b3); }
         BG_ROW(0) BG_ROW(1) BG_ROW(2) BG_ROW(3) BG_ROW(4) BG_ROW(5)
@@ -256,7 +287,8 @@ static int bg_path_available(int path) {
 }
 
 typedef void (*bg_pack_fn)(const void*, int, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t*);
-typedef void (*bg_kernel_fn)(const uint32_t*, const uint32_t*, int64_t, float*, int64_t, int, int, int);
+typedef void (*bg_rows_fn)(const void*, int, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t*);
+typedef void (*bg_kernel_fn)(const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, int, int, int);
 
 /* C[M, N] (row stride ldc) = A . B; element (m, k) of A at A + m*ars + k*acs, (k, n) of B at
  * B + k*brs + n*bcs (in elements of their types). Returns 0, or -1 when out of memory. */
@@ -268,8 +300,9 @@ static int bg_gemm(int64_t M, int64_t N, int64_t K, const void* A, int atype, in
     int64_t Kp = (K + 1) / 2, MP = (M + BG_MR - 1) / BG_MR, NP = (N + BG_NR - 1) / BG_NR, i;
     bg_kernel_fn kern = bg_kernel_scalar;
     bg_pack_fn pack = bg_pack;
+    bg_rows_fn pack_rows = bg_pack_rows;
 #if BG_X86
-    if (path == BG_PATH_AVX512BF16) { kern = bg_kernel_avx512; pack = bg_pack_avx512; }
+    if (path == BG_PATH_AVX512BF16) { kern = bg_kernel_avx512; pack = bg_pack_avx512; pack_rows = bg_pack_rows_avx512; }
 #endif
     uint32_t* ap = (uint32_t*)aligned_alloc(64, (size_t)(MP * BG_MR * Kp) * 4 + 64);
     uint32_t* bp = (uint32_t*)aligned_alloc(64, (size_t)(NP * BG_NR * Kp) * 4 + 64);
@@ -279,7 +312,11 @@ static int bg_gemm(int64_t M, int64_t N, int64_t K, const void* A, int atype, in
     {
         #pragma omp for schedule(static) nowait
         for (i = 0; i < MP; i++)
-            pack(A, atype, ars, acs, i * BG_MR, M - i * BG_MR < BG_MR ? M - i * BG_MR : BG_MR, K, BG_MR, ap + i * BG_MR * Kp);
+        {   /* A row-major in bf16 pairs, rows padded with zeros to a whole panel */
+            int64_t w = M - i * BG_MR < BG_MR ? M - i * BG_MR : BG_MR;
+            pack_rows(A, atype, ars, acs, i * BG_MR, w, K, ap + i * BG_MR * Kp);
+            if (w < BG_MR) memset(ap + (i * BG_MR + w) * Kp, 0, (size_t)((BG_MR - w) * Kp) * 4);
+        }
         #pragma omp for schedule(static)
         for (i = 0; i < NP; i++)  /* B's element (n, k) sits at n*bcs + k*brs */
             pack(B, btype, bcs, brs, i * BG_NR, N - i * BG_NR < BG_NR ? N - i * BG_NR : BG_NR, K, BG_NR, bp + i * BG_NR * Kp);
@@ -295,9 +332,9 @@ static int bg_gemm(int64_t M, int64_t N, int64_t K, const void* A, int atype, in
                     const uint32_t* bpan = bp + (n / BG_NR) * BG_NR * Kp + p0 * BG_NR;
                     int nr = (int)(n1 - n < BG_NR ? n1 - n : BG_NR);
                     for (int64_t m = m0; m < m1; m += BG_MR) {
-                        const uint32_t* apan = ap + (m / BG_MR) * BG_MR * Kp + p0 * BG_MR;
+                        const uint32_t* apan = ap + m * Kp + p0;
                         int mr = (int)(m1 - m < BG_MR ? m1 - m : BG_MR);
-                        kern(apan, bpan, kq, C + m * ldc + n, ldc, p0 > 0, mr, nr);
+                        kern(apan, Kp, bpan, kq, C + m * ldc + n, ldc, p0 > 0, mr, nr);
                     }
                 }
             }

@@ -273,3 +273,20 @@ def test_conv2d_winograd_bf16(rng, wdt):
         assert not np.array_equal(got[p], exact)
     for p in PATHS[1:]:
         np.testing.assert_array_equal(_bits(got[p]), _bits(got[PATHS[0]]))
+
+
+def test_cpu_without_bf16_keeps_exact_path(rng, monkeypatch):
+    """A CPU without AVX512_BF16 (simulated): auto picks no kernel (never the slow portable
+    model) and F16 weights take the exact widen + BLAS path, bit for bit."""
+    k, n, m = 96, 40, 7
+    tw = leaf(rng.standard_normal((n, k)), "F16")
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    node = F.mul_mat(tw, leaf(x))
+    with bg.using_path("off"):
+        exact = run(node)
+    monkeypatch.setattr(bg, "available_paths", lambda: ("scalar",))
+    with bg.using_path("auto"):
+        assert bg.active_path() is None
+        np.testing.assert_array_equal(run(node), exact)
+        with pytest.raises(OpError, match="lacks"), bg.using_path("avx512bf16"):
+            bg.active_path()

@@ -290,3 +290,28 @@ def test_cpu_without_bf16_keeps_exact_path(rng, monkeypatch):
         np.testing.assert_array_equal(run(node), exact)
         with pytest.raises(OpError, match="lacks"), bg.using_path("avx512bf16"):
             bg.active_path()
+
+
+def test_attention_bf16_products(rng):
+    """Self-attention with >= BF16_MIN_KEYS keys: both products in bf16 on every forced path
+    (bit-identical across paths), close to float64 softmax attention; fewer keys stay exact."""
+    from sdrt.ops.cpu import attention as cpu_att
+    from sdrt.ops.tensor import Tensor
+    n, h, lq, d = 1, 2, 70, 40
+    for lk, bf in ((cpu_att.BF16_MIN_KEYS + 44, True), (77, False)):
+        q, k, v = (rng.standard_normal((n, h, ll, d)).astype(np.float32) for ll in (lq, lk, lk))
+        node = F.attention(Tensor.from_numpy(q), Tensor.from_numpy(k), Tensor.from_numpy(v), scale=1 / np.sqrt(d))
+        s = np.einsum("nhqd,nhkd->nhqk", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(d)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        ref = np.einsum("nhqk,nhkd->nhqd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+        with bg.using_path("off"):
+            exact = run(node)
+        got = {}
+        for path in PATHS:
+            with bg.using_path(path):
+                got[path] = run(node)
+            err = got[path].reshape(ref.shape) - ref
+            assert np.sqrt((err ** 2).mean() / (ref ** 2).mean()) < (2e-2 if bf else 1e-5), path
+            assert np.array_equal(got[path], exact) != bf
+        for path in PATHS[1:]:
+            np.testing.assert_array_equal(_bits(got[path]), _bits(got[PATHS[0]]))

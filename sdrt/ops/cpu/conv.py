@@ -424,8 +424,8 @@ def conv_core(x5, w: _WeightRows, kernel, b, out5, stride, pad, dil, groups, col
                      OH, OW, stride[1], stride[2], pad[1], pad[2], dil[1], dil[2])
         return
     col_bytes = col_bytes or COL_BYTES
-    if (WINOGRAD and (w.bf16 is None or WINOGRAD_BF16) and groups == 1 and D == 1 and (KD, KH, KW) == (1, 3, 3) and tuple(stride) == (1, 1, 1)
-            and tuple(dil) == (1, 1, 1) and winograd_applies(C, OC, N, OH, OW)):
+    if (WINOGRAD and (w.bf16 is None or WINOGRAD_BF16) and groups == 1 and D == 1 and (KD, KH, KW) == (1, 3, 3)
+            and tuple(stride) == (1, 1, 1) and tuple(dil) == (1, 1, 1) and winograd_applies(C, OC, N, OH, OW)):
         conv_winograd(x5.reshape(N, C, H, W), w, b, out5.reshape(N, OC, OH, OW), pad[1], pad[2], _buffer, col_bytes)
         return
     K = cg * KD * KH * KW

@@ -12,6 +12,14 @@ extensions = [
         extra_compile_args=["-O3", "-fopenmp"],
         extra_link_args=["-fopenmp"],
     ),
+    Extension(
+        "sdrt.ops.cpu._bf16",
+        ["sdrt/ops/cpu/_bf16.pyx"],
+        include_dirs=[np.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=["-O3", "-fopenmp"],
+        extra_link_args=["-fopenmp"],
+    ),
 ]
 
 setup(

@@ -1,7 +1,7 @@
 """One full-size SD1.5 UNet forward (64x64 latent, batch 2 = one CFG step) with random F16
 weights of the real shapes, built in memory: sdrt, and optionally diffusers/PyTorch fp32.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_unet.py [--repeat 3] [--peer]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_unet.py [--repeat 3] [--peer [fp32|bf16|both]]
         [--preset sd1|sd2|sdxl] [--size 64] [--f32] [--profile] [--backend cuda0]
 
 Prints seconds per forward (median of --repeat after one warm-up), the planned peak of
@@ -55,7 +55,9 @@ def main():
     ap.add_argument("--preset", default="sd1", choices=sorted(CTX))
     ap.add_argument("--size", type=int, default=64, help="latent H = W")
     ap.add_argument("--f32", action="store_true", help="F32 weights instead of F16")
-    ap.add_argument("--peer", action="store_true", help="also time diffusers (PyTorch fp32)")
+    ap.add_argument("--peer", nargs="?", const="fp32", choices=["fp32", "bf16", "both"],
+                    help="also time diffusers: fp32 (the default), bf16 (weights and activations in "
+                         "bfloat16: PyTorch's fastest CPU setting where the CPU has AVX512_BF16/AMX) or both")
     ap.add_argument("--profile", action="store_true", help="time per op kind")
     ap.add_argument("--backend", default="cpu", help="cpu or cudaN (--profile then gives per-node GPU times)")
     args = ap.parse_args()
@@ -99,6 +101,7 @@ def main():
         os.environ["SDRT_DEBUG"] = "2"
 
     peer = None
+    peer16 = None
     if args.peer:  # built now so its runs interleave with sdrt's (same machine noise for both)
         if args.preset != "sd1":
             raise SystemExit("--peer builds the SD1.5 config only")
@@ -112,7 +115,18 @@ def main():
             with torch.no_grad():
                 return unet(xt, tt, encoder_hidden_states=ct).sample
 
-    ts, tp = [], []
+        if args.peer in ("bf16", "both"):
+            import copy
+            unet16 = copy.deepcopy(unet).to(torch.bfloat16) if args.peer == "both" else unet.to(torch.bfloat16)
+            xb, tb, cb = xt.to(torch.bfloat16), tt.to(torch.bfloat16), ct.to(torch.bfloat16)
+
+            def peer16():
+                with torch.no_grad():
+                    return unet16(xb, tb, encoder_hidden_states=cb).sample
+            if args.peer == "bf16":
+                peer = None
+
+    ts, tp, tb16 = [], [], []
     for i in range(args.repeat + 1):
         t0 = time.perf_counter()
         o = model(x, t, ctx, y, backend=args.backend)
@@ -130,6 +144,13 @@ def main():
             msg += f", torch {dp:.2f} s"
             if i:
                 tp.append(dp)
+        if peer16 is not None:
+            t0 = time.perf_counter()
+            peer16()
+            db = time.perf_counter() - t0
+            msg += f", torch bf16 {db:.2f} s"
+            if i:
+                tb16.append(db)
         print(msg, flush=True)
     assert np.isfinite(o).all()
     med = statistics.median(ts)
@@ -137,6 +158,9 @@ def main():
     if peer is not None:
         print(f"torch fp32: {statistics.median(tp):.2f} s per forward; sdrt / torch = "
               f"{statistics.median(a / b for a, b in zip(ts, tp)):.2f} (median of per-run ratios)")
+    if tb16:
+        print(f"torch bf16: {statistics.median(tb16):.2f} s per forward; sdrt / torch bf16 = "
+              f"{statistics.median(a / b for a, b in zip(ts, tb16)):.2f} (median of per-run ratios)")
     if args.profile:
         os.environ["SDRT_DEBUG"] = "0"
         tot = sum(prof.values())

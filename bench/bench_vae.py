@@ -90,7 +90,7 @@ def sdrt_runner(weights, z, small):
     return (lambda: g.run()["out"].to_f32()), g.plan()
 
 
-def diffusers_runner(weights, z, small, threads):
+def diffusers_runner(weights, z, small, threads, bf16=False):
     import torch
     from diffusers import AutoencoderKL as DAE
 
@@ -103,12 +103,14 @@ def diffusers_runner(weights, z, small, threads):
            for k, v in sd.items()}
     m.load_state_dict(new, strict=False)
     zt = torch.from_numpy(z)
+    dt = torch.bfloat16 if bf16 else torch.float32
+    m, zt = m.to(dt), zt.to(dt)
 
     def run():
         with torch.no_grad():
-            return m.decode(zt).sample.numpy()
+            return m.decode(zt).sample.float().numpy()
     with torch.no_grad():
-        m.decode(torch.from_numpy(small))
+        m.decode(torch.from_numpy(small).to(dt))
     return run, f"torch {torch.__version__}"
 
 
@@ -124,6 +126,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-peer", action="store_true", help="skip diffusers")
+    ap.add_argument("--peer-bf16", action="store_true", help="also time diffusers in bfloat16")
     a = ap.parse_args()
     set_threads(a.threads)
     weights = random_weights(sd_vae_spec())
@@ -145,7 +148,8 @@ def main():
     run_p = ver = None
     if peer:
         run_p, ver = diffusers_runner(weights, z, small, a.threads)
-    best_s = best_p = float("inf")
+    run_b = diffusers_runner(weights, z, small, a.threads, bf16=True)[0] if peer and a.peer_bf16 else None
+    best_s = best_p = best_b = float("inf")
     for r in range(a.repeat):   # interleaved, so machine noise hits both alike
         ts, ys = timed(run_s)
         best_s = min(best_s, ts)
@@ -155,7 +159,13 @@ def main():
             best_p = min(best_p, tp)
             err = float(np.abs(ys - yp).max() / max(1.0, np.abs(yp).max()))
             line += f"   diffusers {tp:7.2f} s   sdrt/diffusers time {ts / tp:.2f}x   max err {err:.1e}"
+        if run_b is not None:
+            tb, _ = timed(run_b)
+            best_b = min(best_b, tb)
+            line += f"   diffusers bf16 {tb:7.2f} s   sdrt/bf16 {ts / tb:.2f}x"
         print(line, flush=True)
+    if run_b is not None:
+        print(f"best diffusers bf16: {best_b:.2f} s, sdrt / diffusers bf16 {best_s / best_b:.2f}x")
     print(f"best: sdrt {best_s:.2f} s (planned arena {plan.arena_bytes / 2**20:.0f} MiB)"
           + (f", diffusers {best_p:.2f} s ({ver}), ratio {best_s / best_p:.2f}x" if run_p is not None else ""))
 

@@ -10,7 +10,7 @@
 #     --no-cuda-enable-curand, -g0 (650 KB instead of 5 MB); it links the real driver there.
 #   - downloads pycuda's pure-Python needs that the machine's image lacks (pytools, platformdirs,
 #     mako, and pytools' siphash24) as cp312 wheels;
-#   - builds sdrt's Cython extension (sdrt/ops/quant/_quants) for Python 3.12 into .whl/ext/, with
+#   - builds sdrt's Cython extensions (sdrt/ops/quant/_quants, sdrt/ops/cpu/_bf16) for Python 3.12 into .whl/ext/, with
 #     a stamp of its sources: carrying the 0.4 MB .so beats compiling it there (about a minute of
 #     single-threaded gcc on every fresh machine).
 #   Everything lands in .whl/ (ignored by git through .git/info/exclude); about 1.5 MB in all.
@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 export LC_ALL=C
 PY=${PYTHON:-python3}
 SITE=${SDRT_DEVICE_SITE:-/tmp/site}
-EXT_SRC=(setup.py sdrt/ops/quant/*.pyx sdrt/ops/quant/*.pxi sdrt/ops/quant/*.h)
+EXT_SRC=(setup.py sdrt/ops/quant/*.pyx sdrt/ops/quant/*.pxi sdrt/ops/quant/*.h sdrt/ops/cpu/_bf16.pyx sdrt/ops/cpu/_bf16gemm.h)
 
 ext_stamp() { cat "${EXT_SRC[@]}" | sha256sum | cut -c1-64; }
 
@@ -76,8 +76,9 @@ EOF
     rm -rf "$work/ext" && mkdir -p "$work/ext/sdrt/ops"
     cp setup.py pyproject.toml "$work/ext/" && cp -r sdrt/ops/quant "$work/ext/sdrt/ops/"
     rm -f "$work"/ext/sdrt/ops/quant/*.so "$work"/ext/sdrt/ops/quant/_quants.c
+    mkdir -p "$work/ext/sdrt/ops/cpu" && cp sdrt/ops/cpu/_bf16.pyx sdrt/ops/cpu/_bf16gemm.h "$work/ext/sdrt/ops/cpu/"
     (cd "$work/ext" && "$work/venv/bin/python" setup.py -q build_ext --inplace > /dev/null 2>&1)
-    cp "$work"/ext/sdrt/ops/quant/_quants.cpython-312-*.so .whl/ext/
+    cp "$work"/ext/sdrt/ops/quant/_quants.cpython-312-*.so "$work"/ext/sdrt/ops/cpu/_bf16.cpython-312-*.so .whl/ext/
     strip --strip-debug .whl/ext/*.so
     ext_stamp > .whl/ext/_quants.stamp
     ls -la .whl .whl/ext >&2
@@ -90,9 +91,11 @@ setup() {
     local tag so
     tag=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
     so="sdrt/ops/quant/_quants$tag"
-    if [ ! -e "$so" ]; then
-        if [ -e ".whl/ext/_quants$tag" ] && [ "$(cat .whl/ext/_quants.stamp 2>/dev/null)" = "$(ext_stamp)" ]; then
+    local so2="sdrt/ops/cpu/_bf16$tag"
+    if [ ! -e "$so" ] || [ ! -e "$so2" ]; then
+        if [ -e ".whl/ext/_quants$tag" ] && [ -e ".whl/ext/_bf16$tag" ] && [ "$(cat .whl/ext/_quants.stamp 2>/dev/null)" = "$(ext_stamp)" ]; then
             cp ".whl/ext/_quants$tag" "$so"
+            cp ".whl/ext/_bf16$tag" "$so2"
         else
             echo "device_setup: building sdrt's Cython extension for $("$PY" -V) (no matching carried build)" >&2
             "$PY" setup.py -q build_ext --inplace > /tmp/sdrt_build_ext.log 2>&1 || { cat /tmp/sdrt_build_ext.log >&2; exit 1; }

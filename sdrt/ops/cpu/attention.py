@@ -16,6 +16,11 @@ the softmax, packed by the second GEMM), so it is kept L2-sized: SCORE_ELEMS = 2
 the tile shapes timed, bench/README.md); cross-attention (77 keys) runs 1024-query blocks.
 The exp is _util.exp2_32 (all float32, full-width AVX-512; ops/numba_target.py).
 
+Where the bf16 GEMM is active (sdrt.ops.cpu.bf16gemm: AVX512_BF16, not SDRT_BF16GEMM=off, not a
+--type f32 model) both products of self-attention-sized tiles run in bf16 (q, k, probabilities and
+v rounded to bf16, float32 accumulation and softmax): the exp dominates these tiles, so this saves
+about a fifth of the op at SD1.5's 4096 x 40 heads (bench/README.md).
+
 Threads: the tasks go to a pool of `get_threads()` Python threads, each running single-thread
 BLAS and `nogil` Numba; a free worker takes the next task, so a core stolen by another process
 delays one tile, not a whole fork-join region (thin K=64 GEMMs split over two BLAS threads
@@ -32,6 +37,7 @@ from numba import njit
 from ..convert import raw_to_f32
 from ..threads import get_threads, run_tasks
 from . import CPU
+from . import bf16gemm
 from ._util import as4d, exp2_32, f32_input
 from .norm import FM, fmax32
 
@@ -41,6 +47,8 @@ MAX_BLOCK_Q = 1024
 MIN_BLOCK_Q = 16
 BLOCK_Q: int | None = None  # overrides, for tests that force ragged tiles
 BLOCK_K: int | None = None
+BF16 = True         # both products in bf16 (bf16gemm, one thread per task) when its kernel is active ...
+BF16_MIN_KEYS = 256  # ... and there are this many keys (77-key cross-attention was slower in bf16)
 
 
 LOG2E = np.float32(1.4426950408889634)
@@ -145,6 +153,13 @@ def _attention(node, xs, out):
     workers = max(1, get_threads())
     bq, bk = block_sizes(Lq, Lk, N * H, workers)
     nokey = np.zeros((1, 1), np.float32)
+    path = bf16gemm.active_path() if BF16 and Lk >= BF16_MIN_KEYS else None
+
+    def mm(a, b, o):
+        if path is None or o.strides[1] != 4:
+            np.matmul(a, b, out=o)
+        else:
+            bf16gemm.gemm(a, "F32", b, "F32", o, path, 1)
 
     def task(job):
         n, h, i0 = job
@@ -164,7 +179,7 @@ def _attention(node, xs, out):
         for k0 in range(0, Lk, bk):
             k1 = min(k0 + bk, Lk)
             St = S[:, : k1 - k0]
-            np.matmul(Q, K[k0:k1].T, out=St)
+            mm(Q, K[k0:k1].T, St)
             mb = nokey
             if has_mask:
                 mb = mrows[:, k0:k1]
@@ -172,9 +187,9 @@ def _attention(node, xs, out):
                     mb = raw_to_f32(mb, node.src[3].dtype)
             _probs(St, mb, has_mask, c, m, l, alpha)
             if k0 == 0:
-                np.matmul(St, V[k0:k1], out=O)
+                mm(St, V[k0:k1], O)
             else:
-                np.matmul(St, V[k0:k1], out=T)
+                mm(St, V[k0:k1], T)
                 _accumulate(O, T, alpha)
         _finish(O, l)
 

@@ -30,6 +30,11 @@ channels). Tiles are this tall because every GEMM re-packs all its columns (4 MB
 much slower). The per-item path loops tiles outside items, so a
 weight of several tiles widens once per tile and redoes the im2col per tile. F16/BF16
 activations are widened whole.
+
+F16/BF16 weights where sdrt.ops.cpu.bf16gemm's kernel is active (AVX512_BF16, SDRT_BF16GEMM) skip
+the widening: one bf16 GEMM per call multiplies the raw weight rows by the float32 columns (both
+rounded to bf16 as they are packed); the 3x3 convs Winograd takes run its 16 products through
+the same kernel (faster than the bf16 im2col GEMM at every SD shape timed, bench/README.md).
 """
 from __future__ import annotations
 
@@ -42,12 +47,15 @@ from ..conv import conv2d_weight_ne
 from . import CPU
 from ._util import f32_input
 from .conv_winograd import conv_winograd, winograd_applies
+from . import bf16gemm
 from .matmul import fill_rows
+from ..threads import get_threads
 
 COL_BYTES = 64 << 20  # cap of the im2col / col2im column buffer
 WEIGHT_TILE_BYTES = 32 << 20  # cap of one widened (non-F32) weight tile: mul_mat's TILE_BYTES
 MERGE_MAX_P = 1024     # output positions per item up to which a batch runs as one GEMM
 WINOGRAD = True        # 3x3 stride-1 convs by F(2x2, 3x3) where it pays (conv_winograd.py)
+WINOGRAD_BF16 = True   # ... also when the weight goes through the bf16 GEMM (bench/README.md)
 FLT_MAX = float(np.finfo(np.float32).max)
 # below this many column elements im2col runs serially: waking a Numba team next to OpenBLAS's
 # spinning threads costs more than the copy (as mul_mat measured for its weight tiles)
@@ -296,6 +304,7 @@ class _WeightRows:
         self.dt, self.oc, self.k = t.dtype, oc, t.nelements // oc
         self.rows = raw.reshape(-1, raw.shape[-1]) if t.dtype.is_quantized else raw.reshape(oc, -1)
         self.q = self.rows.shape[0] // oc
+        self.bf16 = bf16gemm.path_for(self.dt.name) if self.rows.ndim == 2 else None
 
     @property
     def is_f32(self) -> bool:
@@ -320,11 +329,37 @@ class _WeightRows:
             t1 = min(r1, t0 + rows)
             yield t0, t1, self.fill(t0, t1, buf)
 
+    def gemm_tiles(self, r0: int, r1: int):
+        """As tiles(), but with the bf16 GEMM active the raw rows [r0, r1) in one _Bf16Rows."""
+        if self.bf16 is None:
+            yield from self.tiles(r0, r1)
+        else:
+            yield r0, r1, _Bf16Rows(self, r0, r1)
+
     def full(self) -> np.ndarray:
         """All rows as float32 (OC, K): the storage itself for F32, else a reused buffer."""
         if self.is_f32:
             return self.rows
         return self.fill(0, self.oc, _buffer("w", self.oc * self.k))
+
+
+class _Bf16Rows:
+    """Weight rows [r0, r1) in their F16/BF16 storage, multiplied by bf16gemm."""
+
+    def __init__(self, w: _WeightRows, r0: int, r1: int):
+        self.w, self.r0, self.r1 = w, r0, r1
+
+    def matmul(self, cols: np.ndarray, out: np.ndarray) -> None:
+        bf16gemm.gemm(self.w.rows[self.r0:self.r1].view(np.uint16), self.w.dt.name, cols, "F32", out,
+                      self.w.bf16, get_threads())
+
+
+def _tile_matmul(wt, cols: np.ndarray, out: np.ndarray) -> None:
+    """out = wt @ cols for a float32 tile or a _Bf16Rows."""
+    if isinstance(wt, _Bf16Rows):
+        wt.matmul(cols, out)
+    else:
+        np.matmul(wt, cols, out=out)
 
 
 def _weight(t, raw, shape) -> np.ndarray:
@@ -362,8 +397,8 @@ def _merged_gemm(w: _WeightRows, cols: np.ndarray, b, out3: np.ndarray) -> None:
     the way."""
     N, OC, P = out3.shape
     tmp = _buffer("merged", OC * N * P).reshape(OC, N * P)
-    for t0, t1, wt in w.tiles(0, OC):
-        np.matmul(wt, cols, out=tmp[t0:t1])
+    for t0, t1, wt in w.gemm_tiles(0, OC):
+        _tile_matmul(wt, cols, tmp[t0:t1])
     unmerge = _unmerge if OC * N * P >= SERIAL_BELOW else _unmerge_serial
     unmerge(tmp, out3, b if b is not None else np.zeros(1, np.float32), b is not None)
 
@@ -389,8 +424,8 @@ def conv_core(x5, w: _WeightRows, kernel, b, out5, stride, pad, dil, groups, col
                      OH, OW, stride[1], stride[2], pad[1], pad[2], dil[1], dil[2])
         return
     col_bytes = col_bytes or COL_BYTES
-    if (WINOGRAD and groups == 1 and D == 1 and (KD, KH, KW) == (1, 3, 3) and tuple(stride) == (1, 1, 1)
-            and tuple(dil) == (1, 1, 1) and winograd_applies(C, OC, N, OH, OW)):
+    if (WINOGRAD and (w.bf16 is None or WINOGRAD_BF16) and groups == 1 and D == 1 and (KD, KH, KW) == (1, 3, 3)
+            and tuple(stride) == (1, 1, 1) and tuple(dil) == (1, 1, 1) and winograd_applies(C, OC, N, OH, OW)):
         conv_winograd(x5.reshape(N, C, H, W), w, b, out5.reshape(N, OC, OH, OW), pad[1], pad[2], _buffer, col_bytes)
         return
     K = cg * KD * KH * KW
@@ -413,19 +448,19 @@ def conv_core(x5, w: _WeightRows, kernel, b, out5, stride, pad, dil, groups, col
         buf = _buffer("cols", K * rows * OW)
     for g in range(groups):
         # tiles outside items: each tile is widened once (a weight of one tile: as untiled)
-        for t0, t1, wt in w.tiles(g * og, (g + 1) * og):
+        for t0, t1, wt in w.gemm_tiles(g * og, (g + 1) * og):
             for n in range(N):
                 xg = x5[n, g * cg:(g + 1) * cg]
                 t_out = out3[n, t0:t1]
                 if pointwise:
-                    np.matmul(wt, xg.reshape(cg, P), out=t_out)
+                    _tile_matmul(wt, xg.reshape(cg, P), t_out)
                     continue
                 for r0 in range(0, nrows, rows):
                     r1 = min(nrows, r0 + rows)
                     n_cols = (r1 - r0) * OW
                     cols = buf[:K * n_cols].reshape(K, n_cols)
                     _cols(xg.reshape(-1), buf, cg, D, H, W, kernel, stride, pad, dil, OH, OW, r0, r1, n_cols, 0)
-                    np.matmul(wt, cols, out=t_out[:, r0 * OW:r1 * OW])
+                    _tile_matmul(wt, cols, t_out[:, r0 * OW:r1 * OW])
     if b is not None:
         _add_bias(out3, b)
 

@@ -16,7 +16,8 @@ GEMM does, so small maps still give GEMMs of hundreds of columns):
     M (16, OC_tile, Pc)  = U[k] @ V[k] with numpy's BLAS, k = 0..15, as 16 one-thread tasks
     out                  output transform A^T m A + bias (Numba, parallel over output channels)
 V lives in conv's "cols" scratch (at most conv.COL_BYTES), U and M in scratch of at most WINO_BYTES.
-conv.py decides where it applies (`winograd_applies`).
+conv.py decides where it applies (`winograd_applies`). With F16/BF16 weights and the bf16 GEMM
+active (sdrt.ops.cpu.bf16gemm) the 16 products run in bf16 (U and V rounded as they are packed).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..threads import run_tasks
+from . import bf16gemm
 
 WINO_BYTES = 16 << 20   # cap of the U tile and of the M chunk (float32 bytes each)
 MIN_CHANNELS = 32       # below this C or OC the 16 GEMMs are too thin to win
@@ -199,6 +201,13 @@ def conv_winograd(x4: np.ndarray, w, b, out4: np.ndarray, ph: int, pw: int, buff
             _filter_transform(rows.reshape(-1), U, s1 - s0, C, s0 - t0, ot)
 
     one_tile = ot >= OC
+    path = getattr(w, "bf16", None)  # F16/BF16 weights with the bf16 GEMM on: U and V rounded to bf16
+
+    def mm(k):
+        if path is None:
+            np.matmul(ut[k], vt[k], out=mt[k])
+        else:
+            bf16gemm.gemm(ut[k], "F32", vt[k], "F32", mt[k], path, 1)
     if one_tile:
         filters(0, OC)
     for r0 in range(0, N * th, rc):
@@ -210,5 +219,5 @@ def conv_winograd(x4: np.ndarray, w, b, out4: np.ndarray, ph: int, pw: int, buff
             if not one_tile:
                 filters(t0, t1)
             ut, vt, mt = Uk[:, :t1 - t0], Vk[:, :, :n_p], Mk[:, :t1 - t0, :n_p]
-            run_tasks(lambda k: np.matmul(ut[k], vt[k], out=mt[k]), range(16))
+            run_tasks(mm, range(16))
             _output_transform(M, of, bias, t0, t1 - t0, ot, pc, OC, OH, OW, th, tw, r0, r1)

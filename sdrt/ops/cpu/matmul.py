@@ -13,7 +13,9 @@ size) allows: 2048 rows at K=4096, the whole weight at SD's K=320..1280.
 Quantized weights of the types sdrt.ops.quant.gemm takes (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K) skip
 all of this by default: its C kernel quantizes the activations to int8 blocks and multiplies
 with integer dot products (AVX512-VNNI / AVX2 / portable C, chosen from CPUID), as ggml does;
-`SDRT_QGEMM=off` keeps the exact dequantize + BLAS path below.
+`SDRT_QGEMM=off` keeps the exact dequantize + BLAS path below. F16/BF16 weights likewise go to
+sdrt.ops.cpu.bf16gemm's kernel (bf16 x bf16 -> float32, vdpbf16ps) where the CPU has
+AVX512_BF16; `SDRT_BF16GEMM=off` keeps the exact widen + BLAS path.
 
 The widening kernels are serial Numba loops (the hardware half -> float conversion for F16,
 falling back to bit arithmetic and one multiply; a shift for BF16, a 256-entry table for F8):
@@ -248,6 +250,13 @@ def gemm_weight(dt, w2d: np.ndarray, groups) -> None:
     """For each (x2d, o2d) in groups: o2d = x2d @ w^T, w given as raw 2-D storage of dtype dt.
     Quantized weights the integer kernel takes go there (both cores, int8 activations);
     otherwise few activation rows run BLAS on one thread (see the module docstring)."""
+    from . import bf16gemm
+    bpath = bf16gemm.path_for(dt.name)
+    if bpath is not None and w2d.ndim == 2:
+        wt = w2d.view(np.uint16).T  # [K, N] view of the [N, K] rows
+        for xg, og in groups:
+            bf16gemm.gemm(xg, "F32", wt, dt.name, og, bpath, get_threads())
+        return
     path = _int8_path(dt, groups[0][0].shape[1], groups)
     if path is not None:
         from ..quant import gemm as qg

@@ -1,0 +1,154 @@
+"""Full-size SD3.5 Medium (24 joint blocks, MMDiT-X attn2 in 0..12) Q8_0 with CLIP-L, OpenCLIP bigG
+and the full 24-block T5-XXL Q8_0 on the CPU: sdrt against sd-cli, same files, same flags, same
+seed (issue 15's done-means 4: sdrt's s/step <= sd-cli's / 1.5, same run).
+
+    python bench/bench_sd3_cpu_full.py --steps 3 --results /work/cache/sd3_full/results.jsonl
+
+Files (random weights; bench/README.md has the commands): in --dir (/work/cache/sd3_full)
+sd3.5m-q8_0.gguf (tools/make_sd3_checkpoint.py --variant sd3.5-medium --component transformer
+--type q8_0), sd3_vae.safetensors (--component vae), clip_g.safetensors (--component clip_g
+--type f16); in --te-dir (/work/cache/flux_full, the Flux bench's files, read only)
+t5xxl-q8_0.gguf and clip_l.safetensors. Flags: 256x256, CFG 4.5 with a negative prompt (two
+model evaluations a step: sdrt batches them, sd-cli runs them one after the other), euler over
+discrete (flow shift 3), `-s 42`, `-t 2`, the weights' own types (no --type).
+
+Read from each engine's own log (sdrt prints sd.cpp's lines):
+- conditioning: "get_learned_condition completed, taking X s" (CLIP-L + bigG + T5-XXL, prompt and
+  negative prompt);
+- per step: "sampling completed, taking X s" / steps, and the steps after the first from the
+  progress bar (both print sd.cpp's running average a_k since sampling began: the mean of steps
+  2..n is (n a_n - a_1) / (n - 1)), which leaves out sdrt's first touch of its lazily mapped
+  weights (sd-cli reads them before sampling);
+- peak RSS of the whole process (/usr/bin/time -v "Maximum resident set size"), wall time.
+Engines: sdcli, sdrt, sdrt-exact (SDRT_QGEMM=off: float32 activations). Each run is one process under /work/heavy.lock (taken per run, or around the whole script with
+--no-lock). PSNR of sdrt's image against
+sd-cli's.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PROMPT = ("a lovely cat sitting on a wooden windowsill at golden hour, soft light, detailed fur, "
+          "(green eyes:1.2), film grain")
+NEGATIVE = "blurry, low quality"
+
+
+def run(cmd: list[str], env: dict, lock_path: str | None) -> tuple[str, float, float]:
+    """(stdout + stderr, peak RSS GiB, wall s) of one run under /usr/bin/time -v and the heavy lock
+    (lock_path None: the caller holds it)."""
+    with open(lock_path or os.devnull, "a") as lock:
+        if lock_path:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        print(f"#   lock taken {time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f}: {' '.join(cmd)}",
+              flush=True)
+        t0 = time.time()
+        p = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           env=env, text=True)
+        wall = time.time() - t0
+    out = p.stdout
+    if p.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{out[-3000:]}")
+    kb = re.findall(r"Maximum resident set size \(kbytes\): (\d+)", out)
+    return out, int(kb[-1]) / 2**20, wall
+
+
+def stage(log: str, what: str) -> float:
+    m = re.findall(rf"{what} completed, taking ([0-9.]+)\s*(m?s)", log)
+    if not m:
+        raise SystemExit(f"no '{what} completed' line in:\n{log[-3000:]}")
+    v, unit = m[-1]
+    return float(v) / (1000.0 if unit == "ms" else 1.0)
+
+
+def bar_averages(log: str) -> dict[int, float]:
+    """step -> running average s/step from the progress bar (`| k/n - X s/it` or `X it/s`)."""
+    res = {}
+    for k, v, unit in re.findall(r"\|\s*(\d+)/\d+ - ([0-9.]+)(s/it|it/s)", log):
+        res[int(k)] = float(v) if unit == "s/it" else 1.0 / float(v)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default="/work/cache/sd3_full")
+    ap.add_argument("--te-dir", default="/work/cache/flux_full")
+    ap.add_argument("--sdcli", default="/work/sdcli/sd-cli")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--engines", default="sdcli,sdrt")
+    ap.add_argument("--out", default="/work/cache/sd3_full/out")
+    ap.add_argument("--tag", default="", help="suffix of the image/log names (several runs of one engine)")
+    ap.add_argument("--results", default=None, help="append each run's figures to this JSON-lines file")
+    ap.add_argument("--no-lock", action="store_true",
+                    help="the caller holds /work/heavy.lock (both engines in one hold: `flock /work/heavy.lock python ...`)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    d, te = (lambda f: os.path.join(a.dir, f)), (lambda f: os.path.join(a.te_dir, f))  # noqa: E731
+    common = ["-p", PROMPT, "-n", NEGATIVE, "-W", "256", "-H", "256", "--steps", str(a.steps),
+              "--cfg-scale", "4.5", "--sampling-method", "euler", "--scheduler", "discrete", "-s", "42", "-t", "2",
+              "--diffusion-model", d("sd3.5m-q8_0.gguf"), "--vae", d("sd3_vae.safetensors"),
+              "--clip_l", te("clip_l.safetensors"), "--clip_g", d("clip_g.safetensors"),
+              "--t5xxl", te("t5xxl-q8_0.gguf")]
+    sdrt = [sys.executable, "-m", "sdrt.cli.main"]
+    # sdrt-exact: SDRT_QGEMM=off (dequantize + BLAS, float32 activations): how far the int8
+    # activations alone move the image, to read the PSNR against sd-cli by
+    engines = {"sdcli": ([a.sdcli], {}), "sdrt": (sdrt, {}), "sdrt-exact": (sdrt, {"SDRT_QGEMM": "off"})}
+    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}, load {os.getloadavg()[0]:.1f}")
+    res: dict[str, dict] = {}
+    for name in a.engines.split(","):
+        img = os.path.join(a.out, f"{name}{a.tag}.png")
+        exe, extra = engines[name]
+        cmd = [*exe, *common, "-o", img]
+        log, rss, wall = run(cmd, dict(os.environ, PYTHONPATH=ROOT, **extra), None if a.no_lock else "/work/heavy.lock")
+        with open(os.path.join(a.out, f"{name}{a.tag}.log"), "w") as f:
+            f.write(log)
+        avg = bar_averages(log)
+        n = a.steps
+        r = {"engine": name, "steps": n, "cond": stage(log, "get_learned_condition"),
+             "per_step": stage(log, "sampling") / n, "rss": rss, "wall": wall,
+             "after_first": (n * avg[n] - avg[1]) / (n - 1) if n > 1 and 1 in avg and n in avg else float("nan"),
+             "decode": stage(log, "decode_first_stage"), "time": time.strftime("%H:%M:%S"),
+             "load": os.getloadavg()[0]}
+        res[name] = r
+        if a.results:
+            with open(a.results, "a") as f:
+                f.write(json.dumps(r) + "\n")
+        print(f"{name}: conditioning {r['cond']:.2f} s, per step {r['per_step']:.2f} s (steps 2..{n}: "
+              f"{r['after_first']:.2f} s), decode {r['decode']:.2f} s, peak RSS {rss:.2f} GiB, wall {wall:.0f} s",
+              flush=True)
+    print()
+    print(f"| engine | conditioning (s) | s/step ({a.steps}-step mean) | s/step (steps 2..{a.steps}) | decode (s) | peak RSS (GiB) | wall (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in res.items():
+        print(f"| {name} | {r['cond']:.2f} | {r['per_step']:.2f} | {r['after_first']:.2f} | {r['decode']:.2f} | "
+              f"{r['rss']:.2f} | {r['wall']:.0f} |")
+    s, c = res.get("sdrt"), res.get("sdcli")
+    if s and c:
+        print(f"sd-cli / sdrt: conditioning {c['cond'] / s['cond']:.2f}x, step {c['per_step'] / s['per_step']:.2f}x "
+              f"(steps 2..{a.steps}: {c['after_first'] / s['after_first']:.2f}x), RSS sdrt / sd-cli {s['rss'] / c['rss']:.2f}")
+    from PIL import Image
+    from sdrt.io.images import psnr
+
+    def image(name):  # earlier runs' images with this --tag count too
+        p = os.path.join(a.out, f"{name}{a.tag}.png")
+        return np.asarray(Image.open(p).convert("RGB"), np.float64) / 255 if os.path.exists(p) else None
+
+    imgs = {n: image(n) for n in engines}
+    for x, y in (("sdrt", "sdcli"), ("sdrt-exact", "sdcli"), ("sdrt", "sdrt-exact")):
+        if imgs[x] is not None and imgs[y] is not None:
+            print(f"PSNR {x} vs {y}: {psnr(imgs[x], imgs[y]):.2f} dB (image std {imgs[x].std():.3f} / {imgs[y].std():.3f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -16,7 +16,8 @@ Read from each engine's own log:
   leaves out sdrt's first touch of its lazily mapped weights (sd-cli reads them before sampling);
 - peak RSS of the whole process (ru_maxrss through os.wait4), wall time.
 Each run is one process under /work/heavy.lock (taken per run), so no holder keeps it for long.
-Images go to --out; PSNR of sdrt's image against sd-cli's of the same type.
+Images go to --out; PSNR of sdrt's image against sd-cli's of the same type (images of earlier
+runs in --out included), and of `sdrt-exact` (SDRT_QGEMM=off: dequantize + BLAS) when it ran.
 """
 from __future__ import annotations
 
@@ -106,15 +107,18 @@ def main() -> None:
     common = ["-p", prompt, "-W", "256", "-H", "256", "--cfg-scale", "1", "-s", "42", "-t", "2",
               "--scheduler", "discrete", "--steps", str(a.steps),
               "--vae", d("ae.safetensors"), "--clip_l", d("clip_l.safetensors"), "--t5xxl", d("t5xxl-q8_0.gguf")]
-    engines = {"sdcli": [a.sdcli], "sdrt": [sys.executable, "-m", "sdrt.cli.main"]}
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    sdrt = [sys.executable, "-m", "sdrt.cli.main"]
+    # sdrt-exact: the dequantize + BLAS path (float32 activations), to tell the int8 activations'
+    # share of an image difference from the rest
+    engines = {"sdcli": ([a.sdcli], {}), "sdrt": (sdrt, {}), "sdrt-exact": (sdrt, {"SDRT_QGEMM": "off"})}
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}, load {os.getloadavg()[0]:.1f}; prompt: 255 T5 pieces + </s>")
     res: dict[tuple[str, str], dict] = {}
     for typ in a.types.split(","):
         for name in a.engines.split(","):
             img = os.path.join(a.out, f"{name}_{typ}.png")
-            cmd = [*engines[name], "--diffusion-model", d(f"flux-schnell-{typ}.gguf"), *common, "-o", img]
-            log, rss, wall = run(cmd, env)
+            exe, extra = engines[name]
+            cmd = [*exe, "--diffusion-model", d(f"flux-schnell-{typ}.gguf"), *common, "-o", img]
+            log, rss, wall = run(cmd, dict(os.environ, PYTHONPATH=ROOT, **extra))
             with open(os.path.join(a.out, f"{name}_{typ}.log"), "w") as f:
                 f.write(log)
             avg = bar_averages(log)
@@ -127,22 +131,31 @@ def main() -> None:
                 with open(a.results, "a") as f:
                     f.write(json.dumps(r) + "\n")
             print(f"{name} {typ}: conditioning {r['cond']:.2f} s, per step {r['per_step']:.2f} s "
-                  f"(step 2: {r['step2']:.2f} s), peak RSS {rss:.2f} GB, wall {wall:.0f} s", flush=True)
+                  f"(step 2: {r['step2']:.2f} s), peak RSS {rss:.2f} GiB, wall {wall:.0f} s", flush=True)
     print()
-    print("| engine | type | CLIP-L + T5-XXL 24 blocks, 256 tokens (s) | s/step (2-step mean) | step 2 (s) | peak RSS (GB) | wall (s) |")
+    print("| engine | type | CLIP-L + T5-XXL 24 blocks, 256 tokens (s) | s/step (2-step mean) | step 2 (s) | peak RSS (GiB) | wall (s) |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for (name, typ), r in res.items():
         print(f"| {name} | {typ} | {r['cond']:.2f} | {r['per_step']:.2f} | {r['step2']:.2f} | {r['rss']:.2f} | {r['wall']:.0f} |")
     from sdrt.io.images import psnr
     from PIL import Image
+    def image(name, typ):   # the image of any earlier run too (--out keeps them)
+        p = os.path.join(a.out, f"{name}_{typ}.png")
+        return np.asarray(Image.open(p).convert("RGB"), np.float64) / 255 if os.path.exists(p) else None
+
     for typ in a.types.split(","):
-        s, c = res.get(("sdrt", typ)), res.get(("sdcli", typ))
-        if s and c:
-            ia = np.asarray(Image.open(os.path.join(a.out, f"sdrt_{typ}.png")).convert("RGB"), np.float64) / 255
-            ib = np.asarray(Image.open(os.path.join(a.out, f"sdcli_{typ}.png")).convert("RGB"), np.float64) / 255
-            print(f"{typ}: sd-cli / sdrt: conditioning {c['cond'] / s['cond']:.2f}x, step {c['per_step'] / s['per_step']:.2f}x "
-                  f"(step 2: {c['step2'] / s['step2']:.2f}x), RSS sdrt / sd-cli {s['rss'] / c['rss']:.2f}; "
-                  f"PSNR {psnr(ia, ib):.2f} dB (image std sdrt {ia.std():.3f}, sd-cli {ib.std():.3f})")
+        c = res.get(("sdcli", typ))
+        for name in ("sdrt", "sdrt-exact"):
+            s = res.get((name, typ))
+            if s and c:
+                print(f"{typ}: sd-cli / {name}: conditioning {c['cond'] / s['cond']:.2f}x, step "
+                      f"{c['per_step'] / s['per_step']:.2f}x (step 2: {c['step2'] / s['step2']:.2f}x), "
+                      f"RSS {name} / sd-cli {s['rss'] / c['rss']:.2f}")
+        imgs = {n: image(n, typ) for n in ("sdcli", "sdrt", "sdrt-exact")}
+        for x, y in (("sdrt", "sdcli"), ("sdrt-exact", "sdcli"), ("sdrt", "sdrt-exact")):
+            if imgs[x] is not None and imgs[y] is not None:
+                print(f"{typ}: PSNR {x} vs {y} {psnr(imgs[x], imgs[y]):.2f} dB "
+                      f"(image std {imgs[x].std():.3f} / {imgs[y].std():.3f})")
 
 
 if __name__ == "__main__":

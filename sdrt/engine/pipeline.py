@@ -267,11 +267,21 @@ class Pipeline:
         `rng` / `sampler_rng` override the context's --rng / --sampler-rng for this request.
         `lora_tags`: take `<lora:name:mult>` from the prompt (sd-cli and sdrt.generate do; sd-server
         does not: its requests list LoRAs in fields, gp.loras)."""
-        from .rng import make_rng
         gp.validate()
         t_start = time.time()
         mp = self.model_params
         cond_prompt = self.apply_loras(gp, lora_tags)
+        read_ahead = self.read_ahead_weights("te", "diffusion", "controlnet", "vae")
+        try:
+            return self._generate(gp, mp, cond_prompt, t_start, progress, decode_progress, show_progress,
+                                  rng, sampler_rng)
+        finally:
+            if read_ahead is not None:
+                read_ahead.set()
+
+    def _generate(self, gp, mp, cond_prompt, t_start, progress, decode_progress, show_progress, rng,
+                  sampler_rng) -> list[GeneratedImage]:
+        from .rng import make_rng
         if rng is not None or sampler_rng is not None:
             mp = replace(mp, rng=rng or mp.rng, sampler_rng=sampler_rng if sampler_rng is not None else mp.sampler_rng)
             mp.validate_rngs()
@@ -467,6 +477,21 @@ class Pipeline:
             out.append(self.encode_first_stage(image_to_tensor(img, vw, vh), rng, gp))
         log.info("EDIT mode: %d reference image%s", len(out), "s" if len(out) > 1 else "")
         return out
+
+    def read_ahead_weights(self, *components: str):
+        """Start reading the mapped weights of `components` (in this order) into the page cache on
+        a background thread (sdrt.engine.prefetch); returns its stop Event, or None."""
+        if self.models is None:
+            return None
+        from .placement import classify_tensor
+        from .prefetch import start_read_ahead
+        want = [c for c in components if self.executors.get(c, "cpu") == "cpu"]
+        groups: dict[str, list] = {c: [] for c in want}
+        for name, t in self.models.tensors.items():
+            c = classify_tensor(name)
+            if c in groups:
+                groups[c].append(t)
+        return start_read_ahead([(c, ts) for c, ts in groups.items() if ts])
 
     def release_weight_pages(self, *components: str) -> int:
         """Drop this process's pages of the memory-mapped weights of `components` ("te",

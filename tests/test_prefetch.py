@@ -1,0 +1,59 @@
+"""Read-ahead of mapped weights (sdrt.engine.prefetch): the ranges it hands the kernel are the
+tensors' bytes in the file, and it never reads ahead more than the memory budget allows."""
+import os
+import threading
+
+import numpy as np
+
+from sdrt.engine import prefetch
+from sdrt.io import open_model
+from sdrt.io.writer import write_gguf
+
+
+def _file(tmp_path):
+    rng = np.random.default_rng(0)
+    arrs = {f"t{i}": rng.standard_normal((i + 3, 64)).astype(np.float32) for i in range(5)}
+    p = str(tmp_path / "w.gguf")
+    write_gguf(p, arrs)
+    return p, arrs, open_model(p)
+
+
+def test_ranges_cover_the_tensors_bytes(tmp_path):
+    p, arrs, mf = _file(tmp_path)
+    ranges = prefetch.file_ranges(list(mf.tensors.values()))
+    assert ranges and all(path == os.path.abspath(p) for path, _, _ in ranges)
+    data = open(p, "rb").read()
+    covered = np.zeros(len(data), bool)
+    for _, lo, hi in ranges:
+        covered[lo:hi] = True
+    for name, a in arrs.items():          # every tensor's bytes lie in a range
+        off = data.find(a.tobytes())
+        assert off >= 0 and covered[off:off + a.nbytes].all(), name
+    assert covered.sum() < len(data)      # the header is not read ahead
+
+
+def test_ram_tensors_have_no_ranges():
+    from sdrt.ops.tensor import Tensor
+    assert prefetch.file_ranges([Tensor.from_numpy(np.ones((4, 4), np.float32))]) == []
+
+
+def test_budget_stops_read_ahead(tmp_path, monkeypatch):
+    _, _, mf = _file(tmp_path)
+    ranges = prefetch.file_ranges(list(mf.tensors.values()))
+    calls = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, adv: calls.append((off, n)))
+    prefetch._read_ahead([("te", ranges)], budget=1, stop=threading.Event())
+    assert calls == []                    # over budget: left to page faults
+    prefetch._read_ahead([("te", ranges), ("vae", ranges)], budget=sum(h - lo for _, lo, h in ranges),
+                         stop=threading.Event())
+    assert sum(n for _, n in calls) == sum(h - lo for _, lo, h in ranges)   # the first group only
+
+
+def test_off_switch(monkeypatch, tmp_path):
+    _, _, mf = _file(tmp_path)
+    monkeypatch.setenv("SDRT_PREFETCH", "0")
+    assert prefetch.start_read_ahead([("te", list(mf.tensors.values()))]) is None
+    monkeypatch.setenv("SDRT_PREFETCH", "1")
+    ev = prefetch.start_read_ahead([("te", list(mf.tensors.values()))])
+    assert ev is not None
+    ev.set()

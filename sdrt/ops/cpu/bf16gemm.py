@@ -24,12 +24,11 @@ turned off alone when an image must match a reference.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 
 import numpy as np
 
 from ...errors import OpError
+from ..kernel_choice import KernelChoice
 
 try:
     from . import _bf16 as _k
@@ -37,12 +36,12 @@ except ImportError:  # extension not built: every GEMM keeps the float32 path
     _k = None
 
 PATHS = {"scalar": 0, "avx512bf16": 1}
-CHOICES = ("auto", "off", *PATHS)
 _BEST_FIRST = ("avx512bf16", "scalar")
 WEIGHT_TYPES = ("F16", "BF16")
 _CODES = {"F32": 0, "F16": 1, "BF16": 2}
 
-_choice: str | None = None  # set_path(); None: the environment's SDRT_BF16GEMM
+_CHOICE = KernelChoice("SDRT_BF16GEMM", "bf16 GEMM", PATHS)
+set_path, using_path = _CHOICE.set, _CHOICE.using
 _f32_type = False           # a model loaded with --type f32 (follow_weight_type)
 
 
@@ -51,13 +50,6 @@ def available_paths() -> tuple[str, ...]:
     if _k is None:
         return ()
     return tuple(p for p in _BEST_FIRST if _k.path_available(PATHS[p]))
-
-
-def _requested() -> str:
-    c = _choice if _choice is not None else os.environ.get("SDRT_BF16GEMM", "auto").strip().lower() or "auto"
-    if c not in CHOICES:
-        raise OpError(f"SDRT_BF16GEMM={c!r}: expected one of {', '.join(CHOICES)}")
-    return c
 
 
 def follow_weight_type(wtype: str | None) -> None:
@@ -71,40 +63,12 @@ def follow_weight_type(wtype: str | None) -> None:
 
 def active_path() -> str | None:
     """The path F16/BF16 weights use now, or None for the exact float32 path."""
-    c = _requested()
-    if c == "off" or _f32_type:
-        return None
-    avail = available_paths()
-    if c == "auto":  # the portable model is far slower than BLAS: never auto
-        return avail[0] if avail and avail[0] != "scalar" else None
-    if c not in avail:
-        raise OpError(f"bf16 GEMM path {c!r} needs CPU features this machine lacks "
-                      f"(available: {', '.join(avail) or 'none'})")
-    return c
+    return None if _f32_type else _CHOICE.pick(available_paths())
 
 
 def path_for(weight_type: str) -> str | None:
     """The path a weight of this dtype name multiplies through, or None (exact float32)."""
     return active_path() if weight_type in WEIGHT_TYPES else None
-
-
-def set_path(name: str | None) -> None:
-    """Pick a path for this process (None: back to SDRT_BF16GEMM / auto)."""
-    global _choice
-    if name is not None and name not in CHOICES:
-        raise OpError(f"bf16 GEMM path {name!r}: expected one of {', '.join(CHOICES)}")
-    _choice = name
-
-
-@contextlib.contextmanager
-def using_path(name: str | None):
-    global _choice
-    old = _choice
-    set_path(name)
-    try:
-        yield
-    finally:
-        _choice = old
 
 
 def _operand(x: np.ndarray, dtype: str, what: str) -> int:

@@ -21,20 +21,19 @@ BLAS: exact float32 products of the dequantized weights, the path before this ke
 """
 from __future__ import annotations
 
-import contextlib
-import os
 
 import numpy as np
 
 from ...errors import OpError
 from ..dtypes import DType
+from ..kernel_choice import KernelChoice
 from . import _q
 
 PATHS = {"scalar": 0, "avx2": 1, "avx512vnni": 2}
-CHOICES = ("auto", "off", *PATHS)
 _BEST_FIRST = ("avx512vnni", "avx2", "scalar")
 
-_choice: str | None = None  # set_path(); None: the environment's SDRT_QGEMM
+_CHOICE = KernelChoice("SDRT_QGEMM", "quantized GEMM", PATHS)
+set_path, using_path = _CHOICE.set, _CHOICE.using
 
 
 def available_paths() -> tuple[str, ...]:
@@ -44,44 +43,9 @@ def available_paths() -> tuple[str, ...]:
     return tuple(p for p in _BEST_FIRST if _q.qgemm_path_available(PATHS[p]))
 
 
-def _requested() -> str:
-    c = _choice if _choice is not None else os.environ.get("SDRT_QGEMM", "auto").strip().lower() or "auto"
-    if c not in CHOICES:
-        raise OpError(f"SDRT_QGEMM={c!r}: expected one of {', '.join(CHOICES)}")
-    return c
-
-
 def active_path() -> str | None:
     """The path mul_mat uses now, or None for dequantize + BLAS."""
-    c = _requested()
-    if c == "off":
-        return None
-    avail = available_paths()
-    if c == "auto":  # the portable C path is the reference model, slower than BLAS: never auto
-        return avail[0] if avail and avail[0] != "scalar" else None
-    if c not in avail:
-        raise OpError(f"quantized GEMM path {c!r} needs CPU features this machine lacks "
-                      f"(available: {', '.join(avail) or 'none'})")
-    return c
-
-
-def set_path(name: str | None) -> None:
-    """Pick a path for this process (None: back to SDRT_QGEMM / auto)."""
-    global _choice
-    if name is not None and name not in CHOICES:
-        raise OpError(f"quantized GEMM path {name!r}: expected one of {', '.join(CHOICES)}")
-    _choice = name
-
-
-@contextlib.contextmanager
-def using_path(name: str | None):
-    global _choice
-    old = _choice
-    set_path(name)
-    try:
-        yield
-    finally:
-        _choice = old
+    return _CHOICE.pick(available_paths())
 
 
 def supports(dt: DType, k: int) -> bool:

@@ -39,6 +39,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench_flux_cpu_full import bar_averages, stage  # noqa: E402  the same log parsing
 
 PROMPT = ("a lovely cat sitting on a wooden windowsill at golden hour, soft light, detailed fur, "
           "(green eyes:1.2), film grain")
@@ -62,22 +63,6 @@ def run(cmd: list[str], env: dict, lock_path: str | None) -> tuple[str, float, f
         raise SystemExit(f"failed: {' '.join(cmd)}\n{out[-3000:]}")
     kb = re.findall(r"Maximum resident set size \(kbytes\): (\d+)", out)
     return out, int(kb[-1]) / 2**20, wall
-
-
-def stage(log: str, what: str) -> float:
-    m = re.findall(rf"{what} completed, taking ([0-9.]+)\s*(m?s)", log)
-    if not m:
-        raise SystemExit(f"no '{what} completed' line in:\n{log[-3000:]}")
-    v, unit = m[-1]
-    return float(v) / (1000.0 if unit == "ms" else 1.0)
-
-
-def bar_averages(log: str) -> dict[int, float]:
-    """step -> running average s/step from the progress bar (`| k/n - X s/it` or `X it/s`)."""
-    res = {}
-    for k, v, unit in re.findall(r"\|\s*(\d+)/\d+ - ([0-9.]+)(s/it|it/s)", log):
-        res[int(k)] = float(v) if unit == "s/it" else 1.0 / float(v)
-    return res
 
 
 def main() -> None:

@@ -61,6 +61,7 @@ def time_calls(fn, steps, sync=lambda: None):
 
 
 def run_sdrt(arch, ckpt, steps):
+    import sdrt.gpu  # noqa: F401  (registers cuda0: the models alone do not)
     from sdrt.io import open_model
     from sdrt.ops import api as F
     from sdrt.ops.tensor import Tensor

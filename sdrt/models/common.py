@@ -174,8 +174,6 @@ class GraphCache:
                 self.graphs.pop(next(iter(self.graphs)))
             entry = self.graphs[key] = (holders, F.Graph(outs))
         holders, graph = entry
-        if isinstance(backend, str) and backend not in ("cpu", "reference"):
-            import sdrt.gpu  # noqa: F401  device backends register on import (a model used without the engine)
         for h, a in zip(holders, arrays):
             if h is not None:
                 np.copyto(h, a)

@@ -70,6 +70,23 @@ def linear_lora(x: Tensor, w: Tensor, b: Tensor | None = None, leaf: Tensor | No
     return F.linear(x, w, b) if path is None else path.linear(x, w, b)
 
 
+def check_weights(table: Mapping[str, Tensor], prefix: str, shapes: Mapping[str, tuple], source: str,
+                  layout: str, same: Callable | None = None, missing_detail: str = "") -> None:
+    """Every tensor of `shapes` (names under `prefix`) is in `table` with that shape; else a
+    ModelFileError naming the first that is not. `same(got, want)` compares shapes (default: equal,
+    or a 1-D shape given as any tensor of as many elements); `missing_detail` ends the message of
+    a missing tensor (a config summary)."""
+    for name, shape in shapes.items():
+        t = table.get(prefix + name)
+        if t is None:
+            raise ModelFileError(f"{source}: missing tensor {prefix + name!r}" + (f" ({missing_detail})" if missing_detail else ""))
+        ok = same(t.shape, shape) if same is not None else \
+            tuple(t.shape) == shape or (len(shape) == 1 and t.nelements == shape[0])
+        if not ok:
+            raise ModelFileError(f"{source}: tensor {prefix + name!r} has shape {list(t.shape)}, "
+                                 f"this {layout} layout needs {list(shape)}")
+
+
 class Linear:
     """torch.nn.Linear: weight ne=[in, out], bias ne=[out]; x ne=[in, ...] -> [out, ...]."""
 

@@ -34,7 +34,7 @@ import numpy as np
 from ...errors import ModelFileError, UnsupportedError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import GraphCache, batch_cond, Linear, Weights
+from ..common import GraphCache, batch_cond, check_weights, Linear, Weights
 from .flux_blocks import (ChromaApproximator, DoubleStreamBlock, LastLayer, MLPEmbedder, SingleStreamBlock,
                           pad_to_patch, patchify, unpatchify)
 
@@ -288,14 +288,7 @@ class FluxModel:
                  source: str = "model", cut_points: bool = True):
         cfg = config or FluxConfig.detect_from_weights(table, prefix, source)
         self.config, self.prefix, self.source, self.cut_points = cfg, prefix, source, cut_points
-        shapes = cfg.weight_shapes()
-        for name, shape in shapes.items():
-            t = table.get(prefix + name)
-            if t is None:
-                raise ModelFileError(f"{source}: missing tensor {prefix + name!r} ({cfg.summary()})")
-            if tuple(t.shape) != shape and not (len(shape) == 1 and t.nelements == shape[0]):
-                raise ModelFileError(f"{source}: tensor {prefix + name!r} has shape {list(t.shape)}, "
-                                     f"this Flux layout needs {list(shape)}")
+        check_weights(table, prefix, cfg.weight_shapes(), source, "Flux", missing_detail=cfg.summary())
         w = Weights(table, prefix, source)
         H, nh = cfg.hidden_size, cfg.num_heads
         self.img_in, self.txt_in = Linear(w.sub("img_in.")), Linear(w.sub("txt_in."))

@@ -35,7 +35,7 @@ import numpy as np
 from ...errors import ModelFileError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import GraphCache, batch_cond, Conv2d, Linear, Weights
+from ..common import GraphCache, batch_cond, check_weights, Conv2d, Linear, Weights
 from .flux_blocks import pad_to_patch, unpatchify
 from .mmdit_blocks import Embedder, FinalLayer, JointBlock
 
@@ -170,13 +170,8 @@ class MMDiTModel:
                  source: str = "model", cut_points: bool = True):
         cfg = config or MMDiTConfig.detect_from_weights(table, prefix, source)
         self.config, self.prefix, self.source, self.cut_points = cfg, prefix, source, cut_points
-        for name, shape in cfg.weight_shapes().items():
-            t = table.get(prefix + name)
-            if t is None:
-                raise ModelFileError(f"{source}: missing tensor {prefix + name!r} ({cfg.summary()})")
-            if _squeeze(t.shape) != _squeeze(shape):   # GGUF drops pos_embed's leading 1
-                raise ModelFileError(f"{source}: tensor {prefix + name!r} has shape {list(t.shape)}, "
-                                     f"this MMDiT layout needs {list(shape)}")
+        check_weights(table, prefix, cfg.weight_shapes(), source, "MMDiT", missing_detail=cfg.summary(),
+                      same=lambda a, b: _squeeze(a) == _squeeze(b))   # GGUF drops pos_embed's leading 1
         w = Weights(table, prefix, source)
         p = cfg.patch_size
         self.x_embedder = Conv2d(w.sub("x_embedder.proj."), stride=p)

@@ -32,7 +32,7 @@ import numpy as np
 from ...errors import ModelFileError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import GraphCache, Linear, Weights, batch_cond
+from ..common import GraphCache, Linear, Weights, batch_cond, check_weights
 from .flux import flux_pe, with_rope_axes
 from .flux_blocks import attention, modulate, pad_to_patch, patchify, unpatchify
 
@@ -259,13 +259,7 @@ class QwenImageModel:
                  source: str = "model", cut_points: bool = True):
         cfg = config or QwenImageConfig.detect_from_weights(table, prefix, source)
         self.config, self.prefix, self.source, self.cut_points = cfg, prefix, source, cut_points
-        for name, shape in cfg.weight_shapes().items():
-            t = table.get(prefix + name)
-            if t is None:
-                raise ModelFileError(f"{source}: missing tensor {prefix + name!r} ({cfg.summary()})")
-            if tuple(t.shape) != shape and not (len(shape) == 1 and t.nelements == shape[0]):
-                raise ModelFileError(f"{source}: tensor {prefix + name!r} has shape {list(t.shape)}, "
-                                     f"this Qwen-Image layout needs {list(shape)}")
+        check_weights(table, prefix, cfg.weight_shapes(), source, "Qwen-Image", missing_detail=cfg.summary())
         w = Weights(table, prefix, source)
         self.w = w
         self.img_in, self.txt_in = Linear(w.sub("img_in.")), Linear(w.sub("txt_in."))

@@ -31,7 +31,7 @@ import numpy as np
 from ...errors import ModelFileError, UsageError
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import GraphCache, batch_cond, Conv2d, GroupNorm, Linear, Weights
+from ..common import GraphCache, batch_cond, check_weights, Conv2d, GroupNorm, Linear, Weights
 from .unet_blocks import Downsample, ResBlock, SpatialTransformer, Upsample
 
 __all__ = ["PRESETS", "Layer", "UNetConfig", "UNetModel"]
@@ -371,13 +371,7 @@ class UNetModel:
         cfg = config or UNetConfig.detect_from_weights(table, prefix, source)
         cfg.check(source)
         self.config, self.prefix, self.source = cfg, prefix, source
-        for name, shape in cfg.weight_shapes().items():
-            t = table.get(prefix + name)
-            if t is None:
-                raise ModelFileError(f"{source}: missing tensor {prefix + name!r}")
-            if not _same_shape(t.shape, shape):
-                raise ModelFileError(f"{source}: tensor {prefix + name!r} has shape {list(t.shape)}, "
-                                     f"this UNet layout needs {list(shape)}")
+        check_weights(table, prefix, cfg.weight_shapes(), source, "UNet", same=_same_shape)
         w = Weights(table, prefix, source)
         g, eps = cfg.num_groups, cfg.norm_eps
         self.time_embed = (Linear(w.sub("time_embed.0.")), Linear(w.sub("time_embed.2.")))

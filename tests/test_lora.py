@@ -311,16 +311,30 @@ def test_runtime_fold_graph(monkeypatch):
     p.chains, p.merge_factors = q.chains, q.merge_factors
     folded = w.astype(np.float64) + up @ down * (2.0 / rank) * 0.5 + kron
     want = x.astype(np.float64) @ folded.T + b
+    wt = Tensor.from_numpy(w)
     for mode in ("on", "off", "auto"):
         monkeypatch.setattr(L, "RUNTIME_MERGE", mode)
-        y = p.linear(Tensor.from_numpy(x), Tensor.from_numpy(w), Tensor.from_numpy(b))
+        p.fold = None
+        y = p.linear(Tensor.from_numpy(x), wt, Tensor.from_numpy(b))
         ops = {n.op for n in F.Graph({"y": y}).nodes}
+        fold = p.fold is not None
         weight = y.owner.src[0].owner.src[0]
-        fold = mode == "on" or weight.op == "cast"
-        assert "mul_mat" in ops and (mode != "on" or (weight.op == "cast" and weight.owner.src[0].op == "add")), (mode, ops)
-        # folded: W + delta cast back to the weight's F16 (the GEMM's weight as a merge would store it)
+        assert "mul_mat" in ops and (mode != "on" or (fold and weight is p.fold[1] and weight.is_leaf
+                                                       and weight.dtype.name == "F16")), (mode, ops)
+        # folded: W + delta in the weight's F16 (the GEMM's weight as a merge would store it)
         ref = x.astype(np.float64) @ folded.astype(np.float16).astype(np.float64).T + b if fold else want
         np.testing.assert_allclose(F.compute(y), ref, rtol=1e-4, atol=1e-4)
+    # the fold of a stored weight is built once per path: later graphs read the same leaf
+    monkeypatch.setattr(L, "RUNTIME_MERGE", "on")
+    first = p.linear(Tensor.from_numpy(x), wt, Tensor.from_numpy(b)).owner.src[0].owner.src[0]
+    assert p.linear(Tensor.from_numpy(x), wt, Tensor.from_numpy(b)).owner.src[0].owner.src[0] is first
+    # a weight the graph computes (not a stored leaf) is folded inside the graph
+    w_node = F.cast(Tensor.from_numpy(w.astype(np.float32)), "F16")
+    y = p.linear(Tensor.from_numpy(x), w_node, Tensor.from_numpy(b))
+    weight = y.owner.src[0].owner.src[0]
+    assert weight.op == "cast" and weight.owner.src[0].op == "add"
+    np.testing.assert_allclose(F.compute(y), x.astype(np.float64) @ folded.astype(np.float16).astype(np.float64).T + b,
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_q8_0_base_applies_at_runtime(tiny, caplog):

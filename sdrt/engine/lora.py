@@ -300,7 +300,7 @@ def _patched(t, deltas, runtime: bool = False):
         def fill_fused():
             lowrank, dense = [], None
             for d in deltas:
-                f = d.factors() if isinstance(d, _Delta) else None
+                f = d.factors() if isinstance(d, (_Delta, _Factors)) else None
                 if f is not None:
                     lowrank.append(f)
                 else:
@@ -552,12 +552,13 @@ _HALF = ("F16", "BF16")   # folded weights are cast back to these
 class RuntimePath:
     """The LoRA of one weight at run time: low-rank chains (down, mid, up, scale) and dense
     deltas (LoKr), built into the graph by the model's Linear / Conv2d hook. For a Linear with a
-    float weight and many activation rows (UNet tokens), `linear` folds the delta into the
-    weight inside the graph; otherwise the chains run beside the layer's GEMM and are added to
+    float weight and many activation rows (UNet tokens), `linear` folds the delta into a copy of
+    the weight, once per LoRA set (inside the graph where the weight is not a stored leaf); otherwise the chains run beside the layer's GEMM and are added to
     its output. The scale is folded into `up` at load (sdrt; sd.cpp scales the chain's output)."""
-    __slots__ = ("chains", "dense", "merge_factors")
+    __slots__ = ("chains", "dense", "merge_factors", "fold")
 
     def __init__(self):
+        self.fold = None         # (w, the folded leaf) once `linear` has folded
         self.chains: list = []   # (down, mid, up, scale) sdrt Tensors, torch layouts as stored
         self.dense: list = []    # delta Tensors in the weight's ne
         self.merge_factors: list = []   # (down^T ne [r, in], up ne [r, out], r) of the mid-less chains
@@ -589,6 +590,8 @@ class RuntimePath:
         """F.linear(x, w, b) with this LoRA; w is the 2-D weight the layer multiplies by."""
         from ..ops import api as F
         if self._merge_cheaper(x, w):
+            if w.is_leaf and w.is_contiguous():
+                return F.linear(x, self._folded(w), b)
             delta = None
             for down_t, up, _ in self.merge_factors:
                 h = F.mul_mat(down_t, up)                  # ne [in, out] = (up @ down) in torch
@@ -604,6 +607,16 @@ class RuntimePath:
             return F.linear(x, folded, b)
         return F.add(F.linear(x, w, b), self.output(x, None))
 
+    def _folded(self, w):
+        """w + the delta as a leaf of w's type, built on first use and kept while this path is
+        registered (a LoRA set): later steps run the base GEMM alone, the stored weight stays
+        as it is (a new LoRA set drops it with this path)."""
+        if self.fold is None or self.fold[0] is not w:
+            deltas = [_Factors(up.numpy(), down_t.numpy().T) for down_t, up, _ in self.merge_factors]
+            deltas += [d.numpy for d in self.dense]
+            self.fold = (w, _patched(w, deltas))
+        return self.fold[1]
+
     def _merge_cheaper(self, x, w) -> bool:
         if RUNTIME_MERGE == "off" or w.dtype.is_quantized or not w.dtype.is_float or w.ndim != 2 \
                 or len(self.merge_factors) != len(self.chains) or not (self.chains or self.dense):
@@ -617,6 +630,20 @@ class RuntimePath:
         passes = 1 + len(self.dense) + len(self.merge_factors) + (w.dtype.name in _HALF)
         folded = n_in * n_out * (r + _PASS_MACS * passes)
         return folded < beside
+
+
+class _Factors:
+    """A low-rank delta as `_Delta.factors()` gives it: up [out, r] (scaled) and down [r, in]."""
+    __slots__ = ("up", "down")
+
+    def __init__(self, up, down):
+        self.up, self.down = up, down
+
+    def __call__(self) -> np.ndarray:
+        return self.up @ self.down
+
+    def factors(self):
+        return self.up, self.down
 
 
 def _as2d(t):

@@ -1,10 +1,12 @@
-"""CUDA 3x3 conv (stride 1, padding 1, F16 weights, F32 activations): sdrt's im2col + cuBLAS path
-vs PyTorch's cuDNN fp16 conv, one run (GPU only).
+"""CUDA 3x3 conv (stride 1, padding 1, F16 weights, F32 activations): sdrt's direct conv
+(conv3x3_mma) and its im2col + cuBLAS path vs PyTorch's cuDNN fp16 conv, one run (GPU only).
 
     python bench/bench_cuda_conv.py [--repeat 20] [--no-torch]
 
 Per shape, all on the device, timed with CUDA events over --repeat back-to-back calls after a
 warm-up (median of 3 such runs): sdrt's conv2d kernel function (bias included), and
+sdrt's paths (the direct conv on every shape, also with F16 input and output
+as fuse.py's F16 storage gives it, and im2col + cuBLAS), and
 torch.nn.functional.conv2d in fp16
 (channels-first input, cudnn.benchmark on) — the conv a PyTorch fp16 model runs. TFLOP/s count
 2*N*OC*9C*H*W. Random values; the times do not depend on them.
@@ -22,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from _cuda_timing import CudaDev, torch_time_ms  # noqa: E402
 
 from sdrt.ops import api as F  # noqa: E402
+from sdrt.ops import dtypes  # noqa: E402
 from sdrt.ops.tensor import Tensor  # noqa: E402
 
 # name, N, C, H(=W), OC
@@ -30,12 +33,16 @@ SHAPES = [
     ("ESRGAN RDB conv4 512x512 160->32", 1, 160, 512, 32),
     ("ESRGAN RDB conv5 512x512 192->64", 1, 192, 512, 64),
     ("ESRGAN up 2048x2048 64->64", 1, 64, 2048, 64),
+    ("ESRGAN conv_last 2048x2048 64->3", 1, 64, 2048, 3),
     ("UNet 64x64x320 (batch 2)", 2, 320, 64, 320),
     ("UNet 32x32x640 (batch 2)", 2, 640, 32, 640),
     ("UNet 16x16x1280 (batch 2)", 2, 1280, 16, 1280),
     ("VAE 64x64x512", 1, 512, 64, 512),
+    ("VAE 128x128x512", 1, 512, 128, 512),
     ("VAE 256x256x256", 1, 256, 256, 256),
     ("VAE 512x512x128", 1, 128, 512, 128),
+    ("VAE 1024x1024x128 (SDXL)", 1, 128, 1024, 128),
+    ("VAE conv_out 512x512 128->3", 1, 128, 512, 3),
 ]
 
 
@@ -44,11 +51,13 @@ def main():
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args()
-    import sdrt.gpu.cuda.ops.conv  # noqa: F401  registers the conv kernels
+    import sdrt.gpu.cuda.ops.conv as G  # registers the conv kernels
     from sdrt.gpu.cuda.table import CUDA
     d = CudaDev("bench_cuda_conv")
     rng = np.random.default_rng(0)
-    print(f"{'shape':36s} {'sdrt ms':>9s} {'torch ms':>9s} {'sdrt TFLOP/s':>12s} {'sdrt/torch':>10s}")
+    pixels0, max_oc0 = G.DIRECT_3X3_PIXELS, G.DIRECT_3X3_MAX_OC
+    print(f"{'shape':36s} {'direct ms':>9s} {'f16 io ms':>9s} {'im2col ms':>9s} {'torch ms':>9s} {'direct TFLOP/s':>14s} "
+          f"{'direct/torch':>12s} {'im2col/torch':>12s}")
     for name, N, C, HW, OC in SHAPES:
         flop = 2.0 * N * OC * 9 * C * HW * HW
         x = Tensor.from_numpy(rng.standard_normal((N, C, HW, HW), np.float32))
@@ -61,7 +70,20 @@ def main():
         def call():
             d.rt.begin_kernel()
             k.fn(node, xs, out, d.rt)
-        ts = d.time_ms(call, args.repeat)
+        ts = {}
+        for key, pixels in (("direct", 1), ("im2col", 0)):
+            G.DIRECT_3X3_PIXELS, G.DIRECT_3X3_MAX_OC = pixels, 1 << 30
+            ts[key] = d.time_ms(call, args.repeat)
+        # the direct conv on an F16-stored input writing F16 (fuse.py's half storage)
+        G.DIRECT_3X3_PIXELS = 1
+        xs16 = [d.put(Tensor.from_numpy(x.numpy().astype(np.float16))), *xs[1:]]
+        out16 = d.out(Tensor(dtypes.get("F16"), node.ne))
+
+        def call16():
+            d.rt.begin_kernel()
+            k.fn(node, xs16, out16, d.rt)
+        ts["f16"] = d.time_ms(call16, args.repeat)
+        G.DIRECT_3X3_PIXELS, G.DIRECT_3X3_MAX_OC = pixels0, max_oc0
         tt = float("nan")
         if not args.no_torch:
             import torch
@@ -72,7 +94,8 @@ def main():
             with torch.no_grad():
                 tt = torch_time_ms(lambda: torch.nn.functional.conv2d(xt, wt, bt, padding=1), args.repeat)
             del xt, wt, bt
-        print(f"{name:36s} {ts:9.3f} {tt:9.3f} {flop / ts / 1e9:12.1f} {ts / tt:10.2f}", flush=True)
+        print(f"{name:36s} {ts['direct']:9.3f} {ts['f16']:9.3f} {ts['im2col']:9.3f} {tt:9.3f} "
+              f"{flop / ts['direct'] / 1e9:14.1f} {ts['direct'] / tt:12.2f} {ts['im2col'] / tt:12.2f}", flush=True)
         d.free_all()
 
 

@@ -9,8 +9,8 @@ CUDA graph replays, then once more under torch.profiler with CUDA activities: CU
 whole process, so sdrt's own kernels (PyCUDA launches, graph replays) and cuBLAS's appear by
 name with their GPU time — unlike SDRT_DEBUG=2, whose per-node event times of an eager run
 include the gaps while Python launches the next node. Without --ckpt the weights are random
-arrays in host memory, which the backend copies in on every call (the "Memcpy HtoD" row); with a
-checkpoint (tools/make_sd_checkpoint.py) they stay resident. Flux: the DiT of a transformer file
+arrays in host memory, registered as weights (resident, as a checkpoint's); --lora RANK applies
+bench_lora.py's kohya LoRA of that rank at run time. Flux: the DiT of a transformer file
 (tools/make_flux_checkpoint.py, any depth) on bench_cuda_flux.py's 1024x1024 inputs; --torch also
 profiles diffusers' FluxTransformer2DModel (bf16, same depth) for the kernel-by-kernel comparison.
 ESRGAN: bench_esrgan.py's random RealESRGAN_x4plus-shaped RRDBNet (f16 weights) on a 512x512
@@ -39,6 +39,8 @@ def main():
     ap.add_argument("--torch", action="store_true", help="flux: profile diffusers' transformer too")
     ap.add_argument("--ckpt", default=None, help="checkpoint to take the UNet from (default: random weights)")
     ap.add_argument("--rows", type=int, default=45)
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK",
+                    help="sd15/sdxl: with bench_lora.py's kohya LoRA of this rank applied at_runtime")
     a = ap.parse_args()
     import torch
     from sdrt.models.diffusion.unet import UNetConfig, UNetModel
@@ -53,7 +55,22 @@ def main():
         model = UNetModel(open_model(a.ckpt).tensors)
     else:
         from bench_unet import random_table
-        model = UNetModel(random_table(cfg, np.float16)[0], config=cfg)
+        from sdrt.ops.backend import get_backend
+        table = random_table(cfg, np.float16)[0]
+        get_backend("cuda0").register_weights(table)    # resident, as a checkpoint's weights
+        if a.lora:
+            import tempfile
+
+            from bench_lora import kohya_lora
+            from sdrt.engine.lora import LoraSpec, apply_loras
+            from sdrt.models.common import RUNTIME_LORA
+            with tempfile.TemporaryDirectory() as d:
+                kohya_lora({k: v.ne[::-1] for k, v in table.items()}, a.lora, os.path.join(d, "l.safetensors"))
+                _, runtime = apply_loras(table, [LoraSpec(os.path.join(d, "l.safetensors"), 1.0)],
+                                         "sd1" if a.arch == "sd15" else "sdxl", "at_runtime")
+            for w, p in runtime.items():
+                RUNTIME_LORA[w] = p
+        model = UNetModel(table, config=cfg)
     from bench_cuda_sd import inputs
     x, t, ctx, y, _ = inputs(a.arch)  # the same CFG-step inputs bench_cuda_sd.py times
     for _ in range(4):  # eager, capture, replays
@@ -100,11 +117,12 @@ def profile_flux(a, torch):
 def profile_esrgan(a, torch):
     from bench_esrgan import torch_rrdbnet
     from esrgan_weights import basicsr_state
+    from sdrt.engine.upscaler import _read_only
     from sdrt.models.esrgan import RRDBNet
     from sdrt.ops.tensor import Tensor
     sd = basicsr_state(0, 64, 32, 23, 4, last_bias=0.5)
     x = np.random.default_rng(0).random((1, 3, 512, 512), dtype=np.float32)
-    net = RRDBNet({k: Tensor.from_numpy(v.astype(np.float16), name=k) for k, v in sd.items()})
+    net = RRDBNet({k: Tensor.from_numpy(_read_only(v.astype(np.float16)), name=k) for k, v in sd.items()})
     for _ in range(3):
         net(x, backend="cuda0")
     t0 = time.perf_counter()

@@ -197,3 +197,52 @@ def test_attention_into_cont_only_for_its_own_permute():
               Graph(F.add(F.cont(a.permute(0, 2, 1, 3)), F.silu(a).permute(0, 2, 1, 3))),
               Graph({"a": a, "c": F.silu(F.cont(a.permute(0, 2, 1, 3)))})):
         assert "attention_into_cont" not in [fn.__name__ for _, fn, _ in launches(g)]
+
+
+# ---- the direct 3x3 conv's epilogue (fuse._fuse_conv_epilogue) --------------------------------
+def _esrgan_like(big=True):
+    """x -> lrelu(conv1(x)) -> 0.2 * conv2(.) + x -> silu: ESRGAN's conv + activation and scaled
+    residual (then a node, so that the add is not the graph's output, which has its own buffer)."""
+    hw = 128 if big else 8
+    x = leaf(rand(1, 8, hw, hw))
+    h = F.leaky_relu(F.conv2d(x, leaf(rand(16, 8, 3, 3), "F16"), leaf(rand(16)), padding=1), 0.2)
+    return F.silu(F.add(F.scale(F.conv2d(h, leaf(rand(8, 16, 3, 3), "F16"), leaf(rand(8), "F16"), padding=1), 0.2), x))
+
+
+def test_conv_epilogue_fused_on_large_maps():
+    lst = launches(Graph(_esrgan_like()))
+    kinds = [(n.op, fn.__name__) for n, fn, _ in lst]
+    assert kinds == [("conv2d", "_skip"), ("leaky_relu", "conv3x3_epilogue"),
+                     ("conv2d", "_skip"), ("scale", "_skip"), ("add", "conv3x3_epilogue"), ("silu", "own")]
+    conv2, residual = lst[2][0], lst[4][2]
+    assert lst[4][2][:3] == tuple(conv2.src) and residual[3].owner.op is None   # x, w, b, then the residual x
+
+
+def test_conv_epilogue_not_fused_on_small_maps_or_other_convs():
+    # small maps run im2col + cuBLAS: nothing to fuse into
+    assert all(fn is own for _, fn, _ in launches(Graph(_esrgan_like(big=False))))
+    # a strided conv, and a conv whose output is read twice, keep their own kernels
+    x = leaf(rand(1, 8, 128, 128))
+    strided = F.leaky_relu(F.conv2d(x, leaf(rand(8, 8, 3, 3), "F16"), stride=2, padding=1), 0.2)
+    assert all(fn is own for _, fn, _ in launches(Graph(strided)))
+    c = F.conv2d(x, leaf(rand(8, 8, 3, 3), "F16"), padding=1)
+    assert all(fn is own for _, fn, _ in launches(Graph(F.add(F.leaky_relu(c, 0.2), c))))
+
+
+def test_dense_block_stored_as_f16():
+    """An ESRGAN dense block at 128x128: the convs' fused outputs and the growing concats are
+    stored F16 (only convs and F16 concats read them); the block's input and the scaled residual
+    it reads stay F32."""
+    x = leaf(rand(1, 16, 128, 128))
+    cat = x
+    for k in range(2):
+        y = F.leaky_relu(F.conv2d(cat, leaf(rand(8, 16 + 8 * k, 3, 3), "F16"), leaf(rand(8)), padding=1), 0.2)
+        cat = F.concat(cat, y, 2)
+    out = F.silu(F.add(F.scale(F.conv2d(cat, leaf(rand(16, 32, 3, 3), "F16"), leaf(rand(16)), padding=1), 0.2), x))
+    stored = half(Graph(out))
+    assert sorted(n.op for n in stored) == ["concat", "concat", "leaky_relu", "leaky_relu"]
+    # a batch of two: a source's part of the concat is not one contiguous run, so it stays F32
+    x2 = leaf(rand(2, 16, 128, 128))
+    y2 = F.leaky_relu(F.conv2d(x2, leaf(rand(8, 16, 3, 3), "F16"), padding=1), 0.2)
+    c2 = F.concat(x2, y2, 2)
+    assert [n.op for n in half(Graph(F.silu(F.conv2d(c2, leaf(rand(8, 24, 3, 3), "F16"), padding=1))))] == []

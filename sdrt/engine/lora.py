@@ -538,10 +538,10 @@ def _hookable(target: str) -> bool:
         and "embedding" not in target
 
 
-# at_runtime on a float (F16/BF16/F32) Linear weight, the graph may add the LoRA delta to the
-# weight (W + B·A, one rank-r GEMM of the weight's size) instead of running x -> down -> up beside
-# the GEMM (rank-r GEMMs of the activations' size): "auto" picks whichever costs less for the
-# activation rows at hand; "on" folds wherever it can, "off" never (tests and
+# at_runtime on a float (F16/BF16/F32) Linear weight, the LoRA delta is added to a copy of the
+# weight (W + B·A) instead of running x -> down -> up beside the GEMM: once per LoRA set for a
+# stored weight; for a weight the graph computes, in the graph when that costs less for the
+# activation rows at hand ("auto") or always ("on"). "off" never folds (tests and
 # `bench_lora.py step --runtime-merge` compare them).
 RUNTIME_MERGE = "auto"
 # cost model, in multiply-adds: a pass over an F32 element (read-add-write, widen) ~ this many
@@ -552,8 +552,8 @@ _HALF = ("F16", "BF16")   # folded weights are cast back to these
 class RuntimePath:
     """The LoRA of one weight at run time: low-rank chains (down, mid, up, scale) and dense
     deltas (LoKr), built into the graph by the model's Linear / Conv2d hook. For a Linear with a
-    float weight and many activation rows (UNet tokens), `linear` folds the delta into a copy of
-    the weight, once per LoRA set (inside the graph where the weight is not a stored leaf); otherwise the chains run beside the layer's GEMM and are added to
+    float weight, `linear` folds the delta into a copy of the weight, once per LoRA set (inside
+    the graph, where the weight is computed, when that costs less than the chains); otherwise the chains run beside the layer's GEMM and are added to
     its output. The scale is folded into `up` at load (sdrt; sd.cpp scales the chain's output)."""
     __slots__ = ("chains", "dense", "merge_factors", "fold")
 
@@ -589,22 +589,23 @@ class RuntimePath:
     def linear(self, x, w, b=None):
         """F.linear(x, w, b) with this LoRA; w is the 2-D weight the layer multiplies by."""
         from ..ops import api as F
-        if self._merge_cheaper(x, w):
-            if w.is_leaf and w.is_contiguous():
+        if self._foldable(w):
+            if w.is_leaf and w.is_contiguous():     # a stored weight: folded once per LoRA set
                 return F.linear(x, self._folded(w), b)
-            delta = None
-            for down_t, up, _ in self.merge_factors:
-                h = F.mul_mat(down_t, up)                  # ne [in, out] = (up @ down) in torch
-                delta = h if delta is None else F.add(delta, h)
-            for d in self.dense:
-                dd = d.reshape(w.ne)
-                delta = dd if delta is None else F.add(delta, dd)
-            folded = F.add(delta, w)                        # F32: W widened, plus the delta
-            if w.dtype.name in _HALF:
-                # back to the weight's 16-bit type: a GPU then runs the GEMM on tensor cores (an F32
-                # weight there is a pedantic F32 GEMM: an H200 SD1.5 step +96 % against +25 %)
-                folded = F.cast(folded, w.dtype.name)
-            return F.linear(x, folded, b)
+            if self._fold_cheaper(x, w):            # a computed one: folded in the graph, per call
+                delta = None
+                for down_t, up, _ in self.merge_factors:
+                    h = F.mul_mat(down_t, up)                  # ne [in, out] = (up @ down) in torch
+                    delta = h if delta is None else F.add(delta, h)
+                for d in self.dense:
+                    dd = d.reshape(w.ne)
+                    delta = dd if delta is None else F.add(delta, dd)
+                folded = F.add(delta, w)                        # F32: W widened, plus the delta
+                if w.dtype.name in _HALF:
+                    # back to the weight's 16-bit type: a GPU then runs the GEMM on tensor cores (an
+                    # F32 weight there is a pedantic F32 GEMM: an H200 SD1.5 step +96 % against +25 %)
+                    folded = F.cast(folded, w.dtype.name)
+                return F.linear(x, folded, b)
         return F.add(F.linear(x, w, b), self.output(x, None))
 
     def _folded(self, w):
@@ -617,10 +618,12 @@ class RuntimePath:
             self.fold = (w, _patched(w, deltas))
         return self.fold[1]
 
-    def _merge_cheaper(self, x, w) -> bool:
-        if RUNTIME_MERGE == "off" or w.dtype.is_quantized or not w.dtype.is_float or w.ndim != 2 \
-                or len(self.merge_factors) != len(self.chains) or not (self.chains or self.dense):
-            return False
+    def _foldable(self, w) -> bool:
+        return RUNTIME_MERGE != "off" and not w.dtype.is_quantized and w.dtype.is_float and w.ndim == 2 \
+            and len(self.merge_factors) == len(self.chains) and bool(self.chains or self.dense)
+
+    def _fold_cheaper(self, x, w) -> bool:
+        """Whether folding in the graph costs less than the chains beside the GEMM, per call."""
         if RUNTIME_MERGE == "on":
             return True
         n_in, n_out = w.ne

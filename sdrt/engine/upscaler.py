@@ -43,6 +43,13 @@ def upscaler_device(backend_spec: str | None) -> str:
     return d
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """Converted weights as read-only arrays: a GPU backend caches those on the device (writeable
+    leaves are per-run inputs, copied in on every call)."""
+    a.flags.writeable = False
+    return a
+
+
 class Upscaler:
     """`Upscaler.load(path, tile_size=128, backend="cpu")`; `upscale(img uint8 HxWx3)` -> uint8,
     `upscale_tensor(x [1, 3, H, W] float)` -> float [1, 3, sH, sW]."""
@@ -68,7 +75,7 @@ class Upscaler:
             if wtype not in ("f16", "f32"):
                 raise UsageError(f"upscaler weight type: 'f16', 'f32' or None, got {wtype!r}")
             dt = np.float16 if wtype == "f16" else np.float32
-            tensors = {k: Tensor.from_numpy(t.to_f32().astype(dt), name=k) if len(t.ne) == 4 else t
+            tensors = {k: Tensor.from_numpy(_read_only(t.to_f32().astype(dt)), name=k) if len(t.ne) == 4 else t
                        for k, t in tensors.items()}
             log.info("Upscaler weight type: %s", wtype)
         log.info("loading esrgan from '%s'", path)

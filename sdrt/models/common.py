@@ -196,8 +196,14 @@ class GraphCache:
                 np.copyto(h, a)
         res = graph.run(backend)
         if "out" in res:
-            return res["out"].to_f32()
-        return [res[f"out{i}"].to_f32() for i in range(len(res))]
+            return _owned_f32(res["out"])
+        return [_owned_f32(res[f"out{i}"]) for i in range(len(res))]
+
+
+def _owned_f32(t: Tensor) -> np.ndarray:
+    """A graph output's values as float32: its own buffer when it is already one (every run hands
+    computed outputs fresh buffers), else a converted copy."""
+    return t.numpy() if t.dtype.name == "F32" and not t.is_leaf else t.to_f32()
 
 
 def batch_cond(t: Tensor, N: int, what: str) -> Tensor:

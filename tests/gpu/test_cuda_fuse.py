@@ -160,3 +160,19 @@ def test_half_storage_before_a_gemm_gives_the_packed_bits(cuda, rng, monkeypatch
     off = run3(cuda, out)
     for a, b in zip(on, off):
         assert_within_scale(a, b, 1e-6, f"{producer} stored F16 vs packed")
+
+
+@pytest.mark.parametrize("xdt", ["F32", "F16"])
+def test_conv_epilogue_fused(cuda, rng, monkeypatch, xdt):
+    """ESRGAN's conv + leaky_relu and 0.2 * conv + x (the direct 3x3 conv's epilogue) vs the CPU,
+    and vs the same graph unfused."""
+    x = leaf(randn(rng, 1, 32, 130, 140) * 0.5, xdt)
+    h = F.leaky_relu(F.conv2d(x, leaf(randn(rng, 48, 32, 3, 3) / 17, "F16"), leaf(randn(rng, 48)), padding=1), 0.2)
+    y = F.add(F.scale(F.conv2d(h, leaf(randn(rng, 32, 48, 3, 3) / 20, "F16"), leaf(randn(rng, 32), "F16"),
+                               padding=1), 0.2), F.cast(x, "F32"))
+    out = F.silu(y)
+    check(cuda, out, 3e-3)
+    on = run3(cuda, out)
+    monkeypatch.setattr(cuda, "fuse", False)
+    for a, c in zip(on, run3(cuda, out)):
+        assert_within_scale(a, c, 1e-5, "fused conv epilogue vs unfused")

@@ -1,4 +1,5 @@
-"""CUDA conv1d/conv2d/conv3d/conv_transpose2d (im2col + cuBLAS) and pool1d/pool2d vs the CPU
+"""CUDA conv1d/conv2d/conv3d/conv_transpose2d (im2col + cuBLAS, and the direct 3x3 conv of large
+maps) and pool1d/pool2d vs the CPU
 backend on the same graph (skips without a GPU).
 
 Tolerances are relative to the output's largest magnitude: F32 weights run a pedantic F32 GEMM
@@ -147,6 +148,63 @@ def test_conv2d_3d_input(cuda, rng):
     node = F.conv2d(leaf(x), leaf(w), leaf(b), padding=1, stride=(1, 2))
     assert node.ne == (7, 5, 4)
     check(cuda, node)
+
+
+# ---- the direct 3x3 conv (conv3x3_mma) --------------------------------------------------------
+@pytest.fixture
+def direct(monkeypatch):
+    """Set the map size (pixels) from which 3x3 convs run conv3x3_mma; 0 turns it off."""
+    import sdrt.gpu.cuda.ops.conv as G
+
+    def set_min(pixels):
+        monkeypatch.setattr(G, "DIRECT_3X3_PIXELS", pixels)
+    return set_min
+
+
+# ragged tiles (maps not multiples of the 8x16 tile), channels not multiples of the 16-channel
+# chunk or of the 32 / 64 output-channel blocks, batch > 1
+DIRECT_CASES = {
+    "tile_exact": (1, 16, 16, 32, 32),
+    "ragged_map": (2, 5, 13, 21, 7),
+    "one_pixel_row": (1, 20, 1, 40, 33),
+    "oc3_rgb_out": (1, 64, 24, 17, 3),
+    "oc96_two_blocks": (2, 48, 9, 30, 96),
+    "c200_many_chunks": (1, 200, 12, 19, 64),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIRECT_CASES))
+@pytest.mark.parametrize("xdtype", FLOATS + ["transposed"])
+@pytest.mark.parametrize("bias", ["none", "F32", "F16_4d", "strided"])
+def test_conv3x3_direct(cuda, rng, direct, case, xdtype, bias):
+    direct(1)
+    N, C, H, W, OC = DIRECT_CASES[case]
+    x = leaf(randn(rng, N, C, H, W), noncontig=True) if xdtype == "transposed" else leaf(randn(rng, N, C, H, W), xdtype)
+    w = leaf(randn(rng, OC, C, 3, 3) / np.sqrt(9 * C), "F16")
+    b = {"none": None, "F32": leaf(randn(rng, OC)), "F16_4d": leaf(randn(rng, 1, OC, 1, 1), "F16"),
+         "strided": leaf(randn(rng, 2 * OC)).slice(0, 0, None, 2)}[bias]
+    check(cuda, F.conv2d(x, w, b, padding=1))
+
+
+@pytest.mark.parametrize("wdtype", ["F16", "BF16", "F8_E4M3"])
+def test_conv3x3_direct_matches_im2col(cuda, rng, direct, wdtype):
+    """The direct conv and im2col + cuBLAS see the same F16 operands: they differ only by the
+    order of the F32 sums."""
+    x = leaf(randn(rng, 2, 64, 40, 48))
+    w = leaf(randn(rng, 64, 64, 3, 3) / 24.0, wdtype)
+    node = F.conv2d(x, w, leaf(randn(rng, 64)), padding=1)
+    direct(1)
+    got = run_f32(cuda, node)
+    direct(0)
+    want = run_f32(cuda, node)
+    assert_within_scale(got, want, 2e-5, f"direct vs im2col, {wdtype} weights")
+
+
+def test_conv3x3_direct_by_default_on_large_maps(cuda, rng):
+    import sdrt.gpu.cuda.ops.conv as G
+    assert G.DIRECT_3X3_PIXELS and 130 * 130 >= G.DIRECT_3X3_PIXELS
+    x = leaf(randn(rng, 1, 64, 130, 130) * 0.5)      # ESRGAN's trunk conv shape, a ragged map
+    check(cuda, F.conv2d(x, leaf(randn(rng, 32, 64, 3, 3) / 24.0, "F16"), leaf(randn(rng, 32), "F16"), padding=1))
 
 
 # ---- conv2d at stable-diffusion shapes -------------------------------------------------------

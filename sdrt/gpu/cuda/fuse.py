@@ -2,7 +2,7 @@
 
 `launch_lists(graph, plan, kernels, node_ptr)` gives, per segment and node, the kernel function
 to call and the tensors it reads (`kernels`: each segment's kernel functions in node order,
-`node_ptr`: each computed node's device address). Three patterns are fused:
+`node_ptr`: each computed node's device address). Four patterns are fused:
 
 - `add(mul_mat(w, x), b)` with b a vector of the product's M rows (a linear layer's bias),
   where the add directly follows the product, is the product's only consumer and writes over
@@ -19,6 +19,11 @@ to call and the tensors it reads (`kernels`: each segment's kernel functions in 
   after a flash-path attention that nothing else reads: the attention's slot does nothing and
   the cont's runs `attention.attention_into_cont`, the mma kernel writing the cont's layout
   through output strides (the planner places such a cont apart from the attention's inputs).
+
+- `conv2d -> leaky_relu` and/or `conv2d -> scale -> add(., r)` after a conv that runs the direct
+  3x3 kernel (ops/conv.takes_direct), each node the previous one's only consumer writing over its
+  buffer: the conv's epilogue applies them (conv.Epilogue) in the last node's slot: ESRGAN's
+  conv + activation and the scaled residual closing its dense blocks, one pass instead of three.
 
 Nothing runs between the fused slots, so w, x and r are as the unfused kernels would have read
 them, and the planner placed no other live tensor in the product's buffer.
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 from .ops.attention import attention_into_cont, wants_f32
 from .ops.attention import plan as attention_plan
+from .ops.conv import Epilogue, bias_axis, conv2d, conv3x3_direct, takes_direct
 from .ops.conv import gemm_dtype as conv_gemm_dtype
 from .devtensor import padded_nb
 from .ops.matmul import gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_residual
@@ -109,6 +115,9 @@ def launch_lists(graph, plan, kernels, node_ptr) -> list[list[tuple]]:
                 out[j + 1] = (_skip, ())
                 out[j + 2] = (mul_mat_add_bias_residual, (*mm.src, add.src[1], res))
                 j += 3
+        for j, cv in enumerate(nodes):
+            if cv.op == "conv2d" and out[j][0] is not _skip and takes_direct(cv):
+                _fuse_conv_epilogue(nodes, out, j, only_feeds)
         for j in range(len(nodes) - 1):
             att, c = nodes[j], nodes[j + 1]
             if (att.op == "attention" and attention_plan(att)[0] == "flash" and _merges_heads(c, att)
@@ -118,6 +127,46 @@ def launch_lists(graph, plan, kernels, node_ptr) -> list[list[tuple]]:
                 out[j + 1] = (_writing_into(att), tuple(att.src))
         lists.append(out)
     return lists
+
+
+def _fuse_conv_epilogue(nodes, out, j, only_feeds) -> None:
+    """conv2d (direct path) -> [leaky_relu] -> [scale -> add(., r)], each the previous one's only
+    consumer writing over its buffer: one conv3x3_direct with those ops in its epilogue, in the
+    last node's slot (ESRGAN's conv + activation and its dense blocks' scaled residual)."""
+    cv = nodes[j]
+    if cv.dtype.name != "F32" or (len(cv.src) > 2 and bias_axis(cv.src[2], cv.ne[2]) is None):
+        return
+    k, epi = j, Epilogue()
+
+    def next_if(op):
+        nxt = nodes[k + 1] if k + 1 < len(nodes) else None
+        ok = nxt is not None and nxt.op == op and only_feeds(nodes[k], nxt) and _is_whole(nxt.src[0], nodes[k])
+        return nxt if ok else None
+
+    act = next_if("leaky_relu")
+    if act is not None:
+        epi.slope, k = act.params["slope"], k + 1
+    sc, res = next_if("scale"), None
+    if sc is not None and k + 2 < len(nodes) and only_feeds(sc, nodes[k + 2]):
+        res = _residual_of(nodes[k + 2], sc)
+        if res is not None:
+            epi.scale, epi.shift, k = sc.params["s"], sc.params["b"], k + 2
+    if k == j:
+        return
+    for i in range(j, k):
+        out[i] = (_skip, ())
+    out[k] = (_conv_with(cv, epi, res is not None), tuple(cv.src) + ((res,) if res is not None else ()))
+
+
+def _conv_with(cv, epi, has_residual: bool):
+    """The kernel function of a fused conv's last slot: conv3x3_direct of conv node `cv` with
+    `epi`, reading (x, w[, bias][, residual])."""
+    has_bias = len(cv.src) > 2
+    def conv3x3_epilogue(node, xs, out, rt):
+        e = Epilogue(epi.slope, epi.scale, epi.shift, xs[-1] if has_residual else None)
+        conv3x3_direct(rt, xs[0], xs[1], xs[2] if has_bias else None, out, e)
+    conv3x3_epilogue.direct_conv = cv
+    return conv3x3_epilogue
 
 
 def _merges_heads(c, att) -> bool:
@@ -156,6 +205,12 @@ _CONVS = ("conv1d", "conv2d", "conv3d")
 def _writes_half(node, fn, srcs) -> bool:
     if fn is mul_mat or fn is mul_mat_add_bias:
         return srcs[0].dtype.name == "F16"
+    if fn is conv2d or getattr(fn, "direct_conv", None) is not None:   # conv3x3_mma writes F16
+        cv = getattr(fn, "direct_conv", node)
+        return takes_direct(cv) and (len(cv.src) < 3 or bias_axis(cv.src[2], cv.ne[2]) is not None)
+    if node.op == "concat":       # ops/layout.concat converts F32 sources into one contiguous run each
+        d = node.params["dim"]
+        return all(n == 1 for n in node.ne4[d + 1:]) and all(s.dtype.name in ("F32", "F16", "BF16") for s in node.src)
     return fn is not _skip and node.op in _HALF_WRITERS and node.src[0].dtype.name in ("F32", "F16", "BF16")
 
 
@@ -172,6 +227,8 @@ def _reads_half(reader, i, half) -> bool:
         return True
     if op in ("cont", "cast"):
         return id(reader) in half or reader.dtype.name == "F16"
+    if op == "concat":
+        return id(reader) in half
     return False
 
 

@@ -14,6 +14,9 @@ activation is narrowed to F16 while gathering. A 1x1, stride-1, unpadded conv wh
 skips im2col (the input is the column matrix). Columns are chunked over batch items, then
 output rows, so the scratch stays under COL_BYTES (the VAE's 512x512x128ch 3x3 conv would need
 604 MB of F16 columns at once).
+3x3 / stride-1 / pad-1 convs of large maps (ESRGAN, the VAE decoders) skip the column matrix:
+conv3x3_direct runs conv.cu's conv3x3_mma, an implicit GEMM reading a haloed input patch per
+block from shared memory (its own bias epilogue).
 The bias (OC elements, any view) is added by a small epilogue kernel after the GEMM, the CPU
 kernel's order, rather than by beta=1 over a pre-broadcast output: both cost one extra pass
 over the output, and the epilogue keeps the GEMM a plain overwrite.
@@ -40,9 +43,19 @@ MODULE = "conv"
 # shapes pick cuBLAS's kernels): at 256 MiB SDXL's 1024x1024 VAE decode (2.8 GB of activations)
 # did not fit --max-vram 3 beside its weights; at 64 MiB it does (the decode: 154 against 137 ms).
 COL_BYTES = 64 << 20
+# 3x3 / stride-1 / pad-1 convs with F16 GEMMs, at most DIRECT_3X3_MAX_OC output channels, on maps
+# of at least DIRECT_3X3_PIXELS pixels run conv.cu's direct implicit GEMM (conv3x3_mma: no column
+# matrix, the bias in its epilogue): ESRGAN's and the VAE decoders' high-resolution convs, 1.8-4.9x
+# faster there. Deep convs (UNet, VAE at 64x64x512) stay on im2col + cuBLAS, whose large GEMMs win
+# (bench/README.md). DIRECT_3X3_PIXELS = 0 turns it off (tests compare the two).
+DIRECT_3X3_PIXELS = 128 * 128
+DIRECT_3X3_MAX_OC = 128
+_C3_KC, _C3_THREADS, _C3_TILE = 16, 128, (8, 16)   # conv.cu C3_KC, C3_NT, (C3_TH, C3_TW)
+_C3_PATCH_HALVES = (_C3_TILE[0] + 2) * (_C3_TILE[1] + 2) * (_C3_KC + 8)
 
 
 _ESIZE = {"F32": 4, "F16": 2}
+_BIAS_CODE = {"F32": 1, "F16": 2, "BF16": 3}   # conv.cu c3_bias
 _IM2COL_ARGS = "PP" + "q" * 5 + "i" * 20 + "q" * 4
 _IM2COL_VEC8_ARGS = "PP" + "q" * 5 + "i" * 17 + "q" * 4
 IM2COL_BLOCKS = 16384  # blocks of an im2col launch (a few per SM slot: rows are short)
@@ -170,6 +183,64 @@ def conv_forward(rt, x, w, bias, out, *, N, strides, dims, OC, kernel, out_dims,
         add_bias(rt, out.ptr, bias, OC, P, N * OC * P)
 
 
+class Epilogue:
+    """What conv3x3_direct applies after the bias, in this order (the fused ops' own order, see
+    fuse.py): leaky_relu(slope) when `slope` is set, then `* scale + shift`, then `+ residual`
+    (an F32 device tensor of the output's shape)."""
+    __slots__ = ("slope", "scale", "shift", "residual")
+
+    def __init__(self, slope=None, scale=1.0, shift=0.0, residual=None):
+        self.slope, self.scale, self.shift, self.residual = slope, scale, shift, residual
+
+
+def takes_direct(node) -> bool:
+    """Whether conv2d `node` runs conv3x3_direct: a 3x3 / stride-1 / pad-1, undilated, ungrouped,
+    zero-padded conv with F16 GEMMs and at most DIRECT_3X3_MAX_OC output channels, of a map of at
+    least DIRECT_3X3_PIXELS pixels."""
+    p = node.params
+    x, w = node.src[0], node.src[1]
+    KW, KH, _, OC = conv2d_weight_ne(w)
+    return bool(DIRECT_3X3_PIXELS) and gemm_dtype(w) == "F16" and (KW, KH) == (3, 3) and p["groups"] == 1 \
+        and OC <= DIRECT_3X3_MAX_OC \
+        and tuple(p["stride"]) == (1, 1) and tuple(p["padding"]) == (1, 1) and tuple(p["dilation"]) == (1, 1) \
+        and not any(p["circular"]) and x.ne[0] * x.ne[1] >= DIRECT_3X3_PIXELS
+
+
+def conv3x3_direct(rt, x, w, bias, out, epilogue: Epilogue | None = None) -> None:
+    """out (F32 or F16 [N][OC][H][W]) = the 3x3 / stride-1 / pad-1 conv of x (ne [W, H, C, N], any
+    view) with F16-decodable weight w, plus bias, then the epilogue: conv.cu's conv3x3_mma, its
+    weights first packed into rt.scratch."""
+    W, H, C, N = x.ne
+    OC = out.ne[2]
+    bn = 32 if OC <= 32 else 64            # output channels per block (conv3x3_mma32 / 64)
+    nch, nob = -(-C // _C3_KC), -(-OC // bn)
+    total = nob * nch * 9 * _C3_KC * bn
+    packed = rt.scratch(total * 2)
+    _launch(rt, "conv3x3_pack_w", "PPiiiiq", total, packed, weight_ptr(rt, w, "F16"), C, OC, bn, nch, total)
+    # a bias of OC elements along one axis (any stride) is added by the kernel's epilogue
+    axis = bias_axis(bias, OC)
+    e = epilogue or Epilogue()
+    tiles = -(-H // _C3_TILE[0]) * -(-W // _C3_TILE[1])
+    smem = 2 * (_C3_PATCH_HALVES + 9 * _C3_KC * (bn + 8)) * 2
+    name = f"conv3x3_mma{bn}_{_SUFFIX[x.dtype.name]}_{_SUFFIX[out.dtype.name]}"
+    rt.fn(MODULE, name, "PPPPiq" + "q" * 4 + "i" * 5 + "ifffP")(
+        (tiles, nob, N), (_C3_THREADS, 1, 1), out.ptr, x.ptr, packed, bias.ptr if axis is not None else 0,
+        _BIAS_CODE[bias.dtype.name] if axis is not None else 0, bias.nb[axis] if axis is not None else 0,
+        x.nb[3], x.nb[2], x.nb[1], x.nb[0], C, H, W, OC, nch,
+        int(e.slope is not None), e.slope or 0.0, e.scale, e.shift, e.residual.ptr if e.residual is not None else 0,
+        shmem=smem)
+    if bias is not None and axis is None:      # fuse.py never adds an epilogue to such a conv
+        add_bias(rt, out.ptr, bias, OC, H * W, N * OC * H * W)
+
+
+def bias_axis(bias, oc: int) -> int | None:
+    """The axis along which a bias of `oc` elements lies (conv3x3_mma reads it through that
+    axis's stride), or None (no bias, or one bias_store has to add)."""
+    if bias is None or bias.nelements != oc:
+        return None
+    return next(i for i, n in enumerate(bias.ne) if n == oc)
+
+
 # ---- convolutions ------------------------------------------------------------------------------
 @CUDA.register("conv2d", supports=_conv_ok)
 def conv2d(node, xs, out, rt):
@@ -179,6 +250,9 @@ def conv2d(node, xs, out, rt):
     KW, KH, _, OC = conv2d_weight_ne(node.src[1])
     (sx, sy), (px, py), (dx, dy) = p["stride"], p["padding"], p["dilation"]
     cx, cy = p["circular"]
+    if takes_direct(node):
+        conv3x3_direct(rt, x, w, xs[2] if len(xs) > 2 else None, out)
+        return
     conv_forward(rt, x, w, xs[2] if len(xs) > 2 else None, out, N=N,
                  strides=(x.nb[3], x.nb[2], 0, x.nb[1], x.nb[0]), dims=(C, 1, H, W), OC=OC,
                  kernel=(1, KH, KW), out_dims=(1, out.ne[1], out.ne[0]), stride=(1, sy, sx),

@@ -20,6 +20,7 @@ from functools import cache
 from ....ops import elementwise as _defs  # defines the ops registered below
 from ....ops.registry import ops_of_kind
 from ..devtensor import SUFFIX as FLOAT
+from ..devtensor import DevTensor
 from ..devtensor import kernel_dtypes
 from ..naming import kernel_name
 from ..table import CUDA
@@ -153,6 +154,12 @@ def _copy(x, out, rt) -> None:
 
 def _castable(node) -> bool:
     return _copyable(node) or (node.src[0].dtype.name in CAST_SOURCES and node.dtype.name in FLOAT)
+
+
+def cast_into(rt, x, dst: int, dst_dtype) -> None:
+    """Convert x (any view, float) into the contiguous x.ne buffer at `dst` of float `dst_dtype`."""
+    out = DevTensor(dst, dst_dtype, x.ne, (0, 0, 0, 0), x.tensor)   # strides unused: written in order
+    _launch_strided(rt, f"cast_{CAST_SOURCES[x.dtype.name]}_{FLOAT[dst_dtype.name]}", x, out)
 
 
 @CUDA.register("cast", supports=_castable)

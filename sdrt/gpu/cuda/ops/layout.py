@@ -12,6 +12,7 @@ import numpy as np
 from ....ops.convert import f32_to_raw
 from ..devtensor import SUFFIX as _FLOAT
 from ..table import CUDA
+from .elementwise import cast_into
 
 MODULE = "layout"
 BLOCK = 256
@@ -78,10 +79,19 @@ def copy4d(rt, dst: int, dst_nb, src: int, src_nb, ne, elem_size: int) -> None:
 
 @CUDA.register("concat", supports=_non_block)
 def concat(node, xs, out, rt):
+    # an F16-stored concat (fuse.half_nodes: only where each source's part is one contiguous
+    # run) converts its F32 sources
     dim = node.params["dim"]
+    runs = all(n == 1 for n in out.ne[dim + 1:])   # each source's part is one contiguous run
     start = 0
     for x in xs:
-        copy4d(rt, out.ptr + start * out.nb[dim], out.nb, x.ptr, x.nb, x.ne, x.dtype.type_size)
+        dst = out.ptr + start * out.nb[dim]
+        if x.dtype != out.dtype:
+            cast_into(rt, x, dst, out.dtype)
+        elif runs and x.is_contiguous:
+            rt.copy(dst, x.ptr, x.nbytes)
+        else:
+            copy4d(rt, dst, out.nb, x.ptr, x.nb, x.ne, x.dtype.type_size)
         start += x.ne[dim]
 
 

@@ -238,7 +238,7 @@ def bias_axis(bias, oc: int) -> int | None:
     axis's stride), or None (no bias, or one bias_store has to add)."""
     if bias is None or bias.nelements != oc:
         return None
-    return next(i for i, n in enumerate(bias.ne) if n == oc)
+    return next((i for i, n in enumerate(bias.ne) if n == oc), None)
 
 
 # ---- convolutions ------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 References are numpy, independent of the kernel:
 - `model_gemm`: the kernel's arithmetic written out in numpy — activations quantized per
-  32-block (d = amax/127, round half to even), exact integer block sums (int64), then the float32
+  32-block (`_quantize_x`: ggml's Q8_0 / Q8_1 for the 32-block types, q = rne(x * 127/amax) with
+  d = f16(amax/127); float32 d = amax/127 for the K-quants), exact integer block sums (int64), then the float32
   fma chain acc = fma(I, a*d, acc) [+ fma(b, d*sum(q), acc)] in K order (fma emulated in float64
   then rounded: exact for these magnitudes, see below). The weights' (q, a, b) per block come
   from gguf's numpy dequantizer (w = a*q + b solved per block), not from sdrt.
@@ -49,7 +50,8 @@ def _quantize_x(x, f16_scale):
     q = np.rint((xb * inv[..., None]).astype(np.float32)).astype(np.int64)
     s = (d * q.sum(axis=2).astype(np.float32)).astype(np.float32)
     if f16_scale:
-        d, s = d.astype(np.float16).astype(np.float32), s.astype(np.float16).astype(np.float32)
+        with np.errstate(over="ignore"):  # s past f16's range: inf, as in ggml (unused by Q8_0)
+            d, s = d.astype(np.float16).astype(np.float32), s.astype(np.float16).astype(np.float32)
     return q, d, s
 
 

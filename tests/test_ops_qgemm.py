@@ -215,6 +215,7 @@ def test_activation_blocks_are_ggml_q8(name):
     rng = np.random.default_rng(7)
     # (Q8_1's s = f16(d * sum(q)) overflows past amax ~2047, to inf as in ggml: Q4_1 stops at 100)
     amax = np.array([1e-6, 3e-4, 7.8e-3, 0.01, 0.5, 1.0, 3.0, 100.0] + ([1e6] if name == "Q8_0" else []), np.float32)
+    amax = np.concatenate([amax, (10.0 ** rng.uniform(-9, 4 if name == "Q8_0" else 2, 300)).astype(np.float32)])
     x = (rng.uniform(-1, 1, (len(amax), k)) * amax[:, None]).astype(np.float32)
     x[np.arange(len(amax)), rng.integers(0, k, len(amax))] = amax   # the block's amax itself
     x[0, :4] = np.float32(0.5) * amax[0] / np.float32(127) * np.array([1, 3, 5, -7], np.float32)  # ties

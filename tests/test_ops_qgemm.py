@@ -2,7 +2,8 @@
 
 References are numpy, independent of the kernel:
 - `model_gemm`: the kernel's arithmetic written out in numpy — activations quantized per
-  32-block (d = amax/127, round half to even), exact integer block sums (int64), then the float32
+  32-block (`_quantize_x`: ggml's Q8_0 / Q8_1 for the 32-block types, q = rne(x * 127/amax) with
+  d = f16(amax/127); float32 d = amax/127 for the K-quants), exact integer block sums (int64), then the float32
   fma chain acc = fma(I, a*d, acc) [+ fma(b, d*sum(q), acc)] in K order (fma emulated in float64
   then rounded: exact for these magnitudes, see below). The weights' (q, a, b) per block come
   from gguf's numpy dequantizer (w = a*q + b solved per block), not from sdrt.
@@ -34,13 +35,24 @@ def _weights(name, n, k, seed):
     return raw, deq
 
 
-def _quantize_x(x):
+def _quantize_x(x, f16_scale):
+    """Per 32-block: ggml's quantize_row_q8_0 / q8_1 for f16_scale (q = rne(x * (127 / amax)),
+    d = f16(amax / 127), s = f16(d * sum(q)) with the float d), else sdrt's float32 d = amax / 127,
+    q = rne(x * (1 / d)), s = d * sum(q)."""
     m, k = x.shape
     xb = x.reshape(m, k // 32, 32)
-    d = (np.abs(xb).max(axis=2) / np.float32(127)).astype(np.float32)
-    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    amax = np.abs(xb).max(axis=2)
+    d = (amax / np.float32(127)).astype(np.float32)
+    if f16_scale:
+        inv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), 0).astype(np.float32)
+    else:
+        inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
     q = np.rint((xb * inv[..., None]).astype(np.float32)).astype(np.int64)
-    return q, d
+    s = (d * q.sum(axis=2).astype(np.float32)).astype(np.float32)
+    if f16_scale:
+        with np.errstate(over="ignore"):  # s past f16's range: inf, as in ggml (unused by Q8_0)
+            d, s = d.astype(np.float16).astype(np.float32), s.astype(np.float16).astype(np.float32)
+    return q, d, s
 
 
 def model_gemm(x, raw, name):
@@ -50,8 +62,7 @@ def model_gemm(x, raw, name):
     k = x.shape[1]
     deq = gguf_dequantize(raw, GGMLQuantizationType[name]).astype(np.float32).reshape(n, k // 32, 32)
     # recover (q, a, b) per block: b = 0 for the symmetric types; otherwise the block's offset
-    qx, dx = _quantize_x(x)
-    sx = (dx * qx.sum(axis=2).astype(np.float32)).astype(np.float32)
+    qx, dx, sx = _quantize_x(x, f16_scale=name not in ("Q4_K", "Q5_K"))
     qw, a, b = _block_params(raw, name, n, k)
     np.testing.assert_array_equal((a[..., None] * qw.astype(np.float32) + b[..., None]).astype(np.float32)
                                   if name in ("Q4_1", "Q5_1") else deq, deq)
@@ -128,7 +139,7 @@ def test_paths_bit_identical_and_match_model(name, m, n):
     x[:, 32:64] = 0.0  # an all-zero activation block: scale 0
     ref_model = model_gemm(x, raw, name)
     ref = x.astype(np.float64) @ deq.T.astype(np.float64)
-    bound = qg.error_bound(x, deq)
+    bound = qg.error_bound(x, deq, f16_scale=name not in ("Q4_K", "Q5_K"))
     scalar = _run(x, raw, name, "scalar", 1)
     np.testing.assert_allclose(scalar, ref_model, rtol=2e-6, atol=2e-6 * np.abs(ref_model).max())
     assert np.all(np.abs(scalar - ref) <= bound), np.max(np.abs(scalar - ref) / bound)
@@ -191,3 +202,35 @@ def test_path_choice_errors(monkeypatch):
         qg.set_path("avx9000")
     assert "scalar" in qg.available_paths()
     assert not qg.supports(dtypes.get("Q6_K"), 256) and not qg.supports(dtypes.get("Q8_0"), 48)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_1"])
+def test_activation_blocks_are_ggml_q8(name):
+    # Weight rows that pick one activation element each (unit q, scale 1.0, no offset) make the
+    # output the quantized activation itself, d * q, exactly: it must be ggml's quantize_row_q8_0
+    # (q = rne(x * (127 / amax)), d = f16(amax / 127), round to nearest even, f16 subnormals
+    # kept) for every block, from amaxes whose d is an f16 subnormal up to 1e6 (Q4_1 takes Q8_1's
+    # scale the same way; its s term is 0 here: offset 0)
+    k = 32
+    rng = np.random.default_rng(7)
+    # (Q8_1's s = f16(d * sum(q)) overflows past amax ~2047, to inf as in ggml: Q4_1 stops at 100)
+    amax = np.array([1e-6, 3e-4, 7.8e-3, 0.01, 0.5, 1.0, 3.0, 100.0] + ([1e6] if name == "Q8_0" else []), np.float32)
+    amax = np.concatenate([amax, (10.0 ** rng.uniform(-9, 4 if name == "Q8_0" else 2, 300)).astype(np.float32)])
+    x = (rng.uniform(-1, 1, (len(amax), k)) * amax[:, None]).astype(np.float32)
+    x[np.arange(len(amax)), rng.integers(0, k, len(amax))] = amax   # the block's amax itself
+    x[0, :4] = np.float32(0.5) * amax[0] / np.float32(127) * np.array([1, 3, 5, -7], np.float32)  # ties
+    if name == "Q8_0":
+        blk = np.zeros((k, 1, 34), np.uint8)
+        blk[:, 0, 0:2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+        blk[np.arange(k), 0, 2 + np.arange(k)] = 1
+    else:  # Q4_1: d = 1, m = 0, nibbles 1 at one position (q j and j + 16 share a byte)
+        blk = np.zeros((k, 1, 20), np.uint8)
+        blk[:, 0, 0:2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+        e = np.arange(k)
+        blk[e, 0, 4 + e % 16] = np.where(e < 16, 1, 16).astype(np.uint8)
+    raw = blk.reshape(k, -1)
+    q, d, _ = _quantize_x(x, f16_scale=True)
+    want = (q[:, 0, :].astype(np.float64) * d[:, 0, None]).astype(np.float32)
+    assert np.all(d[:2, 0] < np.float32(2.0 ** -14)) and np.all(np.isfinite(want))  # f16 subnormal scales
+    for path in qg.available_paths():
+        np.testing.assert_array_equal(_run(x, raw, name, path), want, err_msg=path)

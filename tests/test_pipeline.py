@@ -509,19 +509,37 @@ def test_model_manager_type_override(tmp_path):
     assert np.all(m.tensors["lin.weight"].to_f32() == 1)
 
 
-def test_model_manager_quantized_vectors_load_as_f32(tmp_path):
-    # a q8_0/q4_0 file quantizes norm scales (rows of 32k elements); sd.cpp loads norms as F32
+def test_model_manager_type_keeps_sd_cpp_fixed_types(tmp_path):
+    # --type q8_0 at load converts what sd.cpp's model declares with the requested type (Linear
+    # weights); its norm params (1-D) and bigG's text_projection are F32 params that sd.cpp fills
+    # straight from the file, so they keep their exact values here too
     from sdrt.engine.model_manager import load_models
     pytest.importorskip("sdrt.ops.quant._quants")
     ck = _ckpt(tmp_path)
     norm = np.linspace(0.5, 1.5, 64, dtype=np.float32)
+    proj = np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(32, 64)
+    proj_name = "conditioner.embedders.1.model.text_projection"
     _st(tmp_path / "ckpt.safetensors", {**{k: v.numpy() for k, v in load_models(ModelParams(model=ck)).files[
-        "model"].tensors.items()}, "model.diffusion_model.out.0.weight": norm})
+        "model"].tensors.items()}, "model.diffusion_model.out.0.weight": norm, proj_name: proj})
     m = load_models(ModelParams(model=ck, type="q8_0"))
     t = m.tensors["model.diffusion_model.out.0.weight"]
+    assert t.dtype.name == "F32" and t.ne == (64,) and np.array_equal(t.to_f32(), norm)
+    tp = [v for k, v in m.tensors.items() if k.endswith("text_projection")]
+    assert len(tp) == 1 and tp[0].dtype.name == "F32" and np.array_equal(tp[0].to_f32().reshape(32, 64), proj)
+    assert m.tensors["lin.weight"].dtype.name == "Q8_0"                                     # matrices convert
+
+
+def test_quantized_vectors_of_a_file_load_as_f32():
+    # a q8_0/q4_0 *file* quantizes norm scales (rows of 32k elements); sd.cpp loads norms as F32
+    from sdrt.engine.model_manager import _vectors_to_f32
+    from sdrt.ops import quant
+    from sdrt.ops.tensor import Tensor
+    pytest.importorskip("sdrt.ops.quant._quants")
+    norm = np.linspace(0.5, 1.5, 64, dtype=np.float32)
+    q = Tensor.from_numpy(quant.quantize(norm[None], "Q8_0").reshape(-1), dtype="Q8_0", name="out.0.weight")
+    t = _vectors_to_f32({"out.0.weight": q})["out.0.weight"]
     assert t.dtype.name == "F32" and t.ne == (64,)
-    assert np.abs(t.to_f32() - norm).max() < 0.01 and not np.array_equal(t.to_f32(), norm)   # went through Q8_0
-    assert m.tensors["lin.weight"].dtype.name == "Q8_0"                                     # matrices stay
+    assert np.abs(t.to_f32() - norm).max() < 0.01 and not np.array_equal(t.to_f32(), norm)   # the file's Q8_0
 
 
 def test_release_weight_pages_keeps_values_and_lazy_leaves(tmp_path):

@@ -104,8 +104,20 @@ def _drop(table: dict, prefixes) -> None:
 _FLOAT_TYPES = ("F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 
+def _fixed_type(name: str, t) -> bool:
+    """Whether sd.cpp's model declares this tensor with a fixed type that `--type` /
+    `--tensor-type-rules` do not change: it converts the file's copy straight to that type on load
+    (model_loader load_tensors), never through the requested one. 1-D tensors are norm weights and
+    biases (LayerNorm, GroupNorm, RMSNorm params are F32: ggml_extend.hpp), and the bigG CLIP's
+    `text_projection` is an F32 param (clip.hpp CLIPTextModel); sdrt widens float storage to F32
+    exactly, so keeping the stored type is sd.cpp's F32. (A q8_0 *file* is another matter: its
+    quantized vectors are what it holds.)"""
+    return all(n == 1 for n in t.ne[1:]) or name.endswith(("text_projection", "text_projection.weight"))
+
+
 def _apply_wtype(tensors: dict, wtype: str | None, rules: str | None) -> dict:
-    """Wrap the tensors `--type` / `--tensor-type-rules` change in lazily converted leaves."""
+    """Wrap the tensors `--type` / `--tensor-type-rules` change in lazily converted leaves (the
+    ones sd.cpp converts at load: `export_type`, less its fixed-type params, `_fixed_type`)."""
     if not wtype and not rules:
         return tensors
     from ..io.writer import (
@@ -118,7 +130,7 @@ def _apply_wtype(tensors: dict, wtype: str | None, rules: str | None) -> dict:
     compiled = parse_tensor_type_rules(rules) if rules else []
     out = {}
     for name, t in tensors.items():
-        ty = export_type(name, t, dst, compiled)
+        ty = t.dtype if _fixed_type(name, t) else export_type(name, t, dst, compiled)
         # sdrt's kernels widen float weights to F32 exactly, so F32 needs no copy of them
         if ty == t.dtype or (ty.name == "F32" and t.dtype.name in _FLOAT_TYPES):
             out[name] = t

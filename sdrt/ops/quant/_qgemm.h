@@ -1,6 +1,7 @@
 /* Quantized GEMM with integer dot products: out[M, N] = x[M, K] . w[N, K]^T for block-quantized
  * weights, the way ggml's CPU backend multiplies them: the activations are quantized to 8-bit
- * blocks of 32 (one float scale each, round-to-nearest-even, like quantize_row_q8_0) and each
+ * blocks of 32 (one scale each, round-to-nearest-even; for the Q8_0 / Q8_1 partners exactly
+ * ggml's quantize_row_q8_0 / q8_1 with the scale rounded to f16: qg_quantize_row) and each
  * 32-element block product is an exact int32 sum, scaled in float32 after.
  *
  * Every weight type here is, per 32-element block, w = a * q + b with integer q in [-128, 127]:
@@ -155,25 +156,63 @@ static void qg_pack(int type, const uint8_t* w, int64_t wstride, int64_t n0, int
     }
 }
 
-/* Activation row -> u8 (q + 128), per-block scale d and d * sum(q). */
-static void qg_quantize_row(const float* x, int64_t KB, uint8_t* u, float* d, float* s) {
+/* float32 -> IEEE half, round to nearest even (subnormals, overflow to inf), back as float: the
+ * value ggml's GGML_CPU_FP32_TO_FP16 (F16C vcvtps2ph, imm 0) stores. */
+static float qg_round_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7FFFFFFFu;
+    uint16_t h;
+    if (ax >= 0x7F800000u) h = (uint16_t)(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0u));
+    else if (ax >= 0x477FF000u) h = (uint16_t)(sign | 0x7C00u);          /* rounds past 65504 */
+    else if (ax >= 0x38800000u) {                                          /* normal half */
+        uint32_t m = ax + 0xFFFu + ((ax >> 13) & 1u);                     /* RNE on the 13 dropped bits */
+        h = (uint16_t)(sign | ((m - 0x38000000u) >> 13));
+    } else {                                                               /* subnormal half or zero */
+        float v;
+        memcpy(&v, &ax, 4);
+        v = v * 16777216.0f;                                               /* exact: times 2^24 */
+        float r = v + 12582912.0f;                                         /* RNE to an integer (v < 2^10) */
+        int32_t bits;
+        memcpy(&bits, &r, 4);
+        h = (uint16_t)(sign | (uint32_t)((bits & 0x007FFFFF) - 0x00400000));
+    }
+    uint8_t b[2];
+    memcpy(b, &h, 2);
+    return qg_f16(b);
+}
+
+/* Activation row -> u8 (q + 128), per-block scale d and d * sum(q). With f16_scale (the types
+ * whose ggml vec_dot_type is Q8_0 / Q8_1: Q8_0, Q4_0, Q5_0, Q4_1, Q5_1) exactly ggml's CPU
+ * quantize_row_q8_0 / q8_1: q = round-half-even(x * (127 / amax)), d = amax / 127 stored as
+ * f16, and Q8_1's s = f16(d * sum(q)) with the float d. The K-quants (ggml: Q8_K, one float scale
+ * per 256) keep sdrt's float32 d = amax / 127 per 32 and q = rne(x / d). */
+static void qg_quantize_row(const float* x, int64_t KB, uint8_t* u, float* d, float* s, int f16_scale) {
     for (int64_t kb = 0; kb < KB; kb++) {
         const float* xb = x + kb * 32;
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) { float v = fabsf(xb[j]); amax = v > amax ? v : amax; }
-        float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        float dd = amax / 127.0f, id;
+        if (f16_scale) id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        else id = dd != 0.0f ? 1.0f / dd : 0.0f;
         int32_t sum = 0;
         for (int j = 0; j < 32; j++) {
             /* round half to even without a libm call (ggml's nearest_int): |x * id| <= 127 */
-            float v = xb[j] * id + 12582912.0f;
+            float p = xb[j] * id;
+            float v = p + 12582912.0f;
             int32_t bits;
             memcpy(&bits, &v, 4);
             int qv = (bits & 0x007FFFFF) - 0x00400000;
             u[kb * 32 + j] = (uint8_t)(qv + 128);
             sum += qv;
         }
-        d[kb] = dd;
-        s[kb] = dd * (float)sum;
+        if (f16_scale) {
+            d[kb] = qg_round_f16(dd);
+            s[kb] = qg_round_f16(dd * (float)sum);
+        } else {
+            d[kb] = dd;
+            s[kb] = dd * (float)sum;
+        }
     }
 }
 
@@ -318,7 +357,7 @@ typedef void (*qg_rows_fn)(const qg_tile*, int64_t, const uint8_t*, const float*
 static int qg_gemm(int type, const uint8_t* w, int64_t ws, int64_t N, const float* x, int64_t xs,
                    int64_t M, int64_t K, float* out, int64_t os, int path, int nthreads) {
     int64_t KB = K / 32;
-    int has_b = qg_has_offset(type), mrmax = path == QG_PATH_AVX512VNNI ? 4 : 1, failed = 0;
+    int has_b = qg_has_offset(type), f16_scale = type != QG_Q4_K && type != QG_Q5_K, mrmax = path == QG_PATH_AVX512VNNI ? 4 : 1, failed = 0;
     qg_rows_fn rows = qg_rows_scalar;
 #if QG_X86
     if (path == QG_PATH_AVX2) rows = qg_rows_avx2;
@@ -331,7 +370,7 @@ static int qg_gemm(int type, const uint8_t* w, int64_t ws, int64_t N, const floa
     int64_t ntile = (N + QG_NT - 1) / QG_NT, m;
     if (nthreads < 1) nthreads = 1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (m = 0; m < M; m++) qg_quantize_row(x + m * xs, KB, u + m * K, d + m * KB, sm + m * KB);
+    for (m = 0; m < M; m++) qg_quantize_row(x + m * xs, KB, u + m * K, d + m * KB, sm + m * KB, f16_scale);
     #pragma omp parallel num_threads(nthreads) reduction(|:failed)
     {
         qg_tile t;

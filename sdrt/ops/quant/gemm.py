@@ -1,13 +1,16 @@
 """Quantized GEMM with int8 activations (the Cython/C kernel of `_qgemm.h`), chosen at run time.
 
 `mul_mat` on the CPU multiplies Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q5_K weights this way by
-default, as ggml's CPU backend does: the activations are quantized to 8-bit blocks of 32 (one
-float32 scale each, round half to even) and every block product is an exact integer sum, scaled
-in float32. The error against dequantize-then-matmul is the activation rounding alone: per
-element |x - dx*qx| <= dx/2 with dx = max|x_block| / 127, so for one output
-    |y - y_ref| <= sum over blocks of (dx/2) * sum(|w|) (+ float32 summation error)
-— `error_bound` computes it; ggml's own Q8_0/Q8_K activations round the same way (its Q8_0 also
-stores dx as f16, its K-quant activations use one scale per 256, both coarser than here).
+default, as ggml's CPU backend does: the activations are quantized to 8-bit blocks of 32 and
+every block product is an exact integer sum, scaled in float32. For Q8_0, Q4_0, Q5_0 (ggml's
+vec_dot_type Q8_0) and Q4_1, Q5_1 (Q8_1) the blocks are exactly ggml's quantize_row_q8_0 / q8_1
+on x86: qx = round-half-even(x * (127 / amax)), the scale dx = amax / 127 stored as f16 (and
+Q8_1's dx * sum(qx) as f16), so sdrt computes the products sd-cli's CPU backend computes, up to
+the order of the float sums. The K-quants keep a float32 dx per 32 (ggml's Q8_K has one per 256).
+The error against dequantize-then-matmul is the activation rounding alone: per element
+|x - dx*qx| <= dx/2 (+ 127 * |dx - f16(dx)| with the f16 scale), so for one output
+    |y - y_ref| <= sum over blocks of (that) * sum(|w|) (+ float32 summation error)
+— `error_bound` computes it.
 
 Code paths, picked from CPUID (through gcc's __builtin_cpu_supports, which also checks that the
 OS saves the AVX-512 state): "avx512vnni" (vpdpbusd on 512-bit vectors, 4 rows x 32 columns a
@@ -62,12 +65,17 @@ def qgemm(x: np.ndarray, w: np.ndarray, dt: DType, out: np.ndarray, path: str, n
     _q.qgemm_into(x, w, dt.id, out, PATHS[path], max(1, int(nthreads)))
 
 
-def error_bound(x: np.ndarray, w_deq: np.ndarray) -> np.ndarray:
+def error_bound(x: np.ndarray, w_deq: np.ndarray, f16_scale: bool = True) -> np.ndarray:
     """[M, N] bound on |qgemm - x @ w_deq^T| from the activation rounding (see the docstring),
-    in float64, plus float32 summation slack."""
+    in float64, plus float32 summation slack. f16_scale: the block scale is stored as f16 (the
+    Q8_0 / Q8_1 activations of the 32-block types), which adds 127 * |d - f16(d)| per element,
+    |d - f16(d)| <= max(d * 2^-11, 2^-25)."""
     m, k = x.shape
     xb = np.abs(x.astype(np.float64)).reshape(m, k // 32, 32)
-    half = xb.max(axis=2) / 127.0 / 2.0                      # [M, KB]
+    d = xb.max(axis=2) / 127.0                                # [M, KB]
+    half = d / 2.0
+    if f16_scale:
+        half = half + 127.0 * np.maximum(d * 2.0 ** -11, 2.0 ** -25)
     wabs = np.abs(w_deq.astype(np.float64)).reshape(w_deq.shape[0], k // 32, 32).sum(axis=2)  # [N, KB]
     slack = 1e-5 * (np.abs(x.astype(np.float64)) @ np.abs(w_deq.astype(np.float64)).T)
     return half @ wabs.T * (1 + 1e-4) + slack

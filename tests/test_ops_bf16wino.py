@@ -143,3 +143,28 @@ def test_bad_operands(rng):
         cw.conv_winograd_bf16(x, w, "F16", None, np.zeros((1, 4, 9, 8), f32), 1, 1, "scalar")
     with pytest.raises(OpError, match="weight"):
         cw.conv_winograd_bf16(x, w[:, :-1], "F16", None, np.zeros((1, 4, 8, 8), f32), 1, 1, "scalar")
+
+
+def test_vae_upsample_conv_form(rng):
+    """The VAE's upsample conv is built literally (upscale + conv2d, so this kernel takes it) only
+    for the CPU with the bf16 path on and an F16/BF16 weight; otherwise the float32 fold, which
+    the literal bf16 form matches to bf16 precision."""
+    from sdrt.models.vae.autoencoder_kl import upsample_conv3x3
+    from sdrt.ops.graph import Graph
+    x = leaf(rng.standard_normal((1, 40, 6, 6)))   # ne order [W, H, C, N]
+    w = leaf(rng.standard_normal((40, 40, 3, 3)) / np.sqrt(360), "F16")
+    b = leaf(0.1 * rng.standard_normal(40), "F16")
+
+    def ops(backend, wt=w):
+        return {n.op for n in Graph(upsample_conv3x3(x, wt, b, True, backend)).nodes}
+    with bg.using_path("off"):
+        assert "conv_transpose2d" in ops("cpu")
+        folded = run(upsample_conv3x3(x, w, b, True, "cpu"))
+    for p in PATHS:
+        with bg.using_path(p):
+            assert "conv_transpose2d" not in ops("cpu") and "upscale" in ops("cpu")
+            assert "conv_transpose2d" in ops("cuda0") and "conv_transpose2d" in ops(None)
+            assert "conv_transpose2d" in ops("cpu", leaf(values(w), "F32"))  # F32 weights stay exact
+            got = run(upsample_conv3x3(x, w, b, True, "cpu"))
+        rel = np.sqrt(((got - folded) ** 2).mean() / (folded ** 2).mean())
+        assert 0 < rel < 4e-3, (p, rel)

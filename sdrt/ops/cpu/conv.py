@@ -33,8 +33,9 @@ activations are widened whole.
 
 F16/BF16 weights where sdrt.ops.cpu.bf16gemm's kernel is active (AVX512_BF16, SDRT_BF16GEMM) skip
 the widening: one bf16 GEMM per call multiplies the raw weight rows by the float32 columns (both
-rounded to bf16 as they are packed); the 3x3 convs Winograd takes run its 16 products through
-the same kernel (faster than the bf16 im2col GEMM at every SD shape timed, bench/README.md).
+rounded to bf16 as they are packed); the 3x3 convs Winograd takes run as one call of its bf16
+Winograd kernel (conv_winograd.conv_winograd_bf16: faster than the bf16 im2col GEMM at every SD
+shape timed, bench/README.md).
 """
 from __future__ import annotations
 

@@ -17,7 +17,11 @@ GEMM does, so small maps still give GEMMs of hundreds of columns):
     out                  output transform A^T m A + bias (Numba, parallel over output channels)
 V lives in conv's "cols" scratch (at most conv.COL_BYTES), U and M in scratch of at most WINO_BYTES.
 conv.py decides where it applies (`winograd_applies`). With F16/BF16 weights and the bf16 GEMM
-active (sdrt.ops.cpu.bf16gemm) the 16 products run in bf16 (U and V rounded as they are packed).
+active (sdrt.ops.cpu.bf16gemm) the whole conv is one C call instead (`conv_winograd_bf16`,
+_bf16wino.h): the same transforms in float32, U and V rounded to bf16 straight into the GEMM's
+packed layouts, the output transform fused after each block's 16 products, so neither a float32 V
+nor M goes through memory (those passes were most of the conv's time at the VAE's 128-256
+channels); `winograd_bf16_applies` says where.
 """
 from __future__ import annotations
 

@@ -252,6 +252,9 @@ def conv_winograd_bf16(x4: np.ndarray, w: np.ndarray, w_type: str, b, out4: np.n
     for a in (x4, out4):
         if a.dtype != np.float32 or not a.flags.c_contiguous:
             raise OpError("bf16 Winograd: input and output must be C-contiguous float32")
+    if not hasattr(bf16gemm._k, "wino_conv"):
+        raise OpError("bf16 Winograd: the sdrt.ops.cpu._bf16 extension was built before this kernel existed; "
+                      "rebuild it (pip install -e . or python setup.py build_ext --inplace)")
     bias = None if b is None else np.ascontiguousarray(b, np.float32).reshape(OC)
     bf16gemm._k.wino_conv(x4, up, np.ascontiguousarray(w), bf16gemm._CODES[w_type], bias, out4, ph, pw,
                           BF16_CHUNK_BYTES, BF16_MC, bf16gemm.PATHS[path], get_threads())

@@ -114,6 +114,34 @@ def diffusers_runner(weights, z, small, threads, bf16=False):
     return run, f"torch {torch.__version__}"
 
 
+def _profiler():
+    """Per-node times from the CPU runner's SDRT_DEBUG=2 log: (per op, per (op, output ne))."""
+    import collections
+    import logging
+    by_op, by_shape = collections.Counter(), collections.Counter()
+
+    class H(logging.Handler):
+        def emit(self, rec):
+            if isinstance(rec.msg, str) and rec.msg.startswith("%-16s"):
+                by_op[rec.args[0]] += rec.args[-1] / 1e3
+                by_shape[(rec.args[0], str(rec.args[2]))] += rec.args[-1] / 1e3
+    lg = logging.getLogger("sdrt")
+    lg.addHandler(H())
+    lg.setLevel(logging.INFO)
+    os.environ["SDRT_DEBUG"] = "2"
+    return by_op, by_shape
+
+
+def _print_profile(by_op, by_shape, repeat):
+    tot = sum(by_op.values())
+    print(f"profile (per decode, node sum {tot / repeat:.2f} s):")
+    for op, s in by_op.most_common():
+        print(f"  {op:20s} {s / repeat:7.3f} s  {100 * s / tot:5.1f}%")
+    print("  largest (op, output ne):")
+    for (op, ne), s in by_shape.most_common(20):
+        print(f"  {op:20s} {ne:24s} {s / repeat:7.3f} s  {100 * s / tot:5.1f}%")
+
+
 def timed(fn):
     t = time.perf_counter()
     out = fn()
@@ -127,7 +155,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-peer", action="store_true", help="skip diffusers")
     ap.add_argument("--peer-bf16", action="store_true", help="also time diffusers in bfloat16")
+    ap.add_argument("--profile", action="store_true", help="sdrt only: time per op kind and the "
+                    "largest (op, output ne) entries over the timed runs (SDRT_DEBUG=2 per-node timing)")
     a = ap.parse_args()
+    if a.profile:
+        a.no_peer = True
     set_threads(a.threads)
     weights = random_weights(sd_vae_spec())
     rng = np.random.default_rng(1)
@@ -149,6 +181,7 @@ def main():
     if peer:
         run_p, ver = diffusers_runner(weights, z, small, a.threads)
     run_b = diffusers_runner(weights, z, small, a.threads, bf16=True)[0] if peer and a.peer_bf16 else None
+    prof = _profiler() if a.profile else None
     best_s = best_p = best_b = float("inf")
     for r in range(a.repeat):   # interleaved, so machine noise hits both alike
         ts, ys = timed(run_s)
@@ -164,6 +197,9 @@ def main():
             best_b = min(best_b, tb)
             line += f"   diffusers bf16 {tb:7.2f} s   sdrt/bf16 {ts / tb:.2f}x"
         print(line, flush=True)
+    if prof is not None:
+        os.environ["SDRT_DEBUG"] = "0"
+        _print_profile(*prof, a.repeat)
     if run_b is not None:
         print(f"best diffusers bf16: {best_b:.2f} s, sdrt / diffusers bf16 {best_s / best_b:.2f}x")
     print(f"best: sdrt {best_s:.2f} s (planned arena {plan.arena_bytes / 2**20:.0f} MiB)"

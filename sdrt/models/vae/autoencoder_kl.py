@@ -34,7 +34,8 @@ from ...ops.tensor import Tensor
 from ..common import Conv2d, GroupNorm, Weights
 
 __all__ = ["AutoencoderKL", "AutoencoderKLConfig", "LATENT_SCALE_SHIFT", "SD_SCALE_FACTOR",
-           "SDXL_SCALE_FACTOR", "latent_scale_shift", "gaussian_sample", "upsample_conv3x3"]
+           "SDXL_SCALE_FACTOR", "latent_scale_shift", "gaussian_sample", "upsample_conv3x3",
+           "cpu_bf16_winograd"]
 
 # sd.cpp's AutoEncoderKL constructor: diffusion latent = (vae latent - shift) * scale
 SD_SCALE_FACTOR = 0.18215
@@ -241,19 +242,33 @@ def _fold_taps() -> np.ndarray:
     return m.reshape(16, 9)
 
 
-def upsample_conv3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None, folded: bool = True) -> Tensor:
+def upsample_conv3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None, folded: bool = True,
+                     backend=None) -> Tensor:
     """conv3x3(nearest2x(x)), padding 1. `folded`: one stride-2 transposed conv with a 4x4 kernel
     folded from the 3x3 one (see _fold_taps) on the small input — 16 instead of 36 multiply-adds
     per output pixel and channel pair and no upscaled copy (faster and lower peak memory:
     bench/README.md, "Facts moved out of the code"). The fold runs inside the graph (one small mul_mat) so weights stay lazy
-    leaves; block-quantized or strided weights take the literal path."""
-    if not folded or weight.dtype.is_quantized or not weight.is_contiguous():
+    leaves; block-quantized or strided weights take the literal path, and so does a graph for the
+    CPU `backend` whose bf16 Winograd kernel takes this F16/BF16 weight (`cpu_bf16_winograd`:
+    4 bf16 products per output there too, where the folded kernel is a float32 one)."""
+    if (not folded or weight.dtype.is_quantized or not weight.is_contiguous()
+            or (backend is not None and cpu_bf16_winograd(weight, backend))):
         return F.conv2d(F.upscale(x, scale_factor=2, mode="nearest"), weight, bias, padding=1)
     C, OC = weight.ne[2], weight.ne[3]
     taps = Tensor.from_numpy(_fold_taps(), name="upsample_fold_taps")
     k = F.mul_mat(taps, weight.reshape(9, C * OC))                           # [16, C*OC]
     k = F.cont(k.reshape(16, C, OC).permute(0, 2, 1)).reshape(4, 4, OC, C)   # [KW, KH, OC, C]
     return F.conv_transpose2d(x, k, bias, stride=2, padding=1)
+
+
+def cpu_bf16_winograd(weight: Tensor, backend) -> bool:
+    """Whether a 3x3 conv with this weight runs through the CPU's bf16 Winograd kernel on
+    `backend` (the CPU's name or object; sdrt.ops.cpu.conv_winograd.conv_winograd_bf16)."""
+    if (backend if isinstance(backend, str) else getattr(backend, "name", None)) != "cpu":
+        return False
+    from ...ops.cpu import bf16gemm, conv as cpu_conv
+    return (cpu_conv.WINOGRAD and cpu_conv.WINOGRAD_BF16 and not weight.dtype.is_quantized
+            and bf16gemm.path_for(weight.dtype.name) is not None)
 
 
 class Upsample:
@@ -264,8 +279,8 @@ class Upsample:
         self.conv = _conv(w, "conv", c, c, 3, w.source, padding=1)
         self.folded = folded
 
-    def __call__(self, x: Tensor) -> Tensor:
-        return upsample_conv3x3(x, self.conv.weight, self.conv.bias, self.folded)
+    def __call__(self, x: Tensor, backend=None) -> Tensor:
+        return upsample_conv3x3(x, self.conv.weight, self.conv.bias, self.folded, backend)
 
 
 def _mid(w: Weights, c: int, cfg):
@@ -316,13 +331,13 @@ class Decoder:
         self.norm_out = GroupNorm(w.sub("norm_out."), cfg.groups, cfg.eps)
         self.conv_out = _conv(w, "conv_out", cin, cfg.out_channels, 3, w.source, padding=1)
 
-    def __call__(self, z: Tensor, cut: str | None = None) -> Tensor:  # [w, h, z, N] -> [8w, 8h, 3, N]
+    def __call__(self, z: Tensor, cut: str | None = None, backend=None) -> Tensor:  # [w, h, z, N] -> [8w, 8h, 3, N]
         h = self.conv_in(z)
         for blk in self.mid:
             h = blk(h)
         h = _cut(h, cut, "mid")
         for name, blk in self.blocks:
-            h = _cut(blk(h), cut, name)
+            h = _cut(blk(h, backend) if isinstance(blk, Upsample) else blk(h), cut, name)
         return self.conv_out(self.norm_out(h, silu=True))
 
 
@@ -360,15 +375,16 @@ class AutoencoderKL:
             self.post_quant_conv = _conv(w, "post_quant_conv", cfg.embed_dim, cfg.z_channels, 1, source)
 
     # graph builders (ne order)
-    def decode_graph(self, z: Tensor) -> Tensor:
-        """z ne=[w, h, embed_dim, N] -> F32 [w*f, h*f, out_channels, N]."""
+    def decode_graph(self, z: Tensor, backend="cpu") -> Tensor:
+        """z ne=[w, h, embed_dim, N] -> F32 [w*f, h*f, out_channels, N], for `backend` (which
+        form the upsample convs take: upsample_conv3x3)."""
         if self.decoder is None:
             raise UsageError(f"this VAE has no decoder (no {self.prefix}decoder.* tensors)")
         if z.ne4[2] != self.config.embed_dim:
             raise UsageError(f"VAE decode: latent has {z.ne4[2]} channels, the VAE takes {self.config.embed_dim}")
         if self.post_quant_conv is not None:
             z = self.post_quant_conv(z)
-        return self.decoder(z, "vae.decoder." if self.cut_points else None)
+        return self.decoder(z, "vae.decoder." if self.cut_points else None, backend)
 
     def encode_graph(self, x: Tensor) -> Tensor:
         """x ne=[W, H, in_channels, N] (values in [-1, 1]) -> moments F32 [W/f, H/f, 2*embed_dim, N]."""
@@ -384,7 +400,7 @@ class AutoencoderKL:
     # numpy conveniences
     def decode(self, z: np.ndarray, backend="cpu") -> np.ndarray:
         """z [N, embed_dim, h, w] -> image [N, out_channels, h*f, w*f] (model values, ~[-1, 1])."""
-        return F.compute(self.decode_graph(_input(z, "latent")), backend=backend)
+        return F.compute(self.decode_graph(_input(z, "latent"), backend), backend=backend)
 
     def encode(self, x: np.ndarray, backend="cpu") -> np.ndarray:
         """image [N, in_channels, H, W] in [-1, 1] -> moments [N, 2*embed_dim, H/f, W/f]."""

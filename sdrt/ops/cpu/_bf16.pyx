@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""The bf16 GEMM of _bf16gemm.h (see sdrt/ops/cpu/bf16gemm.py, which validates every call)."""
+"""The bf16 GEMM of _bf16gemm.h and the bf16 Winograd conv of _bf16wino.h (see sdrt/ops/cpu/bf16gemm.py
+and conv_winograd.py, which validate every call)."""
 from libc.stdint cimport int64_t
 cimport numpy as cnp
 
@@ -11,6 +12,11 @@ cdef extern from "_bf16gemm.h" nogil:
                 const void* B, int btype, int64_t brs, int64_t bcs, float* C, int64_t ldc,
                 int path, int nthreads)
     int64_t BG_KC, BG_MC, BG_NC
+
+cdef extern from "_bf16wino.h" nogil:
+    int bw_conv(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int up,
+                const void* w, int wtype, const float* bias, float* out, int64_t OC, int64_t OH, int64_t OW,
+                int64_t ph, int64_t pw, int64_t chunk_bytes, int64_t mc, int path, int nthreads)
 
 
 def path_available(int path):
@@ -37,3 +43,25 @@ def gemm_into(cnp.ndarray a, int atype, cnp.ndarray b, int btype, cnp.ndarray c,
         rc = bg_gemm(M, N, K, pa, atype, ars, acs, pb, btype, brs, bcs, pc, ldc, path, nthreads)
     if rc != 0:
         raise MemoryError("bf16 GEMM: out of memory for its packed operands")
+
+
+def wino_conv(cnp.ndarray x, int up, cnp.ndarray w, int wtype, bias, cnp.ndarray out, int64_t ph, int64_t pw,
+              int64_t chunk_bytes, int64_t mc, int path, int nthreads):
+    """out (N, OC, OH, OW) = Winograd conv3x3 of x (N, C, H, W) through a 2^up nearest upsample:
+    C-contiguous arrays already validated (x, out float32; w (OC, C*9) float32 or uint16 bits;
+    bias float32 (OC,) or None)."""
+    cdef int64_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef int64_t OC = out.shape[1], OH = out.shape[2], OW = out.shape[3]
+    cdef const float* px = <const float*>cnp.PyArray_DATA(x)
+    cdef const void* pw_ = cnp.PyArray_DATA(w)
+    cdef float* po = <float*>cnp.PyArray_DATA(out)
+    cdef const float* pb = NULL
+    cdef cnp.ndarray b
+    if bias is not None:
+        b = bias
+        pb = <const float*>cnp.PyArray_DATA(b)
+    cdef int rc
+    with nogil:
+        rc = bw_conv(px, N, C, H, W, up, pw_, wtype, pb, po, OC, OH, OW, ph, pw, chunk_bytes, mc, path, nthreads)
+    if rc != 0:
+        raise MemoryError("bf16 Winograd conv: out of memory for its packed operands")

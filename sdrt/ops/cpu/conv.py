@@ -33,8 +33,9 @@ activations are widened whole.
 
 F16/BF16 weights where sdrt.ops.cpu.bf16gemm's kernel is active (AVX512_BF16, SDRT_BF16GEMM) skip
 the widening: one bf16 GEMM per call multiplies the raw weight rows by the float32 columns (both
-rounded to bf16 as they are packed); the 3x3 convs Winograd takes run its 16 products through
-the same kernel (faster than the bf16 im2col GEMM at every SD shape timed, bench/README.md).
+rounded to bf16 as they are packed); the 3x3 convs Winograd takes run as one call of its bf16
+Winograd kernel (conv_winograd.conv_winograd_bf16: faster than the bf16 im2col GEMM at every SD
+shape timed, bench/README.md).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from numba import njit, prange
 from ..conv import conv2d_weight_ne
 from . import CPU
 from ._util import f32_input
-from .conv_winograd import conv_winograd, winograd_applies
+from .conv_winograd import conv_winograd, winograd_applies, winograd_bf16_applies
 from . import bf16gemm
 from .matmul import fill_rows
 from ..threads import get_threads
@@ -425,7 +426,8 @@ def conv_core(x5, w: _WeightRows, kernel, b, out5, stride, pad, dil, groups, col
         return
     col_bytes = col_bytes or COL_BYTES
     if (WINOGRAD and (w.bf16 is None or WINOGRAD_BF16) and groups == 1 and D == 1 and (KD, KH, KW) == (1, 3, 3)
-            and tuple(stride) == (1, 1, 1) and tuple(dil) == (1, 1, 1) and winograd_applies(C, OC, N, OH, OW)):
+            and tuple(stride) == (1, 1, 1) and tuple(dil) == (1, 1, 1)
+            and (winograd_applies if w.bf16 is None else winograd_bf16_applies)(C, OC, N, OH, OW)):
         conv_winograd(x5.reshape(N, C, H, W), w, b, out5.reshape(N, OC, OH, OW), pad[1], pad[2], _buffer, col_bytes)
         return
     K = cg * KD * KH * KW

@@ -17,17 +17,24 @@ GEMM does, so small maps still give GEMMs of hundreds of columns):
     out                  output transform A^T m A + bias (Numba, parallel over output channels)
 V lives in conv's "cols" scratch (at most conv.COL_BYTES), U and M in scratch of at most WINO_BYTES.
 conv.py decides where it applies (`winograd_applies`). With F16/BF16 weights and the bf16 GEMM
-active (sdrt.ops.cpu.bf16gemm) the 16 products run in bf16 (U and V rounded as they are packed).
+active (sdrt.ops.cpu.bf16gemm) the whole conv is one C call instead (`conv_winograd_bf16`,
+_bf16wino.h): the same transforms in float32, U and V rounded to bf16 straight into the GEMM's
+packed layouts, the output transform fused after each block's 16 products, so neither a float32 V
+nor M goes through memory (those passes were most of the conv's time at the VAE's 128-256
+channels); `winograd_bf16_applies` says where.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-from ..threads import run_tasks
+from ...errors import OpError
+from ..threads import get_threads, run_tasks
 from . import bf16gemm
 
 WINO_BYTES = 16 << 20   # cap of the U tile and of the M chunk (float32 bytes each)
+BF16_CHUNK_BYTES = 4 << 20  # bf16 path: cap of one chunk's packed V (stays in the last-level cache)
+BF16_MC = 48            # bf16 path: output channels per task (a multiple of 6; its U block stays in L2)
 MIN_CHANNELS = 32       # below this C or OC the 16 GEMMs are too thin to win
 MIN_TILES = 64          # tiles over the batch (8x8 maps with batch 2: 32 tiles, not worth it)
 
@@ -173,6 +180,13 @@ def winograd_applies(C: int, OC: int, N: int, OH: int, OW: int) -> bool:
     return C >= MIN_CHANNELS and OC >= MIN_CHANNELS and N * -(-OH // 2) * -(-OW // 2) >= MIN_TILES
 
 
+def winograd_bf16_applies(C: int, OC: int, N: int, OH: int, OW: int) -> bool:
+    """Whether conv_winograd_bf16 takes a 3x3 stride-1 groups-1 conv with F16/BF16 weights: as
+    winograd_applies, but any OC (the output transform is fused, so a thin OC, e.g. the VAE's
+    128 -> 3 conv_out, costs no float32 M pass; its rows pad to a 6-row micro-tile)."""
+    return C >= MIN_CHANNELS and N * -(-OH // 2) * -(-OW // 2) >= MIN_TILES
+
+
 def _even_split(n: int, cap: int) -> int:
     parts = -(-n // max(1, min(n, cap)))
     return -(-n // parts)
@@ -185,6 +199,10 @@ def conv_winograd(x4: np.ndarray, w, b, out4: np.ndarray, ph: int, pw: int, buff
     "cols" buffer, stays under `col_bytes` (conv.py's COL_BYTES)."""
     N, C, H, W = x4.shape
     OC, OH, OW = out4.shape[1:]
+    path = getattr(w, "bf16", None)  # F16/BF16 weights with the bf16 GEMM on: the one-call C kernel
+    if path is not None:
+        conv_winograd_bf16(x4, w.rows.view(np.uint16), w.dt.name, b, out4, ph, pw, path)
+        return
     th, tw = -(-OH // 2), -(-OW // 2)
     ot = _even_split(OC, WINO_BYTES // (64 * C))                       # U tile: 16*ot*C floats
     rc = _even_split(N * th, min(col_bytes // (64 * C * tw), WINO_BYTES // (64 * ot * tw)))
@@ -201,13 +219,9 @@ def conv_winograd(x4: np.ndarray, w, b, out4: np.ndarray, ph: int, pw: int, buff
             _filter_transform(rows.reshape(-1), U, s1 - s0, C, s0 - t0, ot)
 
     one_tile = ot >= OC
-    path = getattr(w, "bf16", None)  # F16/BF16 weights with the bf16 GEMM on: U and V rounded to bf16
 
     def mm(k):
-        if path is None:
-            np.matmul(ut[k], vt[k], out=mt[k])
-        else:
-            bf16gemm.gemm(ut[k], "F32", vt[k], "F32", mt[k], path, 1)
+        np.matmul(ut[k], vt[k], out=mt[k])
     if one_tile:
         filters(0, OC)
     for r0 in range(0, N * th, rc):
@@ -221,3 +235,26 @@ def conv_winograd(x4: np.ndarray, w, b, out4: np.ndarray, ph: int, pw: int, buff
             ut, vt, mt = Uk[:, :t1 - t0], Vk[:, :, :n_p], Mk[:, :t1 - t0, :n_p]
             run_tasks(mm, range(16))
             _output_transform(M, of, bias, t0, t1 - t0, ot, pc, OC, OH, OW, th, tw, r0, r1)
+
+
+def conv_winograd_bf16(x4: np.ndarray, w: np.ndarray, w_type: str, b, out4: np.ndarray, ph: int, pw: int,
+                       path: str, up: int = 0) -> None:
+    """out4 (N, OC, OH, OW) = 3x3 conv (zero padding (ph, pw), stride 1) of x4 (N, C, H, W) float32
+    read through a nearest 2^up upsample, with F16/BF16 weight rows `w` (OC, 9C) as uint16 bits,
+    in one call of _bf16wino.h: filter and input transforms rounded to bf16 straight into the
+    GEMM's packed layouts, the 16 products and the output transform (+ bias) per block."""
+    N, C, H, W = x4.shape
+    OC, OH, OW = out4.shape[1:]
+    if w.shape != (OC, 9 * C) or w.dtype != np.uint16 or up not in (0, 1):
+        raise OpError(f"bf16 Winograd: weight {w.shape} {w.dtype} / up {up} do not fit {x4.shape} -> {out4.shape}")
+    if OH != (H << up) + 2 * ph - 2 or OW != (W << up) + 2 * pw - 2:
+        raise OpError(f"bf16 Winograd: output {out4.shape} does not fit input {x4.shape} (up {up}, pad {ph}, {pw})")
+    for a in (x4, out4):
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise OpError("bf16 Winograd: input and output must be C-contiguous float32")
+    if not hasattr(bf16gemm._k, "wino_conv"):
+        raise OpError("bf16 Winograd: the sdrt.ops.cpu._bf16 extension was built before this kernel existed; "
+                      "rebuild it (pip install -e . or python setup.py build_ext --inplace)")
+    bias = None if b is None else np.ascontiguousarray(b, np.float32).reshape(OC)
+    bf16gemm._k.wino_conv(x4, up, np.ascontiguousarray(w), bf16gemm._CODES[w_type], bias, out4, ph, pw,
+                          BF16_CHUNK_BYTES, BF16_MC, bf16gemm.PATHS[path], get_threads())

@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 export LC_ALL=C
 PY=${PYTHON:-python3}
 SITE=${SDRT_DEVICE_SITE:-/tmp/site}
-EXT_SRC=(setup.py sdrt/ops/quant/*.pyx sdrt/ops/quant/*.pxi sdrt/ops/quant/*.h sdrt/ops/cpu/_bf16.pyx sdrt/ops/cpu/_bf16gemm.h)
+EXT_SRC=(setup.py sdrt/ops/quant/*.pyx sdrt/ops/quant/*.pxi sdrt/ops/quant/*.h sdrt/ops/cpu/_bf16.pyx sdrt/ops/cpu/_bf16*.h)
 
 ext_stamp() { cat "${EXT_SRC[@]}" | sha256sum | cut -c1-64; }
 

@@ -40,6 +40,24 @@ def run(cmd: list[str], env: dict, lock_path: str | None = LOCK) -> tuple[str, f
     return out, int(kb[-1]) / 2**20, wall
 
 
+def disk_read_gib(log: str) -> float:
+    """GiB the run read from the disk (/usr/bin/time -v "File system inputs", 512-byte blocks):
+    tells a run on a cold page cache from one on a warm one."""
+    n = re.findall(r"File system inputs: (\d+)", log)
+    return int(n[-1]) * 512 / 2**30 if n else float("nan")
+
+
+def evict(paths) -> None:
+    """Drop the page-cache pages of these files (posix_fadvise DONTNEED: only pages no process
+    maps, and only these files, so other people's cached files stay), for a cold-cache run."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def stage(log: str, what: str) -> float:
     """Seconds of sd.cpp's "<what> completed, taking X s" line (the last one)."""
     m = re.findall(rf"{what} completed, taking ([0-9.]+)\s*(m?s)", log)

@@ -18,7 +18,8 @@ Read from each engine's own log (sdrt prints sd.cpp's lines; _cpu_full.py):
 - encode: "get_learned_condition completed" (the 36-layer Qwen3-4B on 256 tokens; the VAE and DiT
   are not involved);
 - per step: "sampling completed" / steps, and steps 2..n from the progress bar;
-- peak RSS of the whole process (/usr/bin/time -v), wall time.
+- peak RSS of the whole process (/usr/bin/time -v), wall time, GiB read from the disk.
+--cold drops the files' pages from the page cache before each engine (posix_fadvise DONTNEED).
 Engines: sdcli, sdrt, sdrt-exact (SDRT_QGEMM=off: dequantize + BLAS, float32 activations).
 Each run is one process under /work/heavy.lock (taken per run, or around the whole script with
 --no-lock). PSNR of the images against each other.
@@ -31,7 +32,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cpu_full import LOCK, ROOT, after_first, psnr_lines, read_image, record, run, stage  # noqa: E402
+from _cpu_full import (LOCK, ROOT, after_first, disk_read_gib, evict, psnr_lines, read_image,  # noqa: E402
+                       record, run, stage)
 
 WORDS = ("a lovely cat sitting on a wooden windowsill at golden hour, soft light through lace curtains, "
          "detailed fur, green eyes, a small clay pot with basil, rain drops on the glass, a quiet street "
@@ -66,6 +68,9 @@ def main() -> None:
     ap.add_argument("--out", default="/work/cache/zimage_full/out")
     ap.add_argument("--tag", default="", help="suffix of the image/log names (several runs of one engine)")
     ap.add_argument("--results", default=None, help="append each run's figures to this JSON-lines file")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop the three files' pages from the page cache before each engine (a cold start: "
+                         "sd-cli reads them before its timed stages, sdrt inside them)")
     ap.add_argument("--no-lock", action="store_true",
                     help="the caller holds /work/heavy.lock (`flock /work/heavy.lock python ...`)")
     a = ap.parse_args()
@@ -82,6 +87,8 @@ def main() -> None:
     for name in a.engines.split(","):
         img = os.path.join(a.out, f"{name}{a.tag}.png")
         exe, extra = engines[name]
+        if a.cold:
+            evict([d(a.dit), d(a.llm), d("ae.safetensors")])
         log, rss, wall = run([*exe, *common, "-o", img], dict(os.environ, PYTHONPATH=ROOT, **extra),
                              None if a.no_lock else LOCK)
         with open(os.path.join(a.out, f"{name}{a.tag}.log"), "w") as f:
@@ -90,11 +97,13 @@ def main() -> None:
         r = {"engine": name, "steps": n, "encode": stage(log, "get_learned_condition"),
              "per_step": stage(log, "sampling") / n, "after_first": after_first(log, n),
              "decode": stage(log, "decode_first_stage"), "rss": rss, "wall": wall,
-             "time": time.strftime("%H:%M:%S"), "load": os.getloadavg()[0], "tag": a.tag}
+             "time": time.strftime("%H:%M:%S"), "load": os.getloadavg()[0], "tag": a.tag,
+             "disk_read": disk_read_gib(log), "cold": a.cold}
         res[name] = r
         record(a.results, r)
         print(f"{name}: encode {r['encode']:.2f} s, per step {r['per_step']:.2f} s (steps 2..{n}: "
-              f"{r['after_first']:.2f} s), decode {r['decode']:.2f} s, peak RSS {rss:.2f} GiB, wall {wall:.0f} s",
+              f"{r['after_first']:.2f} s), decode {r['decode']:.2f} s, peak RSS {rss:.2f} GiB, wall {wall:.0f} s, "
+              f"read from disk {r['disk_read']:.2f} GiB",
               flush=True)
     print()
     print(f"| engine | Qwen3-4B encode, 256 tokens (s) | s/step ({a.steps}-step mean) | s/step (steps 2..{a.steps}) "

@@ -14,7 +14,7 @@ Read from each engine's own log:
 - per step: "sampling completed, taking X s" / steps (the bench_flux_cpu.py figure), and the second
   step alone from the progress bar (both print sd.cpp's running average: step 2 = 2 a2 - a1), which
   leaves out sdrt's first touch of its lazily mapped weights (sd-cli reads them before sampling);
-- peak RSS of the whole process (ru_maxrss through os.wait4), wall time.
+- peak RSS of the whole process (/usr/bin/time -v), wall time.
 Each run is one process under /work/heavy.lock (taken per run), so no holder keeps it for long.
 Images go to --out; PSNR of sdrt's image against sd-cli's of the same type (images of earlier
 runs in --out included), and of `sdrt-exact` (SDRT_QGEMM=off: dequantize + BLAS) when it ran.
@@ -22,18 +22,12 @@ runs in --out included), and of `sdrt-exact` (SDRT_QGEMM=off: dequantize + BLAS)
 from __future__ import annotations
 
 import argparse
-import fcntl
-import json
 import os
-import re
-import subprocess
 import sys
 import time
 
-import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cpu_full import ROOT, bar_averages, psnr_lines, read_image, record, run, stage  # noqa: E402,F401
 
 WORDS = ("a lovely cat sitting on a wooden windowsill at golden hour, soft light through lace curtains, "
          "detailed fur, green eyes, a small clay pot with basil, rain drops on the glass, a quiet street "
@@ -57,38 +51,6 @@ def prompt_of(pieces: int = 255) -> str:
             return text
         if n > pieces:
             raise SystemExit(f"no prefix of the prompt words gives exactly {pieces} T5 pieces")
-
-
-def run(cmd: list[str], env: dict) -> tuple[str, float, float]:
-    """(stdout + stderr, peak RSS GB, wall s) of one run, under the heavy lock."""
-    with open("/work/heavy.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        print(f"#   lock taken {time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f}: {' '.join(cmd)}",
-              flush=True)
-        t0 = time.time()
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-        out = p.stdout.read()
-        _, status, ru = os.wait4(p.pid, 0)
-        wall = time.time() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{out[-3000:]}")
-    return out, ru.ru_maxrss / 2**20, wall
-
-
-def stage(log: str, what: str) -> float:
-    m = re.findall(rf"{what} completed, taking ([0-9.]+)\s*(m?s)", log)
-    if not m:
-        raise SystemExit(f"no '{what} completed' line in:\n{log[-3000:]}")
-    v, unit = m[-1]
-    return float(v) / (1000.0 if unit == "ms" else 1.0)
-
-
-def bar_averages(log: str) -> dict[int, float]:
-    """step -> running average s/step from the progress bar (`| k/n - X s/it` or `X it/s`)."""
-    res = {}
-    for k, v, unit in re.findall(r"\|\s*(\d+)/\d+ - ([0-9.]+)(s/it|it/s)", log):
-        res[int(k)] = float(v) if unit == "s/it" else 1.0 / float(v)
-    return res
 
 
 def main() -> None:
@@ -127,9 +89,7 @@ def main() -> None:
                  "step2": (2 * avg[2] - avg[1]) if 1 in avg and 2 in avg else float("nan"),
                  "time": time.strftime("%H:%M:%S")}
             res[(name, typ)] = r
-            if a.results:
-                with open(a.results, "a") as f:
-                    f.write(json.dumps(r) + "\n")
+            record(a.results, r)
             print(f"{name} {typ}: conditioning {r['cond']:.2f} s, per step {r['per_step']:.2f} s "
                   f"(step 2: {r['step2']:.2f} s), peak RSS {rss:.2f} GiB, wall {wall:.0f} s", flush=True)
     print()
@@ -137,12 +97,6 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|")
     for (name, typ), r in res.items():
         print(f"| {name} | {typ} | {r['cond']:.2f} | {r['per_step']:.2f} | {r['step2']:.2f} | {r['rss']:.2f} | {r['wall']:.0f} |")
-    from sdrt.io.images import psnr
-    from PIL import Image
-    def image(name, typ):   # the image of any earlier run too (--out keeps them)
-        p = os.path.join(a.out, f"{name}_{typ}.png")
-        return np.asarray(Image.open(p).convert("RGB"), np.float64) / 255 if os.path.exists(p) else None
-
     for typ in a.types.split(","):
         c = res.get(("sdcli", typ))
         for name in ("sdrt", "sdrt-exact"):
@@ -151,12 +105,10 @@ def main() -> None:
                 print(f"{typ}: sd-cli / {name}: conditioning {c['cond'] / s['cond']:.2f}x, step "
                       f"{c['per_step'] / s['per_step']:.2f}x (step 2: {c['step2'] / s['step2']:.2f}x), "
                       f"RSS {name} / sd-cli {s['rss'] / c['rss']:.2f}")
-        imgs = {n: image(n, typ) for n in ("sdcli", "sdrt", "sdrt-exact")}
-        for x, y in (("sdrt", "sdcli"), ("sdrt-exact", "sdcli"), ("sdrt", "sdrt-exact")):
-            if imgs[x] is not None and imgs[y] is not None:
-                print(f"{typ}: PSNR {x} vs {y} {psnr(imgs[x], imgs[y]):.2f} dB "
-                      f"(image std {imgs[x].std():.3f} / {imgs[y].std():.3f})")
-
+        # the images of earlier runs in --out count too
+        imgs = {n: read_image(os.path.join(a.out, f"{n}_{typ}.png")) for n in ("sdcli", "sdrt", "sdrt-exact")}
+        for line in psnr_lines(imgs, (("sdrt", "sdcli"), ("sdrt-exact", "sdcli"), ("sdrt", "sdrt-exact"))):
+            print(f"{typ}: {line}")
 
 if __name__ == "__main__":
     main()

@@ -27,42 +27,16 @@ sd-cli's.
 from __future__ import annotations
 
 import argparse
-import fcntl
-import json
 import os
-import re
-import subprocess
 import sys
 import time
 
-import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from bench_flux_cpu_full import bar_averages, stage  # noqa: E402  the same log parsing
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cpu_full import LOCK, ROOT, after_first, psnr_lines, read_image, record, run, stage  # noqa: E402
 
 PROMPT = ("a lovely cat sitting on a wooden windowsill at golden hour, soft light, detailed fur, "
           "(green eyes:1.2), film grain")
 NEGATIVE = "blurry, low quality"
-
-
-def run(cmd: list[str], env: dict, lock_path: str | None) -> tuple[str, float, float]:
-    """(stdout + stderr, peak RSS GiB, wall s) of one run under /usr/bin/time -v and the heavy lock
-    (lock_path None: the caller holds it)."""
-    with open(lock_path or os.devnull, "a") as lock:
-        if lock_path:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        print(f"#   lock taken {time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f}: {' '.join(cmd)}",
-              flush=True)
-        t0 = time.time()
-        p = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           env=env, text=True)
-        wall = time.time() - t0
-    out = p.stdout
-    if p.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{out[-3000:]}")
-    kb = re.findall(r"Maximum resident set size \(kbytes\): (\d+)", out)
-    return out, int(kb[-1]) / 2**20, wall
 
 
 def main() -> None:
@@ -95,20 +69,17 @@ def main() -> None:
         img = os.path.join(a.out, f"{name}{a.tag}.png")
         exe, extra = engines[name]
         cmd = [*exe, *common, "-o", img]
-        log, rss, wall = run(cmd, dict(os.environ, PYTHONPATH=ROOT, **extra), None if a.no_lock else "/work/heavy.lock")
+        log, rss, wall = run(cmd, dict(os.environ, PYTHONPATH=ROOT, **extra), None if a.no_lock else LOCK)
         with open(os.path.join(a.out, f"{name}{a.tag}.log"), "w") as f:
             f.write(log)
-        avg = bar_averages(log)
         n = a.steps
         r = {"engine": name, "steps": n, "cond": stage(log, "get_learned_condition"),
              "per_step": stage(log, "sampling") / n, "rss": rss, "wall": wall,
-             "after_first": (n * avg[n] - avg[1]) / (n - 1) if n > 1 and 1 in avg and n in avg else float("nan"),
+             "after_first": after_first(log, n),
              "decode": stage(log, "decode_first_stage"), "time": time.strftime("%H:%M:%S"),
              "load": os.getloadavg()[0]}
         res[name] = r
-        if a.results:
-            with open(a.results, "a") as f:
-                f.write(json.dumps(r) + "\n")
+        record(a.results, r)
         print(f"{name}: conditioning {r['cond']:.2f} s, per step {r['per_step']:.2f} s (steps 2..{n}: "
               f"{r['after_first']:.2f} s), decode {r['decode']:.2f} s, peak RSS {rss:.2f} GiB, wall {wall:.0f} s",
               flush=True)
@@ -122,18 +93,9 @@ def main() -> None:
     if s and c:
         print(f"sd-cli / sdrt: conditioning {c['cond'] / s['cond']:.2f}x, step {c['per_step'] / s['per_step']:.2f}x "
               f"(steps 2..{a.steps}: {c['after_first'] / s['after_first']:.2f}x), RSS sdrt / sd-cli {s['rss'] / c['rss']:.2f}")
-    from PIL import Image
-    from sdrt.io.images import psnr
-
-    def image(name):  # earlier runs' images with this --tag count too
-        p = os.path.join(a.out, f"{name}{a.tag}.png")
-        return np.asarray(Image.open(p).convert("RGB"), np.float64) / 255 if os.path.exists(p) else None
-
-    imgs = {n: image(n) for n in engines}
-    for x, y in (("sdrt", "sdcli"), ("sdrt-exact", "sdcli"), ("sdrt", "sdrt-exact")):
-        if imgs[x] is not None and imgs[y] is not None:
-            print(f"PSNR {x} vs {y}: {psnr(imgs[x], imgs[y]):.2f} dB (image std {imgs[x].std():.3f} / {imgs[y].std():.3f})")
-
+    imgs = {n: read_image(os.path.join(a.out, f"{n}{a.tag}.png")) for n in engines}  # earlier runs' too
+    for line in psnr_lines(imgs, (("sdrt", "sdcli"), ("sdrt-exact", "sdcli"), ("sdrt", "sdrt-exact"))):
+        print(line)
 
 if __name__ == "__main__":
     main()

@@ -57,3 +57,13 @@ def test_off_switch(monkeypatch, tmp_path):
     ev = prefetch.start_read_ahead([("te", list(mf.tensors.values()))])
     assert ev is not None
     ev.set()
+
+
+def test_token_tables_are_left_to_page_faults():
+    """The text encoders' token embedding tables are read by row lookup: not read ahead."""
+    for n in ("text_encoders.llm.model.embed_tokens.weight", "cond_stage_model.transformer.text_model.embeddings."
+              "token_embedding.weight", "text_encoders.t5xxl.transformer.shared.weight", "token_embd.weight"):
+        assert prefetch.read_by_rows(n), n
+    for n in ("text_encoders.llm.model.layers.0.mlp.up_proj.weight", "model.diffusion_model.x_embedder.weight",
+              "cond_stage_model.transformer.text_model.embeddings.position_embedding.weight"):
+        assert not prefetch.read_by_rows(n), n

@@ -232,3 +232,32 @@ def test_released_shapes_give_sdcpp_numbers():
     from sdrt.models.te.qwen_llm import QwenLLMConfig
     assert QwenLLMConfig.detect_from_weights(llm) == QwenLLMConfig()
     assert QwenLLM(llm).reads_layer(ZIMAGE_TEMPLATE.out_layer) == 35
+
+
+def test_checkpoint_tool_writes_gguf_as_sdcpp_convert(tmp_path):
+    """tools/make_zimage_checkpoint.py --type q4_K / --llm-type q8_0 (issue 20's full-size CPU bench
+    files, here at width 256): the types sd-cli's `-M convert` gives each tensor (tensor_should_be_converted:
+    biases, x_embedder / t_embedder / final_layer and the 128-wide q/k norms under Q4_K stay in the base
+    type), the same values as the float file up to the quantization, and the files load as Z-Image / Qwen3."""
+    from sdrt.io import read_gguf
+    from sdrt.ops.convert import raw_to_f32
+    mkz = zt.mkz
+    d = str(tmp_path)
+    assert mkz.main(["-o", d, "--width", "256", "--llm-hidden", "256", "--llm-ffn", "512", "--type", "q4_K",
+                     "--llm-type", "q8_0"]) == 0
+    dit = read_gguf(os.path.join(d, "zimage-q4_K.gguf")).tensors
+    layout = mkz.dit_layout(256, 2, 1, 256)
+    assert set(dit) == set(layout)
+    for n, t in dit.items():
+        kept = (n.endswith(".bias") or n.startswith(("x_embedder.", "t_embedder.", "final_layer."))
+                or layout[n][-1] % 256 != 0)
+        assert t.dtype.name == ("BF16" if kept else "Q4_K"), n
+    w = "layers.1.feed_forward.w2.weight"
+    ref = mkz._mkflux().values(w, layout[w], 0)
+    got = raw_to_f32(dit[w].numpy(), dit[w].dtype).reshape(ref.shape)
+    assert np.sqrt(np.mean((got - ref) ** 2)) < 0.15 * ref.std()          # Q4_K: ~4 bits
+    assert ZImageConfig.detect_from_weights(dit, "").hidden == 256
+    llm = read_gguf(os.path.join(d, "qwen3-q8_0.gguf")).tensors
+    assert {t.dtype.name for t in llm.values()} == {"Q8_0"}               # every row a multiple of 32, no bias
+    from sdrt.models.te.qwen_llm import QwenLLMConfig
+    assert QwenLLMConfig.detect_from_weights(llm, "").hidden == 256

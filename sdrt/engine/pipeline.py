@@ -484,12 +484,12 @@ class Pipeline:
         if self.models is None:
             return None
         from .placement import classify_tensor
-        from .prefetch import start_read_ahead
+        from .prefetch import read_by_rows, start_read_ahead
         want = [c for c in components if self.executors.get(c, "cpu") == "cpu"]
         groups: dict[str, list] = {c: [] for c in want}
         for name, t in self.models.tensors.items():
             c = classify_tensor(name)
-            if c in groups:
+            if c in groups and not read_by_rows(name):
                 groups[c].append(t)
         return start_read_ahead([(c, ts) for c, ts in groups.items() if ts])
 

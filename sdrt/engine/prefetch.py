@@ -24,6 +24,15 @@ log = logging.getLogger("sdrt")
 
 CHUNK = 64 * 2**20
 MARGIN = 2 * 2**30
+# token embedding tables of the text encoders (CLIP, T5, the Qwen LLMs; HF and llama.cpp names):
+# a prompt reads a few hundred rows of them by lookup, so reading a whole one ahead (Qwen3-4B's is
+# 0.4 GB in Q8_0, first in its file) only delays the layers the encoder needs next
+ROW_LOOKUP_TABLES = ("embed_tokens.weight", "token_embedding.weight", "shared.weight", "token_embd.weight")
+
+
+def read_by_rows(name: str) -> bool:
+    """Whether `name` is a token embedding table (left to page faults, not read ahead)."""
+    return name.endswith(ROW_LOOKUP_TABLES)
 
 
 def mem_available() -> int | None:

@@ -1,0 +1,106 @@
+"""What the full-size CPU benches against sd-cli share (bench_flux_cpu_full.py, bench_sd3_cpu_full.py,
+bench_zimage_cpu_full.py): one run of an engine under /usr/bin/time -v and the heavy lock, sd.cpp's
+log lines read back (sdrt prints the same ones), the JSON-lines record and the image PSNRs.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+LOCK = "/work/heavy.lock"
+
+
+def run(cmd: list[str], env: dict, lock_path: str | None = LOCK) -> tuple[str, float, float]:
+    """(stdout + stderr, peak RSS GiB, wall s) of one run under /usr/bin/time -v and the heavy lock
+    (lock_path None: the caller holds it)."""
+    with open(lock_path or os.devnull, "a") as lock:
+        if lock_path:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        print(f"#   lock taken {time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f}: {' '.join(cmd)}",
+              flush=True)
+        t0 = time.time()
+        p = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           env=env, text=True)
+        wall = time.time() - t0
+    out = p.stdout
+    if p.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{out[-3000:]}")
+    kb = re.findall(r"Maximum resident set size \(kbytes\): (\d+)", out)
+    return out, int(kb[-1]) / 2**20, wall
+
+
+def disk_read_gib(log: str) -> float:
+    """GiB the run read from the disk (/usr/bin/time -v "File system inputs", 512-byte blocks):
+    tells a run on a cold page cache from one on a warm one."""
+    n = re.findall(r"File system inputs: (\d+)", log)
+    return int(n[-1]) * 512 / 2**30 if n else float("nan")
+
+
+def evict(paths) -> None:
+    """Drop the page-cache pages of these files (posix_fadvise DONTNEED: only pages no process
+    maps, and only these files, so other people's cached files stay), for a cold-cache run."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def stage(log: str, what: str) -> float:
+    """Seconds of sd.cpp's "<what> completed, taking X s" line (the last one)."""
+    m = re.findall(rf"{what} completed, taking ([0-9.]+)\s*(m?s)", log)
+    if not m:
+        raise SystemExit(f"no '{what} completed' line in:\n{log[-3000:]}")
+    v, unit = m[-1]
+    return float(v) / (1000.0 if unit == "ms" else 1.0)
+
+
+def bar_averages(log: str) -> dict[int, float]:
+    """step -> running average s/step from the progress bar (`| k/n - X s/it` or `X it/s`)."""
+    res = {}
+    for k, v, unit in re.findall(r"\|\s*(\d+)/\d+ - ([0-9.]+)(s/it|it/s)", log):
+        res[int(k)] = float(v) if unit == "s/it" else 1.0 / float(v)
+    return res
+
+
+def after_first(log: str, n: int) -> float:
+    """Mean s/step of steps 2..n: the bar prints the running average a_k since sampling began, so
+    it is (n a_n - a_1) / (n - 1). Leaves out sdrt's first touch of its lazily mapped weights
+    (sd-cli reads them before sampling)."""
+    avg = bar_averages(log)
+    return (n * avg[n] - avg[1]) / (n - 1) if n > 1 and 1 in avg and n in avg else float("nan")
+
+
+def record(path: str | None, r: dict) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(r) + "\n")
+
+
+def read_image(path: str):
+    """An image as float64 RGB in [0, 1], or None when that run has not written it."""
+    from PIL import Image
+    return np.asarray(Image.open(path).convert("RGB"), np.float64) / 255 if os.path.exists(path) else None
+
+
+def psnr_lines(images: dict, pairs) -> list[str]:
+    """"PSNR x vs y" for each pair whose two images exist."""
+    from sdrt.io.images import psnr
+    out = []
+    for x, y in pairs:
+        a, b = images.get(x), images.get(y)
+        if a is not None and b is not None:
+            out.append(f"PSNR {x} vs {y}: {psnr(a, b):.2f} dB (image std {a.std():.3f} / {b.std():.3f})")
+    return out

@@ -79,10 +79,11 @@ def copy4d(rt, dst: int, dst_nb, src: int, src_nb, ne, elem_size: int) -> None:
 
 @CUDA.register("concat", supports=_non_block)
 def concat(node, xs, out, rt):
-    # an F16-stored concat (fuse.half_nodes: only where each source's part is one contiguous
-    # run) converts its F32 sources
+    # each source's part is one contiguous run when no dim above `dim` is wider than 1: then a
+    # contiguous source is one device memcpy; an F16-stored concat (fuse.half_nodes, which
+    # requires such runs) converts its F32 sources
     dim = node.params["dim"]
-    runs = all(n == 1 for n in out.ne[dim + 1:])   # each source's part is one contiguous run
+    runs = all(n == 1 for n in out.ne[dim + 1:])
     start = 0
     for x in xs:
         dst = out.ptr + start * out.nb[dim]

@@ -391,41 +391,63 @@ def _fits(dshape: tuple, shape: tuple, name: str) -> bool:
 def _plan_delta(lm: LoraModel, target: str, parts, shape):
     """Check one target's groups against the weight's shape (marking their keys applied or
     skipped) and return a function computing the delta in the weight's shape, or None. Split
-    parts ('.weight.1', ...) are concatenated on the output dim, as sd.cpp does."""
-    shapes, used, groups = [], [], []
-    for _, group in parts:
+    parts ('.weight.1', ...) are concatenated on the output dim, as sd.cpp does; when a part is
+    missing (a LoRA of q and v only), each part goes to its own rows: q, k, v of the weight's
+    input width each, then the rest (a single block's MLP), where sd.cpp stops at the gap."""
+    shapes, used, groups, indices = [], [], [], []
+    for index, group in parts:
         kind = _kind(group)
         if kind is None:
             break
         shapes.append(_delta_shape(group, kind))
         used += _used(group, kind)
         groups.append(group)
+        indices.append(index)
     if not shapes:
         return None
-    dshape = shapes[0] if len(shapes) == 1 else (sum(s[0] for s in shapes), int(np.prod(shapes[0][1:])))
-    if not _fits(dshape, shape, target):
-        lm.skipped.update(k for _, g in parts for k, _ in g.values())
-        return None
+    offsets = None
+    if indices != list(range(len(indices))):
+        n_in, rows = int(np.prod(shape[1:])), [s[0] for s in shapes]
+        offsets = [i * n_in for i in indices]
+        if len(shape) != 2 or any(int(np.prod(s[1:])) != n_in for s in shapes) \
+                or any(r != n_in for r in rows[:-1]) or offsets[-1] + rows[-1] > shape[0]:
+            log.warning("skip incompatible LoRA tensor |%s|: parts %s of %s rows into model shape %s",
+                        target, indices, rows, list(shape))
+            lm.skipped.update(k for _, g in parts for k, _ in g.values())
+            return None
+        dshape = tuple(shape)
+    else:
+        dshape = shapes[0] if len(shapes) == 1 else (sum(s[0] for s in shapes), int(np.prod(shapes[0][1:])))
+        if not _fits(dshape, shape, target):
+            lm.skipped.update(k for _, g in parts for k, _ in g.values())
+            return None
     lm.applied.update(used)
-    return _Delta(groups, lm.multiplier, shape, target, dshape)
+    return _Delta(groups, lm.multiplier, shape, target, dshape, offsets)
 
 
 class _Delta:
     """One target's delta from one file: called, the float32 delta in the weight's shape;
     `factors()`, (up [out, r] with the scale and multiplier folded in, down [r, in]) when it is
-    one plain LoRA/LoCon group of the weight's shape (the fused merge never forms it), else None."""
-    __slots__ = ("groups", "mult", "shape", "target", "dshape")
+    one plain LoRA/LoCon group of the weight's shape (the fused merge never forms it), else None.
+    `offsets`: the first row of each split part where parts are missing (else None: concatenated)."""
+    __slots__ = ("groups", "mult", "shape", "target", "dshape", "offsets")
 
-    def __init__(self, groups, mult, shape, target, dshape):
+    def __init__(self, groups, mult, shape, target, dshape, offsets=None):
         self.groups, self.mult, self.shape, self.target, self.dshape = groups, mult, shape, target, dshape
+        self.offsets = offsets
 
     def __call__(self) -> np.ndarray:
         ds = [weight_delta(g, self.mult)[0] for g in self.groups]
+        if self.offsets is not None:
+            d = np.zeros((self.shape[0], int(np.prod(self.shape[1:]))), _F32)
+            for off, x in zip(self.offsets, ds):
+                d[off:off + x.shape[0]] = x.reshape(x.shape[0], -1)
+            return d.reshape(self.shape)
         d = ds[0] if len(ds) == 1 else np.concatenate([x.reshape(x.shape[0], -1) for x in ds])
         return _fit(d, self.shape, self.target)
 
     def factors(self):
-        if len(self.groups) != 1 or _kind(self.groups[0]) != "lora" or "lora_mid" in self.groups[0] \
+        if len(self.groups) != 1 or self.offsets is not None or _kind(self.groups[0]) != "lora" or "lora_mid" in self.groups[0] \
                 or self.dshape[0] != self.shape[0] or int(np.prod(self.dshape)) != int(np.prod(self.shape)):
             return None
         down, _, up, scale = lora_factors(self.groups[0])
@@ -663,7 +685,7 @@ def _runtime_path(lm: LoraModel, target: str, parts, shape) -> RuntimePath | Non
     from ..ops.tensor import Tensor
     group = parts[0][1]
     p = RuntimePath()
-    if len(parts) != 1 or _kind(group) == "lokr":   # split parts or LoKr: one dense delta, filled on first use
+    if len(parts) != 1 or parts[0][0] != 0 or _kind(group) == "lokr":   # split parts, LoKr: one dense delta
         d = _plan_delta(lm, target, parts, shape)
         if d is None:
             return None

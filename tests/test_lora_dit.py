@@ -1,13 +1,15 @@
-"""LoRA on Flux (issue 16: "every family sdrt runs ... Flux/SD3 as they land"): diffusers/PEFT
-names on the split q/k/v and proj_mlp parts of BFL's fused weights, and kohya names on BFL
-weights, merged against numpy written from the formats' definitions; the tiny random Flux image
-with the LoRAs at run time equals the merged one, and both are moved by them."""
+"""LoRA on the diffusion transformers (issue 16: "every family sdrt runs ... Flux/SD3 as they
+land"). Flux: diffusers/PEFT names on the split q/k/v and proj_mlp parts of BFL's fused weights,
+and kohya names on BFL weights; SD3: PEFT names on the split q/k/v of SAI's fused qkv, the
+output projection and the MLP. Merged against numpy written from the formats' definitions; the
+tiny random image with the LoRAs at run time equals the merged one, and both are moved by them."""
 import logging
 import os
 
 import flux_tiny as ft
 import numpy as np
 import pytest
+import sd3_tiny as st
 
 from sdrt.engine.lora import LoraSpec, apply_loras
 from sdrt.engine.params import GenParams, ModelParams
@@ -104,11 +106,11 @@ def test_merge_against_numpy(tiny):
         np.testing.assert_allclose(got, want[k], rtol=1e-5, atol=1e-5, err_msg=k)
 
 
-def _image(tiny, mode, prompt):
+def _image(tiny, mode, prompt, cfg_scale=1.0):
     args = dict(zip(tiny["args"][::2], tiny["args"][1::2]))
     pipe = Pipeline.load(ModelParams(model=args["-m"], lora_model_dir=tiny["loras"], lora_apply_mode=mode))
     out = pipe.generate(GenParams(prompt=prompt, width=64, height=64, steps=2, sampling_method="euler",
-                                  cfg_scale=1.0), show_progress=False, lora_tags=True)
+                                  cfg_scale=cfg_scale), show_progress=False, lora_tags=True)
     return out[0].image.astype(np.float64)
 
 
@@ -127,3 +129,64 @@ def test_at_runtime_equals_immediately(tiny, caplog):
     print(f"\nFlux LoRAs: merged vs no-LoRA {moved:.2f} dB, at_runtime vs merged {same:.2f} dB")
     assert moved < 45, moved                 # the LoRAs move the image
     assert same > 55, same
+
+
+# ---- SD3 ------------------------------------------------------------------------------------------
+SH, SMLP = st.DIT["hidden_size"], st.DIT["mlp_hidden"]
+
+
+def sd3_lora(rng) -> dict:
+    """PEFT names of diffusers' SD3 LoRAs: q, k, v of block 0's image attention (x_block qkv
+    parts), k alone of its context attention (`add_k_proj`: part 1 only), the output projection
+    and the MLP's first layer."""
+    t = {}
+    for name, n_in, n_out in [("to_q", SH, SH), ("to_k", SH, SH), ("to_v", SH, SH), ("add_k_proj", SH, SH),
+                              ("to_out.0", SH, SH)]:
+        t[f"transformer.transformer_blocks.0.attn.{name}.lora_A.weight"] = _rand(rng, RANK, n_in)
+        t[f"transformer.transformer_blocks.0.attn.{name}.lora_B.weight"] = _rand(rng, n_out, RANK)
+    t["transformer.transformer_blocks.0.ff.net.0.proj.lora_A.weight"] = _rand(rng, RANK, SH)
+    t["transformer.transformer_blocks.0.ff.net.0.proj.lora_B.weight"] = _rand(rng, SMLP, RANK)
+    return t
+
+
+@pytest.fixture(scope="module")
+def sd3(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sd3_lora")
+    lora = sd3_lora(np.random.default_rng(12))
+    os.makedirs(d / "loras")
+    write_safetensors(str(d / "loras" / "sd3_peft.safetensors"), lora)
+    return {"args": st.write(str(d / "m")), "loras": str(d / "loras"), "lora": lora}
+
+
+def test_sd3_merge_against_numpy(sd3):
+    base = {k: v for k, v in st.arrays().items() if k.startswith(DM)}
+    table = {k: Tensor.from_numpy(v, name=k) for k, v in base.items()}
+    merged, _ = apply_loras(table, [LoraSpec(os.path.join(sd3["loras"], "sd3_peft.safetensors"), 0.7)], "sd3",
+                            "immediately")
+    lo, pre = sd3["lora"], "transformer.transformer_blocks.0."
+    want = {k: v.copy() for k, v in base.items()}
+
+    def add(target, rows, name):
+        want[DM + target][rows] += 0.7 * (lo[pre + name + ".lora_B.weight"] @ lo[pre + name + ".lora_A.weight"])
+
+    for i, q in enumerate(("to_q", "to_k", "to_v")):
+        add("joint_blocks.0.x_block.attn.qkv.weight", slice(i * SH, (i + 1) * SH), "attn." + q)
+    add("joint_blocks.0.context_block.attn.qkv.weight", slice(SH, 2 * SH), "attn.add_k_proj")
+    add("joint_blocks.0.x_block.attn.proj.weight", slice(None), "attn.to_out.0")
+    add("joint_blocks.0.x_block.mlp.fc1.weight", slice(None), "ff.net.0.proj")
+    assert sum(not np.array_equal(want[k], base[k]) for k in base) == 4
+    for k in base:
+        np.testing.assert_allclose(merged[k].to_f32().reshape(base[k].shape), want[k], rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+def test_sd3_at_runtime_equals_immediately(sd3, caplog):
+    prompt = "a fox <lora:sd3_peft:0.7>"
+    with caplog.at_level(logging.INFO, "sdrt"):
+        merged = _image(sd3, "immediately", prompt, 4.0)
+        runtime = _image(sd3, "at_runtime", prompt, 4.0)
+    plain = _image(sd3, "immediately", "a fox", 4.0)
+    assert caplog.text.count("(12 / 12) LoRA tensors") == 2, caplog.text[-2000:]
+    moved, same = _psnr(merged, plain), _psnr(merged, runtime)
+    print(f"\nSD3 LoRA: merged vs no-LoRA {moved:.2f} dB, at_runtime vs merged {same:.2f} dB")
+    assert moved < 45, moved
+    assert same > 50, same

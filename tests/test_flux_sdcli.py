@@ -129,3 +129,56 @@ def test_convert_round_trip_with_sd_cli(parts, tmp_path):
     p = psnr(read_rgb(img_ours), read_rgb(img_ref))
     print(f"Flux dev Q8_0 (1+2 blocks) tensors {kinds}: sd-cli on sdrt's GGUF vs sdrt on sd-cli's: PSNR {p:.2f} dB")
     assert p >= MIN_PSNR
+
+
+@pytest.mark.parametrize("mode", ["immediately", "at_runtime"])
+def test_lora_matches_sd_cli(parts, tmp_path, mode):
+    """Flux LoRAs (issue 16 on Flux): a diffusers/PEFT file on the split q/k/v of double block 0's
+    image attention and a kohya file on BFL names (img_mlp.0, single block 0's linear2), on the
+    dev DiT; both engines log how many tensors they applied, and the images agree."""
+    rng = np.random.default_rng(5)
+    H, M, r = 3072, 12288, 4
+
+    def rand(*shape):
+        return (rng.standard_normal(shape) * 0.15).astype(np.float32)
+    d = tmp_path / "loras"
+    os.makedirs(d)
+    peft = {}
+    for q in ("to_q", "to_k", "to_v"):
+        peft[f"transformer.transformer_blocks.0.attn.{q}.lora_A.weight"] = rand(r, H)
+        peft[f"transformer.transformer_blocks.0.attn.{q}.lora_B.weight"] = rand(H, r)
+    kohya = {}
+    for name, n_in, n_out in (("double_blocks_0_img_mlp_0", H, M), ("single_blocks_0_linear2", H + M, H)):
+        kohya[f"lora_unet_{name}.lora_down.weight"] = rand(r, n_in)
+        kohya[f"lora_unet_{name}.lora_up.weight"] = rand(n_out, r)
+        kohya[f"lora_unet_{name}.alpha"] = np.array(2.0, np.float32)
+    write_safetensors(str(d / "flux_peft.safetensors"), peft)
+    write_safetensors(str(d / "flux_kohya.safetensors"), kohya)
+    files = ["--diffusion-model", parts["dev"], "--vae", parts["vae"], "--t5xxl", parts["t5xxl"],
+             "--clip_l", parts["clip_l"], "--lora-model-dir", str(d), "--lora-apply-mode", mode]
+    args = [a if a != "a lovely cat, (masterpiece:1.2)" else a + " <lora:flux_peft:0.8><lora:flux_kohya:0.6>"
+            for a in ARGS]
+    ref, ours = str(tmp_path / "sdcli.png"), str(tmp_path / "sdrt.png")
+    r_ = subprocess.run([_sdcli(), *files, *args, "-o", ref], capture_output=True, text=True, timeout=3600)
+    assert r_.returncode == 0 and os.path.exists(ref), r_.stdout[-3000:] + r_.stderr[-3000:]
+    applied = [ln for ln in (r_.stdout + r_.stderr).splitlines() if "LoRA tensors" in ln]
+    before = get_threads()
+    try:
+        assert cli.main([*files, *args, "-o", ours]) == 0
+    finally:
+        set_threads(before)
+    p = psnr(read_rgb(ours), read_rgb(ref))
+    moved = ""
+    if mode == "immediately":               # the LoRAs change the image (sdrt without them)
+        plain = str(tmp_path / "plain.png")
+        try:
+            assert cli.main([*files, *ARGS, "-o", plain]) == 0
+        finally:
+            set_threads(before)
+        m = psnr(read_rgb(ours), read_rgb(plain))
+        moved = f"; LoRA image vs no-LoRA {m:.2f} dB"
+        assert m < 30, m
+    print(f"\nsdrt vs sd-cli, Flux dev LoRAs {mode}: PSNR {p:.2f} dB{moved}; sd-cli applied: "
+          + " | ".join(a.split("LoRA tensors")[0].split("]")[-1].strip() for a in applied))
+    assert any("(6 / 6)" in a for a in applied if "peft" in a) and any("(6 / 6)" in a for a in applied if "kohya" in a), applied
+    assert p >= MIN_PSNR, f"sdrt vs sd-cli (Flux LoRAs, {mode}): PSNR {p:.2f} dB (need >= {MIN_PSNR})"

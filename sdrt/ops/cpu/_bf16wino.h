@@ -89,6 +89,21 @@ typedef struct {
     int64_t th, tw, ph, pw, Kp, NPn;
 } bw_geom;
 
+/* The 4 input rows of tile row ty of batch item n for channels 2p and 2p + 1 into `buf`, split
+ * into even (E) and odd (O) columns of L floats each; channels past C are zero. */
+static void bw_stage_rows(const bw_geom* g, int64_t p, int64_t n, int64_t ty, int64_t L, float* buf,
+                          float* E[2][4], float* O[2][4]) {
+    for (int h = 0; h < 2; h++) {
+        int64_t c = 2 * p + h;
+        for (int i = 0; i < 4; i++) {
+            E[h][i] = buf + (h * 8 + 2 * i) * L; O[h][i] = E[h][i] + L;
+            if (c < g->C)
+                bw_rows(g->x + (n * g->C + c) * g->H * g->W, g->H, g->W, g->up, 2 * ty - g->ph + i, g->pw, L, E[h][i], O[h][i]);
+            else { memset(E[h][i], 0, (size_t)L * 4); memset(O[h][i], 0, (size_t)L * 4); }
+        }
+    }
+}
+
 /* Tile rows [r0, r1) of the batch (r = n*th + ty) -> Vp [16][NPn][Kp][BG_NR] (chunk tile q =
  * (r - r0)*tw + tx), channel pairs p in [p0, p1). `buf` holds 2 x 8 rows of L = tw + 1 floats. */
 static void bw_input_scalar(const bw_geom* g, int64_t r0, int64_t r1, int64_t p0, int64_t p1, uint32_t* Vp, float* buf) {
@@ -97,15 +112,7 @@ static void bw_input_scalar(const bw_geom* g, int64_t r0, int64_t r1, int64_t p0
         for (int64_t r = r0; r < r1; r++) {
             int64_t n = r / g->th, ty = r - n * g->th;
             float *E[2][4], *O[2][4];
-            for (int h = 0; h < 2; h++) {
-                int64_t c = 2 * p + h;
-                for (int i = 0; i < 4; i++) {
-                    E[h][i] = buf + (h * 8 + 2 * i) * L; O[h][i] = E[h][i] + L;
-                    if (c < g->C)
-                        bw_rows(g->x + (n * g->C + c) * g->H * g->W, g->H, g->W, g->up, 2 * ty - g->ph + i, g->pw, L, E[h][i], O[h][i]);
-                    else { memset(E[h][i], 0, (size_t)L * 4); memset(O[h][i], 0, (size_t)L * 4); }
-                }
-            }
+            bw_stage_rows(g, p, n, ty, L, buf, E, O);
             int64_t q0 = (r - r0) * g->tw;
             for (int64_t tx = 0; tx < g->tw; tx++) {
                 float lo[16], hi[16];
@@ -158,15 +165,7 @@ static void bw_input_avx512(const bw_geom* g, int64_t r0, int64_t r1, int64_t p0
         for (int64_t r = r0; r < r1; r++) {
             int64_t n = r / g->th, ty = r - n * g->th;
             float *E[2][4], *O[2][4];
-            for (int h = 0; h < 2; h++) {
-                int64_t c = 2 * p + h;
-                for (int i = 0; i < 4; i++) {
-                    E[h][i] = buf + (h * 8 + 2 * i) * L; O[h][i] = E[h][i] + L;
-                    if (c < g->C)
-                        bw_rows(g->x + (n * g->C + c) * g->H * g->W, g->H, g->W, g->up, 2 * ty - g->ph + i, g->pw, L, E[h][i], O[h][i]);
-                    else { memset(E[h][i], 0, (size_t)L * 4); memset(O[h][i], 0, (size_t)L * 4); }
-                }
-            }
+            bw_stage_rows(g, p, n, ty, L, buf, E, O);
             int64_t q0 = (r - r0) * g->tw, tx = 0;
             while (tx < g->tw) {  /* runs of tiles inside one panel */
                 int64_t q = q0 + tx, j = q / BG_NR, t = q % BG_NR;

@@ -104,3 +104,19 @@ def psnr_lines(images: dict, pairs) -> list[str]:
         if a is not None and b is not None:
             out.append(f"PSNR {x} vs {y}: {psnr(a, b):.2f} dB (image std {a.std():.3f} / {b.std():.3f})")
     return out
+
+
+def summary_lines(res: dict, steps: int, stage: str, title: str) -> list[str]:
+    """The markdown table of each engine's run (`stage`: the result key of the text-encoder stage,
+    `title` its column name) and sd-cli's times over sdrt's."""
+    lines = [f"| engine | {title} (s) | s/step ({steps}-step mean) | s/step (steps 2..{steps}) | decode (s) "
+             "| peak RSS (GiB) | wall (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in res.items():
+        lines.append(f"| {name} | {r[stage]:.2f} | {r['per_step']:.2f} | {r['after_first']:.2f} | {r['decode']:.2f} | "
+                     f"{r['rss']:.2f} | {r['wall']:.0f} |")
+    s, c = res.get("sdrt"), res.get("sdcli")
+    if s and c:
+        lines.append(f"sd-cli / sdrt: {title} {c[stage] / s[stage]:.2f}x, step {c['per_step'] / s['per_step']:.2f}x "
+                     f"(steps 2..{steps}: {c['after_first'] / s['after_first']:.2f}x), RSS sdrt / sd-cli "
+                     f"{s['rss'] / c['rss']:.2f}")
+    return lines

@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cpu_full import LOCK, ROOT, after_first, psnr_lines, read_image, record, run, stage  # noqa: E402
+from _cpu_full import LOCK, ROOT, after_first, psnr_lines, read_image, record, run, stage, summary_lines  # noqa: E402
 
 PROMPT = ("a lovely cat sitting on a wooden windowsill at golden hour, soft light, detailed fur, "
           "(green eyes:1.2), film grain")
@@ -84,15 +84,8 @@ def main() -> None:
               f"{r['after_first']:.2f} s), decode {r['decode']:.2f} s, peak RSS {rss:.2f} GiB, wall {wall:.0f} s",
               flush=True)
     print()
-    print(f"| engine | conditioning (s) | s/step ({a.steps}-step mean) | s/step (steps 2..{a.steps}) | decode (s) | peak RSS (GiB) | wall (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, r in res.items():
-        print(f"| {name} | {r['cond']:.2f} | {r['per_step']:.2f} | {r['after_first']:.2f} | {r['decode']:.2f} | "
-              f"{r['rss']:.2f} | {r['wall']:.0f} |")
-    s, c = res.get("sdrt"), res.get("sdcli")
-    if s and c:
-        print(f"sd-cli / sdrt: conditioning {c['cond'] / s['cond']:.2f}x, step {c['per_step'] / s['per_step']:.2f}x "
-              f"(steps 2..{a.steps}: {c['after_first'] / s['after_first']:.2f}x), RSS sdrt / sd-cli {s['rss'] / c['rss']:.2f}")
+    for line in summary_lines(res, a.steps, "cond", "conditioning"):
+        print(line)
     imgs = {n: read_image(os.path.join(a.out, f"{n}{a.tag}.png")) for n in engines}  # earlier runs' too
     for line in psnr_lines(imgs, (("sdrt", "sdcli"), ("sdrt-exact", "sdcli"), ("sdrt", "sdrt-exact"))):
         print(line)

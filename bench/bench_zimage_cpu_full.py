@@ -33,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _cpu_full import (LOCK, ROOT, after_first, disk_read_gib, evict, psnr_lines, read_image,  # noqa: E402
-                       record, run, stage)
+                       record, run, stage, summary_lines)
 
 WORDS = ("a lovely cat sitting on a wooden windowsill at golden hour, soft light through lace curtains, "
          "detailed fur, green eyes, a small clay pot with basil, rain drops on the glass, a quiet street "
@@ -106,16 +106,8 @@ def main() -> None:
               f"read from disk {r['disk_read']:.2f} GiB",
               flush=True)
     print()
-    print(f"| engine | Qwen3-4B encode, 256 tokens (s) | s/step ({a.steps}-step mean) | s/step (steps 2..{a.steps}) "
-          f"| decode (s) | peak RSS (GiB) | wall (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, r in res.items():
-        print(f"| {name} | {r['encode']:.2f} | {r['per_step']:.2f} | {r['after_first']:.2f} | {r['decode']:.2f} | "
-              f"{r['rss']:.2f} | {r['wall']:.0f} |")
-    s, c = res.get("sdrt"), res.get("sdcli")
-    if s and c:
-        print(f"sd-cli / sdrt: encode {c['encode'] / s['encode']:.2f}x, step {c['per_step'] / s['per_step']:.2f}x "
-              f"(steps 2..{a.steps}: {c['after_first'] / s['after_first']:.2f}x), RSS sdrt / sd-cli {s['rss'] / c['rss']:.2f}")
+    for line in summary_lines(res, a.steps, "encode", "Qwen3-4B encode, 256 tokens"):
+        print(line)
     imgs = {n: read_image(os.path.join(a.out, f"{n}{a.tag}.png")) for n in engines}  # earlier runs' too
     for line in psnr_lines(imgs, (("sdrt", "sdcli"), ("sdrt-exact", "sdcli"), ("sdrt", "sdrt-exact"))):
         print(line)

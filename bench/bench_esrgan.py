@@ -105,16 +105,17 @@ def main():
     rows, outs = {}, {}
     if "sdrt" in engines:
         import sdrt.gpu  # noqa: F401 - registers cuda0
-        from sdrt.engine.upscaler import Upscaler, _read_only
+        from sdrt.engine.upscaler import Upscaler
         from sdrt.gpu import cuda
         from sdrt.models.esrgan import RRDBNet
+        from sdrt.ops.backend import as_weight
         from sdrt.ops.tensor import Tensor
         if not cuda.available():
             sys.exit(f"bench_esrgan: no CUDA device ({cuda.unavailable_reason()})")
         for wt in ("f32", "f16"):
             dt = np.float32 if wt == "f32" else np.float16
             # read-only, as Upscaler.load's converted weights (a GPU backend keeps them resident)
-            net = RRDBNet({k: Tensor.from_numpy(_read_only(v.astype(dt)), name=k) for k, v in sd.items()})
+            net = RRDBNet({k: Tensor.from_numpy(as_weight(v.astype(dt)), name=k) for k, v in sd.items()})
             for tile in (0, 128):
                 up = Upscaler(net, tile, "cuda0")
                 t, y = time_calls(lambda: up.upscale_tensor(x), args.runs)

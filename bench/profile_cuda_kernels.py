@@ -117,12 +117,12 @@ def profile_flux(a, torch):
 def profile_esrgan(a, torch):
     from bench_esrgan import torch_rrdbnet
     from esrgan_weights import basicsr_state
-    from sdrt.engine.upscaler import _read_only
     from sdrt.models.esrgan import RRDBNet
+    from sdrt.ops.backend import as_weight
     from sdrt.ops.tensor import Tensor
     sd = basicsr_state(0, 64, 32, 23, 4, last_bias=0.5)
     x = np.random.default_rng(0).random((1, 3, 512, 512), dtype=np.float32)
-    net = RRDBNet({k: Tensor.from_numpy(_read_only(v.astype(np.float16)), name=k) for k, v in sd.items()})
+    net = RRDBNet({k: Tensor.from_numpy(as_weight(v.astype(np.float16)), name=k) for k, v in sd.items()})
     for _ in range(3):
         net(x, backend="cuda0")
     t0 = time.perf_counter()

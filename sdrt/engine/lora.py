@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ModelFileError, UsageError
+from ..ops.backend import as_weight
 
 __all__ = ["LORA_EXTS", "APPLY_MODES", "LoraSpec", "LoraModel", "extract_loras", "resolve_lora",
            "weight_delta", "apply_loras", "lora_hashes"]
@@ -306,10 +307,8 @@ def _patched(t, deltas, runtime: bool = False):
                 else:
                     x = d().reshape(t.ne[-1], -1)
                     dense = x if dense is None else dense + x
-            out = merge_into(t.numpy().reshape(-1).view(np.uint8), dst.name, (t.ne[-1], t.nelements // t.ne[-1]),
-                             lowrank, dense)
-            out.flags.writeable = False      # a weight (GPU backends cache read-only storage)
-            return out
+            return as_weight(merge_into(t.numpy().reshape(-1).view(np.uint8), dst.name,
+                                        (t.ne[-1], t.nelements // t.ne[-1]), lowrank, dense))
         return ConvertedTensor(dst, t.ne, fill_fused, name=t.name)
 
     def fill():
@@ -321,8 +320,7 @@ def _patched(t, deltas, runtime: bool = False):
             out = quantize_like_sd_cpp(np.ascontiguousarray(w).reshape(-1, w.shape[-1]), t.dtype).reshape(-1).view("uint8")
         else:
             out = np.ascontiguousarray(f32_to_raw(w, dst)).reshape(-1).view("uint8")
-        out.flags.writeable = False          # a weight, not a per-run input, for GPU backends
-        return out
+        return as_weight(out)
     return ConvertedTensor(dst, t.ne, fill, name=t.name)
 
 
@@ -712,11 +710,8 @@ def _runtime_path(lm: LoraModel, target: str, parts, shape) -> RuntimePath | Non
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
-    """Factors as read-only arrays: GPU backends take writeable numpy leaves for per-run inputs
-    (copied to the device on every run) and cache read-only ones as weights."""
-    a = np.ascontiguousarray(a, _F32)
-    a.flags.writeable = False
-    return a
+    """Factors as contiguous float32 weights (`as_weight`: device backends keep them resident)."""
+    return as_weight(np.ascontiguousarray(a, _F32))
 
 
 def _weight_bytes(a: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from ..errors import UsageError
+from ..ops.backend import as_weight
 from .stages import decode_to_uint8, image_to_tensor
 
 __all__ = ["DEFAULT_TILE_SIZE", "TILE_OVERLAP", "Upscaler", "upscaler_device"]
@@ -41,13 +42,6 @@ def upscaler_device(backend_spec: str | None) -> str:
             raise UnsupportedError("--backend: 'gpu' asks for a GPU, and this machine has none sdrt can use")
         return gpus[0].name if gpus else "cpu"
     return d
-
-
-def _read_only(a: np.ndarray) -> np.ndarray:
-    """Converted weights as read-only arrays: a GPU backend caches those on the device (writeable
-    leaves are per-run inputs, copied in on every call)."""
-    a.flags.writeable = False
-    return a
 
 
 class Upscaler:
@@ -75,7 +69,7 @@ class Upscaler:
             if wtype not in ("f16", "f32"):
                 raise UsageError(f"upscaler weight type: 'f16', 'f32' or None, got {wtype!r}")
             dt = np.float16 if wtype == "f16" else np.float32
-            tensors = {k: Tensor.from_numpy(_read_only(t.to_f32().astype(dt)), name=k) if len(t.ne) == 4 else t
+            tensors = {k: Tensor.from_numpy(as_weight(t.to_f32().astype(dt)), name=k) if len(t.ne) == 4 else t
                        for k, t in tensors.items()}
             log.info("Upscaler weight type: %s", wtype)
         log.info("loading esrgan from '%s'", path)

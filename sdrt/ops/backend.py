@@ -23,6 +23,14 @@ from ..errors import UnsupportedError
 
 
 
+def as_weight(a):
+    """Numpy array `a`, made read-only and returned: device backends take a writeable numpy leaf
+    for a per-run input (copied to the device on every run) and cache a read-only one as a weight
+    (or see `register_weights`)."""
+    a.flags.writeable = False
+    return a
+
+
 # ---- protocols --------------------------------------------------------------------------------
 class DeviceMemory(Protocol):
     """A device backend's `memory`: what a residency manager allocates and stages through."""

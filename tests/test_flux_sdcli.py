@@ -36,6 +36,16 @@ def _sdcli() -> str | None:
     return exe if exe and os.access(exe, os.X_OK) else None
 
 
+def run_sdrt(args: list) -> None:
+    """sdrt's CLI in this process on `args`, which must succeed; the thread count its `-t` sets is
+    put back after."""
+    before = get_threads()
+    try:
+        assert cli.main(args) == 0
+    finally:
+        set_threads(before)
+
+
 def _write(path: str, names: dict, seed: int = 0, key=lambda n: n) -> str:
     if not os.path.exists(path):
         arrays = {}
@@ -85,11 +95,7 @@ def test_matches_sd_cli(parts, tmp_path, variant):
     ref, ours = str(tmp_path / "sdcli.png"), str(tmp_path / "sdrt.png")
     r = subprocess.run([_sdcli(), *files, *ARGS, "-o", ref], capture_output=True, text=True, timeout=3600)
     assert r.returncode == 0 and os.path.exists(ref), r.stdout[-3000:] + r.stderr[-3000:]
-    before = get_threads()
-    try:
-        assert cli.main([*files, *ARGS, "-o", ours]) == 0
-    finally:
-        set_threads(before)
+    run_sdrt([*files, *ARGS, "-o", ours])
     p = psnr(read_rgb(ours), read_rgb(ref))
     print(f"sdrt vs sd-cli, Flux {variant} (1+2 blocks, 256x256, 4 steps, f32): PSNR {p:.2f} dB")
     assert p >= MIN_PSNR, f"sdrt vs sd-cli ({variant}): PSNR {p:.2f} dB (need >= {MIN_PSNR})"
@@ -121,11 +127,7 @@ def test_convert_round_trip_with_sd_cli(parts, tmp_path):
     r = subprocess.run([_sdcli(), "--diffusion-model", ours, *files, *ARGS, "-o", img_ref], capture_output=True,
                        text=True, timeout=3600)
     assert r.returncode == 0 and os.path.exists(img_ref), r.stdout[-3000:] + r.stderr[-3000:]
-    before = get_threads()
-    try:
-        assert cli.main(["--diffusion-model", ref, *files, *ARGS, "-o", img_ours]) == 0
-    finally:
-        set_threads(before)
+    run_sdrt(["--diffusion-model", ref, *files, *ARGS, "-o", img_ours])
     p = psnr(read_rgb(img_ours), read_rgb(img_ref))
     print(f"Flux dev Q8_0 (1+2 blocks) tensors {kinds}: sd-cli on sdrt's GGUF vs sdrt on sd-cli's: PSNR {p:.2f} dB")
     assert p >= MIN_PSNR
@@ -162,19 +164,12 @@ def test_lora_matches_sd_cli(parts, tmp_path, mode):
     r_ = subprocess.run([_sdcli(), *files, *args, "-o", ref], capture_output=True, text=True, timeout=3600)
     assert r_.returncode == 0 and os.path.exists(ref), r_.stdout[-3000:] + r_.stderr[-3000:]
     applied = [ln for ln in (r_.stdout + r_.stderr).splitlines() if "LoRA tensors" in ln]
-    before = get_threads()
-    try:
-        assert cli.main([*files, *args, "-o", ours]) == 0
-    finally:
-        set_threads(before)
+    run_sdrt([*files, *args, "-o", ours])
     p = psnr(read_rgb(ours), read_rgb(ref))
     moved = ""
     if mode == "immediately":               # the LoRAs change the image (sdrt without them)
         plain = str(tmp_path / "plain.png")
-        try:
-            assert cli.main([*files, *ARGS, "-o", plain]) == 0
-        finally:
-            set_threads(before)
+        run_sdrt([*files, *ARGS, "-o", plain])
         m = psnr(read_rgb(ours), read_rgb(plain))
         moved = f"; LoRA image vs no-LoRA {m:.2f} dB"
         assert m < 30, m

@@ -16,8 +16,7 @@ import subprocess
 
 import pytest
 
-from sdrt.cli import main as cli
-from sdrt.ops.threads import get_threads, set_threads
+from test_flux_sdcli import run_sdrt
 from test_image_regression import psnr, read_rgb
 
 MIN_PSNR = 40.0
@@ -61,11 +60,7 @@ def _compare(parts, tmp_path, extra, what):
     ref, ours = str(tmp_path / "sdcli.png"), str(tmp_path / "sdrt.png")
     r = subprocess.run([_sdcli(), *files, *ARGS, *extra, "-o", ref], capture_output=True, text=True, timeout=3600)
     assert r.returncode == 0 and os.path.exists(ref), r.stdout[-3000:] + r.stderr[-3000:]
-    before = get_threads()
-    try:
-        assert cli.main([*files, *ARGS, *extra, "-o", ours]) == 0
-    finally:
-        set_threads(before)
+    run_sdrt([*files, *ARGS, *extra, "-o", ours])
     p = psnr(read_rgb(ours), read_rgb(ref))
     print(f"sdrt vs sd-cli, {what} (1 block, 256x256, 4 steps, f32): PSNR {p:.2f} dB")
     assert p >= MIN_PSNR, f"sdrt vs sd-cli ({what}): PSNR {p:.2f} dB (need >= {MIN_PSNR})"

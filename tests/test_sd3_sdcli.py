@@ -21,11 +21,9 @@ import pytest
 
 import flux_tiny as ft
 import sd3_tiny as st
-from sdrt.cli import main as cli
 from sdrt.io import write_safetensors
 from sdrt.models.diffusion.mmdit import MMDiTConfig
-from sdrt.ops.threads import get_threads, set_threads
-from test_flux_sdcli import _sdcli, t5_full
+from test_flux_sdcli import _sdcli, run_sdrt, t5_full
 from test_image_regression import psnr, read_rgb
 
 MIN_PSNR = 40.0
@@ -80,11 +78,7 @@ def test_matches_sd_cli(parts, tmp_path, slg):
     ref, ours = str(tmp_path / "sdcli.png"), str(tmp_path / "sdrt.png")
     r = subprocess.run([_sdcli(), *files, *args, "-o", ref], capture_output=True, text=True, timeout=3600)
     assert r.returncode == 0 and os.path.exists(ref), r.stdout[-3000:] + r.stderr[-3000:]
-    before = get_threads()
-    try:
-        assert cli.main([*files, *args, "-o", ours]) == 0
-    finally:
-        set_threads(before)
+    run_sdrt([*files, *args, "-o", ours])
     p = psnr(read_rgb(ours), read_rgb(ref))
     print(f"sdrt vs sd-cli, SD3 ({VARIANT}, depth {DEPTH}, 256x256, 4 steps, f32, slg={slg}): PSNR {p:.2f} dB")
     assert p >= MIN_PSNR, f"sdrt vs sd-cli (SD3, slg={slg}): PSNR {p:.2f} dB (need >= {MIN_PSNR})"

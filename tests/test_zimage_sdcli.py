@@ -23,8 +23,7 @@ import subprocess
 
 import pytest
 
-from sdrt.cli import main as cli
-from sdrt.ops.threads import get_threads, set_threads
+from test_flux_sdcli import run_sdrt
 from test_image_regression import psnr, read_rgb
 
 MIN_PSNR = 40.0
@@ -62,11 +61,7 @@ def test_matches_sd_cli(files, tmp_path, case):
     assert r.returncode == 0 and os.path.exists(ref), (
         "sd-cli failed (an sd-cli without bench/patch_sdcli_zimage.py cannot load a reduced Z-Image DiT):\n"
         + r.stdout[-3000:] + r.stderr[-3000:])
-    before = get_threads()
-    try:
-        assert cli.main([*files, *ARGS, *CASES[case], "-o", ours]) == 0
-    finally:
-        set_threads(before)
+    run_sdrt([*files, *ARGS, *CASES[case], "-o", ours])
     p = psnr(read_rgb(ours), read_rgb(ref))
     print(f"sdrt vs sd-cli, Z-Image {case} (2+1+1 layers, width 256, 256x256, 4 steps, f32): PSNR {p:.2f} dB")
     assert p >= MIN_PSNR, f"sdrt vs sd-cli ({case}): PSNR {p:.2f} dB (need >= {MIN_PSNR})"

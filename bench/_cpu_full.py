@@ -106,9 +106,10 @@ def psnr_lines(images: dict, pairs) -> list[str]:
     return out
 
 
-def summary_lines(res: dict, steps: int, stage: str, title: str) -> list[str]:
+def summary_lines(res: dict, steps: int, stage: str, title: str, out: str, tag: str, engines) -> list[str]:
     """The markdown table of each engine's run (`stage`: the result key of the text-encoder stage,
-    `title` its column name) and sd-cli's times over sdrt's."""
+    `title` its column name), sd-cli's times over sdrt's, and the PSNRs between the engines'
+    images `out/<engine><tag>.png` (earlier runs' too)."""
     lines = [f"| engine | {title} (s) | s/step ({steps}-step mean) | s/step (steps 2..{steps}) | decode (s) "
              "| peak RSS (GiB) | wall (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in res.items():
@@ -119,4 +120,5 @@ def summary_lines(res: dict, steps: int, stage: str, title: str) -> list[str]:
         lines.append(f"sd-cli / sdrt: {title} {c[stage] / s[stage]:.2f}x, step {c['per_step'] / s['per_step']:.2f}x "
                      f"(steps 2..{steps}: {c['after_first'] / s['after_first']:.2f}x), RSS sdrt / sd-cli "
                      f"{s['rss'] / c['rss']:.2f}")
-    return lines
+    imgs = {n: read_image(os.path.join(out, f"{n}{tag}.png")) for n in engines}
+    return lines + psnr_lines(imgs, (("sdrt", "sdcli"), ("sdrt-exact", "sdcli"), ("sdrt", "sdrt-exact")))

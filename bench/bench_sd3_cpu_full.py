@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cpu_full import LOCK, ROOT, after_first, psnr_lines, read_image, record, run, stage, summary_lines  # noqa: E402
+from _cpu_full import LOCK, ROOT, after_first, record, run, stage, summary_lines  # noqa: E402
 
 PROMPT = ("a lovely cat sitting on a wooden windowsill at golden hour, soft light, detailed fur, "
           "(green eyes:1.2), film grain")
@@ -84,10 +84,7 @@ def main() -> None:
               f"{r['after_first']:.2f} s), decode {r['decode']:.2f} s, peak RSS {rss:.2f} GiB, wall {wall:.0f} s",
               flush=True)
     print()
-    for line in summary_lines(res, a.steps, "cond", "conditioning"):
-        print(line)
-    imgs = {n: read_image(os.path.join(a.out, f"{n}{a.tag}.png")) for n in engines}  # earlier runs' too
-    for line in psnr_lines(imgs, (("sdrt", "sdcli"), ("sdrt-exact", "sdcli"), ("sdrt", "sdrt-exact"))):
+    for line in summary_lines(res, a.steps, "cond", "conditioning", a.out, a.tag, engines):
         print(line)
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cpu_full import (LOCK, ROOT, after_first, disk_read_gib, evict, psnr_lines, read_image,  # noqa: E402
-                       record, run, stage, summary_lines)
+from _cpu_full import (LOCK, ROOT, after_first, disk_read_gib, evict, record, run, stage,  # noqa: E402
+                       summary_lines)
 
 WORDS = ("a lovely cat sitting on a wooden windowsill at golden hour, soft light through lace curtains, "
          "detailed fur, green eyes, a small clay pot with basil, rain drops on the glass, a quiet street "
@@ -106,10 +106,7 @@ def main() -> None:
               f"read from disk {r['disk_read']:.2f} GiB",
               flush=True)
     print()
-    for line in summary_lines(res, a.steps, "encode", "Qwen3-4B encode, 256 tokens"):
-        print(line)
-    imgs = {n: read_image(os.path.join(a.out, f"{n}{a.tag}.png")) for n in engines}  # earlier runs' too
-    for line in psnr_lines(imgs, (("sdrt", "sdcli"), ("sdrt-exact", "sdcli"), ("sdrt", "sdrt-exact"))):
+    for line in summary_lines(res, a.steps, "encode", "Qwen3-4B encode, 256 tokens", a.out, a.tag, engines):
         print(line)
 
 

@@ -46,6 +46,7 @@ from .ops.attention import attention_into_cont, wants_f32
 from .ops.attention import plan as attention_plan
 from .ops.conv import Epilogue, bias_axis, conv2d, conv3x3_direct, takes_direct
 from .ops.conv import gemm_dtype as conv_gemm_dtype
+from .ops.layout import parts_are_runs
 from .devtensor import padded_nb
 from .ops.matmul import gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_residual
 
@@ -209,8 +210,8 @@ def _writes_half(node, fn, srcs) -> bool:
         cv = getattr(fn, "direct_conv", node)
         return takes_direct(cv) and (len(cv.src) < 3 or bias_axis(cv.src[2], cv.ne[2]) is not None)
     if node.op == "concat":       # ops/layout.concat converts F32 sources into one contiguous run each
-        d = node.params["dim"]
-        return all(n == 1 for n in node.ne4[d + 1:]) and all(s.dtype.name in ("F32", "F16", "BF16") for s in node.src)
+        return parts_are_runs(node.ne4, node.params["dim"]) and all(s.dtype.name in ("F32", "F16", "BF16")
+                                                                    for s in node.src)
     return fn is not _skip and node.op in _HALF_WRITERS and node.src[0].dtype.name in ("F32", "F16", "BF16")
 
 

@@ -77,13 +77,18 @@ def copy4d(rt, dst: int, dst_nb, src: int, src_nb, ne, elem_size: int) -> None:
     launch(rt, f"copy4d_{_RAW[elem_size]}", "PqqqqPqqqqqqqq", n, dst, *dst_nb, src, *src_nb, *ne)
 
 
+def parts_are_runs(ne, dim: int) -> bool:
+    """Whether each source's part of a concat along `dim` into shape `ne` is one contiguous run
+    (no dim above `dim` wider than 1)."""
+    return all(n == 1 for n in ne[dim + 1:])
+
+
 @CUDA.register("concat", supports=_non_block)
 def concat(node, xs, out, rt):
-    # each source's part is one contiguous run when no dim above `dim` is wider than 1: then a
-    # contiguous source is one device memcpy; an F16-stored concat (fuse.half_nodes, which
-    # requires such runs) converts its F32 sources
+    # a contiguous source whose part is one run is one device memcpy; an F16-stored concat
+    # (fuse.half_nodes, which requires such runs) converts its F32 sources
     dim = node.params["dim"]
-    runs = all(n == 1 for n in out.ne[dim + 1:])
+    runs = parts_are_runs(out.ne, dim)
     start = 0
     for x in xs:
         dst = out.ptr + start * out.nb[dim]

@@ -10,6 +10,8 @@ after a warm-up), ratio = time / torch SDPA time:
 - mma rR wW f16:   sdrt's attention kernel function on contiguous fp16 q/k/v, the sm_80+ flash
                    kernel (read in place, no staging) in its variant of 16*R rows per warp and
                    W warps per block (* marks the default, MMA_VARIANT);
+- wgmma gG kK f16: on sm_90, the wgmma kernel with G warpgroups per block and K keys per
+                   tile (* marks the default, WGMMA_VARIANT);
 - wmma rN f16:     the portable wmma flash kernel (the fallback), default rows per warp;
                    includes its three staging passes;
 - flash f32 view:  the default flash path on F32 q/k/v permuted from [N, L, H, D] (what the
@@ -67,27 +69,27 @@ def torch_sdpa(q, k, v, repeat):
 
 def kernel_call(d: CudaDev, node, force: str | None = None, variant=None):
     """A closure running the attention kernel function as the backend would, with the path
-    forced (FORCE_PATH) and the kernel variant chosen (an (rf, nw) of MMA_VARIANT for "flash",
-    an rf of FLASH_RF for "wmma"); and the output DevTensor."""
+    forced (FORCE_PATH) and, for "flash", the kernel chosen (variant ("mma", rf, nw) or
+    ("wgmma", warpgroups, keys per tile)); and the output DevTensor."""
     from sdrt.gpu.cuda.table import CUDA
     k = CUDA.find(node)
     xs = [d.put(s) for s in node.src]
     out = d.out(node)
     dp = GA.flash_dim(node.src[0].ne4[0], node.src[2].ne4[0])
-    table = GA.MMA_VARIANT if force == "flash" else GA.FLASH_RF
 
     def call():
-        saved_path, saved = GA.FORCE_PATH, table.get(dp)
+        saved = GA.FORCE_PATH, GA.USE_WGMMA, dict(GA.MMA_VARIANT), dict(GA.WGMMA_VARIANT)
         GA.FORCE_PATH = force
         if variant is not None:
-            table[dp] = variant
+            GA.USE_WGMMA = variant[0] == "wgmma"
+            (GA.WGMMA_VARIANT if GA.USE_WGMMA else GA.MMA_VARIANT)[dp] = tuple(variant[1:])
         try:
             d.rt.begin_kernel()
             k.fn(node, xs, out, d.rt)
         finally:
-            GA.FORCE_PATH = saved_path
-            if saved is not None:
-                table[dp] = saved
+            GA.FORCE_PATH, GA.USE_WGMMA = saved[:2]
+            GA.MMA_VARIANT.update(saved[2])
+            GA.WGMMA_VARIANT.update(saved[3])
     return call, xs, out
 
 
@@ -109,10 +111,15 @@ def bench_shape(d: CudaDev, args, rng, name: str, N: int, H: int, Lq: int, Lk: i
     node16 = F.attention(*(Tensor.from_numpy(a) for a in (q16, k16, v16)))
     dp = GA.flash_dim(D, D)
     if dp is not None:
+        sm90 = tuple(d.rt.device.capability) == (9, 0)
         for rf, nw in sorted((r, w) for dd, r, w in GA.MMA_KERNELS if dd == dp):
-            call, xs, out = kernel_call(d, node16, "flash", (rf, nw))
-            mark = "*" if GA.MMA_VARIANT[dp] == (rf, nw) else " "
+            call, xs, out = kernel_call(d, node16, "flash", ("mma", rf, nw))
+            mark = "*" if GA.MMA_VARIANT[dp] == (rf, nw) and not (sm90 and dp in GA.WGMMA_VARIANT) else " "
             row(f"mma r{rf}w{nw}{mark} f16", d.time_ms(call, args.repeat), out)
+        for g, bk in sorted((g, k) for dd, g, k in GA.WGMMA_KERNELS if dd == dp and sm90):
+            call, xs, out = kernel_call(d, node16, "flash", ("wgmma", g, bk))
+            mark = "*" if GA.WGMMA_VARIANT[dp] == (g, bk) else " "
+            row(f"wgmma g{g}k{bk}{mark} f16", d.time_ms(call, args.repeat), out)
         call, xs, out = kernel_call(d, node16, "wmma")
         row(f"wmma r{GA.FLASH_RF[dp]} f16", d.time_ms(call, args.repeat), out)
         # the same inputs in F32, as permuted views of [N, L, H, D] (the UNet's layout)

@@ -6,7 +6,8 @@
     python tools/build_cuda_kernels.py --check             # exit 1 when a fatbin is missing or stale
 
 Each `sdrt/gpu/cuda/kernels/<family>.cu` becomes `<family>.fatbin` holding SASS for sm_80,
-sm_86, sm_89 and sm_90 plus compute_90 PTX (newer GPUs JIT it), built with -O3 -std=c++17.
+sm_86, sm_89 and sm_90 plus compute_90 PTX (newer GPUs JIT it), built with -O3 -std=c++17;
+a family of driver.FAMILY_ARCHS ships its own list instead (attention_sm90: sm_90a SASS only).
 `manifest.json` records per family the sha256 of the source and of the local headers it
 includes, the archs built and the nvcc version. `--check` (run by tests/test_cuda_build.py in CI)
 and the runtime (sdrt.gpu.cuda.driver.load_module) compare it with the sources, so a .cu edited
@@ -31,8 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from sdrt.gpu.cuda.driver import (ARCHS, KERNELS_DIR, MANIFEST, PTX_ARCH, CudaDriverError,  # noqa: E402
-                                  compile_fatbin, find_nvcc, read_manifest, source_digest)
+from sdrt.gpu.cuda.driver import (FAMILY_ARCHS, KERNELS_DIR, MANIFEST, CudaDriverError,  # noqa: E402
+                                  compile_fatbin, family_archs, find_nvcc, read_manifest,
+                                  source_digest)
 from sdrt.gpu.cuda.naming import OPS_HEADER, missing_symbols, ops_header  # noqa: E402
 
 
@@ -70,24 +72,35 @@ def stale_reasons(names=None) -> list[str]:
             problems.append(f"{cu.stem}: not in {MANIFEST.name}")
         elif entry.get("sha256") != source_digest(cu):
             problems.append(f"{cu.stem}: {cu.name} changed since {fat.name} was built")
-        elif tuple(entry.get("archs", ())) != ARCHS or entry.get("ptx") != PTX_ARCH:
-            problems.append(f"{cu.stem}: built for {entry.get('archs')} only; ship {list(ARCHS)} + {PTX_ARCH}")
+        elif (tuple(entry.get("archs", ())), entry.get("ptx")) != family_archs(cu.stem):
+            archs, ptx = family_archs(cu.stem)
+            problems.append(f"{cu.stem}: built for {entry.get('archs')} only; ship {list(archs)} + {ptx}")
     if not names:
         known = {p.stem for p in families()}
         problems += [f"{k}: in {MANIFEST.name} but {k}.cu is gone" for k in man if k not in known]
     if not OPS_HEADER.exists() or OPS_HEADER.read_text() != ops_header():
         problems.append(f"{OPS_HEADER.name} differs from the op registry (rebuild writes it)")
     elif not problems:
-        problems += [f"{m}: kernel missing from the fatbin" for m in missing_symbols(ARCHS)]
+        problems += [f"{m}: kernel missing from the fatbin" for m in missing_symbols()]
     return problems
 
 
-def build_one(nvcc: str, version: str, cu: Path, archs, full: bool) -> str:
+def build_one(nvcc: str, version: str, cu: Path, archs) -> str:
+    """Build one family for every arch it ships (archs None), or for `archs` (development;
+    an arch-specific family takes its own name of the arch: sm_90 -> sm_90a)."""
     t0 = time.perf_counter()
     fat = cu.with_suffix(".fatbin")
-    compile_fatbin(nvcc, cu, fat, archs, PTX_ARCH if full else None)
-    update_manifest(cu.stem, {"sha256": source_digest(cu), "archs": list(archs),
-                              "ptx": PTX_ARCH if full else None, "nvcc": version})
+    own, ptx = family_archs(cu.stem)
+    if archs is not None:
+        ptx = None
+        if cu.stem in FAMILY_ARCHS:
+            archs = tuple(a for a in own if a.rstrip("a") in {x.rstrip("a") for x in archs})
+            if not archs:
+                return f"{cu.stem}: skipped (built for {', '.join(own)} only)"
+    else:
+        archs = own
+    compile_fatbin(nvcc, cu, fat, archs, ptx)
+    update_manifest(cu.stem, {"sha256": source_digest(cu), "archs": list(archs), "ptx": ptx, "nvcc": version})
     return f"{cu.stem}: {fat.stat().st_size / 1024:.0f} KiB ({', '.join(archs)}) in {time.perf_counter() - t0:.1f} s"
 
 
@@ -113,15 +126,15 @@ def main(argv=None) -> int:
     if not OPS_HEADER.exists() or OPS_HEADER.read_text() != ops_header():
         OPS_HEADER.write_text(ops_header())
         print(f"wrote {OPS_HEADER.name} from the op registry")
-    archs = tuple(a.arch) if a.arch else ARCHS
-    bad = [x for x in archs if not re.fullmatch(r"sm_\d+a?", x)]
+    archs = tuple(a.arch) if a.arch else None
+    bad = [x for x in archs or () if not re.fullmatch(r"sm_\d+a?", x)]
     if bad:
         print(f"--arch takes names like sm_90, got {bad}", file=sys.stderr)
         return 2
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     rc = 0
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
-        futures = [pool.submit(build_one, nvcc, version, cu, archs, a.arch is None) for cu in families(a.families)]
+        futures = [pool.submit(build_one, nvcc, version, cu, archs) for cu in families(a.families)]
         for f in futures:
             try:
                 print(f.result(), flush=True)

@@ -2,7 +2,8 @@
 tests at the end check the kernel tables against kernels/attention.cu and run everywhere).
 
 Every GPU case runs on each path of sdrt/gpu/cuda/attention.py, forced with FORCE_PATH:
-"flash" (on sm_80+ the mma.sync kernel, F16 inputs read in place, others packed to half),
+"flash" (on sm_90 the wgmma kernel for head dims 64/128, else on sm_80+ the mma.sync kernel;
+F16 inputs read in place, others packed to half),
 "wmma" (the portable wmma kernel on staged half q/k/v, F32 online softmax), "gemm16" (cuBLAS F16 GEMMs, F32
 scores and softmax) and "gemm32" (pedantic F32 GEMMs: the precision="F32" path). Errors are
 measured relative to the output's largest magnitude: 2e-3 for the half paths (a numpy model of
@@ -215,8 +216,36 @@ def test_every_mma_variant(cuda, rng, monkeypatch, dp, rf, nw, dtype):
     if cuda.rt.device.capability < (8, 0):
         pytest.skip("mma kernels need sm_80")
     monkeypatch.setattr(GA, "FORCE_PATH", "flash")
+    monkeypatch.setattr(GA, "USE_WGMMA", False)
     monkeypatch.setitem(GA.MMA_VARIANT, dp, (rf, nw))
     _check_full_and_padded(cuda, rng, dp, "flash", Lq=300, dtype=dtype)
+
+
+def _on_sm90(cuda, monkeypatch, dp, nwg, bk):
+    if tuple(cuda.rt.device.capability) != (9, 0):
+        pytest.skip("wgmma kernels run on sm_90 only")
+    monkeypatch.setattr(GA, "FORCE_PATH", "flash")
+    monkeypatch.setitem(GA.WGMMA_VARIANT, dp, (nwg, bk))
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16"])
+@pytest.mark.parametrize("dp,nwg,bk", sorted(GA.WGMMA_KERNELS))
+def test_every_wgmma_variant(cuda, rng, monkeypatch, dp, nwg, bk, dtype):
+    """Each compiled kernel attn_wgmma_d<dp>_g<nwg>_k<bk> (sm_90), as test_every_mma_variant."""
+    _on_sm90(cuda, monkeypatch, dp, nwg, bk)
+    _check_full_and_padded(cuda, rng, dp, "flash", Lq=300, dtype=dtype)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_wgmma_long_gqa_broadcast_mask(cuda, rng, monkeypatch, D):
+    """The default wgmma kernel over many key tiles (1000 keys, a ragged last one), two query
+    heads per K/V head, one K/V batch for two query batches, a [Lq, Lk] mask per head."""
+    _on_sm90(cuda, monkeypatch, D, *GA.WGMMA_VARIANT[D])
+    q, k, v = randn(rng, 2, 4, 333, D), randn(rng, 1, 2, 1000, D), randn(rng, 1, 2, 1000, D)
+    m = randn(rng, 4, 333, 1000)
+    m[:, 5] = -np.inf                        # a fully masked row gives zeros
+    got, _ = check(cuda, F.attention(leaf(q, "F16"), leaf(k, "F16"), leaf(v, "F16"), leaf(m, "F16")), "flash")
+    assert np.all(got[:, :, 5, :] == 0)
 
 
 def test_gemm_path_query_chunks(cuda, rng, monkeypatch, path):
@@ -274,6 +303,13 @@ def _compiled_mma() -> set:
     return set(_compiled_mma_stages())
 
 
+def _compiled_wgmma() -> dict:
+    """{(dp, warpgroups, keys per tile): stages} of attention_sm90.cu's WGMMA_KERNEL lines."""
+    src = (KERNELS / "attention_sm90.cu").read_text()
+    found = re.findall(r"^WGMMA_KERNEL\((\d+), (\d+), (\d+), (\d+)\)", src, re.MULTILINE)
+    return {tuple(map(int, m[:3])): int(m[3]) for m in found}
+
+
 def test_flash_tables_match_the_source():
     compiled = _compiled_variants()
     assert {(d, 1) for d in GA.FLASH_DIMS} | {(d, 2) for d in GA.FLASH_RF2_DIMS} == compiled
@@ -284,6 +320,8 @@ def test_flash_tables_match_the_source():
     assert all((d, *rw) in GA.MMA_KERNELS for d, rw in GA.MMA_VARIANT.items())
     # the Python side sizes the shared memory from MMA_STAGES: it must be what was compiled
     assert all(GA.MMA_STAGES[d] == st for (d, _, _), st in _compiled_mma_stages().items())
+    assert _compiled_wgmma() == GA.WGMMA_KERNELS
+    assert all((d, *v) in GA.WGMMA_KERNELS for d, v in GA.WGMMA_VARIANT.items())
 
 
 def test_fatbin_has_every_kernel():
@@ -298,6 +336,10 @@ def test_fatbin_has_every_kernel():
     names += ["attn_softmax_f16", "attn_softmax_f32"]
     missing = [n for n in names if n.encode() not in data]
     assert not missing, f"not in attention.fatbin: {missing}"
+    data = (KERNELS / "attention_sm90.fatbin").read_bytes()
+    missing = [f"attn_wgmma_d{d}_g{g}_k{k}" for d, g, k in _compiled_wgmma()
+               if f"attn_wgmma_d{d}_g{g}_k{k}".encode() not in data]
+    assert not missing, f"not in attention_sm90.fatbin: {missing}"
 
 
 @pytest.mark.parametrize("D,Dv,want", [(40, 40, ("flash", 48)), (64, 64, ("flash", 64)), (80, 80, ("flash", 80)),

@@ -42,6 +42,8 @@ KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 MANIFEST = KERNELS_DIR / "manifest.json"
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")   # SASS shipped in every fatbin
 PTX_ARCH = "compute_90"                         # plus PTX the driver JITs on newer GPUs
+# families built for one arch's own features only (SASS, no PTX): Hopper's wgmma is sm_90a's
+FAMILY_ARCHS = {"attention_sm90": (("sm_90a",), None)}
 NVCC_FLAGS = ("-O3", "-std=c++17")
 
 
@@ -500,10 +502,15 @@ def find_nvcc() -> str | None:
     return None
 
 
+def family_archs(family: str) -> tuple[tuple[str, ...], str | None]:
+    """(SASS archs, PTX arch or None) that kernel family `family` ships."""
+    return FAMILY_ARCHS.get(family, (ARCHS, PTX_ARCH))
+
+
 def gencode_flags(archs, ptx_arch: str | None) -> list[str]:
     flags = []
     for a in archs:
-        flags += ["-gencode", f"arch=compute_{a[3:].rstrip('a')},code={a}"]
+        flags += ["-gencode", f"arch=compute_{a[3:]},code={a}"]
     if ptx_arch:
         flags += ["-gencode", f"arch={ptx_arch},code={ptx_arch}"]
     return flags
@@ -552,6 +559,12 @@ def _load_module(device: CudaDevice, name: str):
                                        f"{device.info.describe()} ({e})") from e
         raise UnsupportedError(f"CUDA kernels {name!r}: {why}, and no nvcc to build {cu.name}")
     arch = device.info.arch
+    own = family_archs(name)[0]
+    if own != ARCHS:   # an arch-specific family: its own arch for this GPU, or none
+        arch = next((a for a in own if a.rstrip("a") == arch), None)
+        if arch is None:
+            raise UnsupportedError(f"CUDA kernels {name!r} exist for {', '.join(own)} only, "
+                                   f"not {device.info.describe()}")
     out = _dev_cache_dir() / f"{name}-{source_digest(cu)[:16]}-{arch}.fatbin"
     if not out.exists():
         log.warning("cuda: %s; compiling %s for %s with nvcc (development only: run "

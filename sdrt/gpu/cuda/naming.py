@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ...ops.registry import FLOATS, OPS, ops_of_kind
 from .devtensor import SUFFIX
+from .driver import family_archs
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 OPS_HEADER = KERNELS_DIR / "elementwise_ops.cuh"
@@ -65,10 +66,11 @@ def fatbin_symbols(fatbin: Path, name: str) -> int:
     return fatbin.read_bytes().count(b".text." + name.encode() + b"\0")
 
 
-def missing_symbols(archs) -> list[str]:
+def missing_symbols() -> list[str]:
     """'module: kernel' for every registered kernel some shipped arch's cubin lacks."""
     bad = []
     for module, names in registered_kernels().items():
+        archs = family_archs(module)[0]
         fat = KERNELS_DIR / f"{module}.fatbin"
         data = fat.read_bytes() if fat.exists() else b""
         bad += [f"{module}: {n}" for n in names if data.count(b".text." + n.encode() + b"\0") < len(archs)]

@@ -2,7 +2,10 @@
 device code: kernels/attention.cu).
 
 Paths, chosen per node by `plan()` (and, for flash, by the device):
-- "flash" on sm_80+ (attn_mma_* kernels): FlashAttention-2's scheme on mma.sync tensor-core
+- "flash" on sm_90 with head dims 64 and 128 (attn_wgmma_* kernels, kernels/attention_sm90.cu,
+  built for sm_90a): the same scheme on Hopper's warpgroup MMA, K/V tiles in wgmma's
+  shared-memory layout, the same arguments and staging as the mma kernels below.
+- "flash" on sm_80+ otherwise (attn_mma_* kernels): FlashAttention-2's scheme on mma.sync tensor-core
   instructions; scores, probabilities and the output accumulator stay in registers, K/V tiles
   go through shared memory in a 2-4 stage cp.async pipeline (MMA_STAGES). F16 q/k/v whose rows are 16-byte
   aligned with D a multiple of 8 are read in place through their strides (q scaled by
@@ -50,6 +53,7 @@ FLASH_RF2_DIMS = (32, 48, 64, 80)
 FLASH_RF = {16: 1, 32: 2, 48: 2, 64: 1, 80: 1, 96: 1, 128: 1, 160: 1}
 SCORE_BYTES = 32 << 20    # gemm path: scores + probabilities of one query chunk (one size: see conv.COL_BYTES)
 FORCE_PATH: str | None = None  # tests/bench: "flash", "wmma", "gemm16" or "gemm32" (default: plan())
+USE_WGMMA = True          # tests/bench: False runs the mma.sync kernels on sm_90 too
 
 # sm_80+ flash kernels attn_mma_d<dp>_r<rf>_w<nw> (kernels/attention.cu MMA_KERNEL lines): the
 # default (rf, nw) per padded head dim, every compiled variant (the bench times them all) and the
@@ -61,6 +65,13 @@ MMA_KERNELS = frozenset({(d, r, w) for d, (r, w) in MMA_VARIANT.items()} |
 MMA_STAGES = {16: 3, 32: 3, 48: 3, 64: 4, 80: 3, 96: 2, 128: 2, 160: 2}
 MMA_BK = 64               # keys per tile (MMA_BK in the .cu)
 _OFFSET_LIMIT = 1 << 31   # the mma kernel's K/V offsets within a head are 32-bit
+
+# sm_90a flash kernels attn_wgmma_d<dp>_g<warpgroups>_k<keys per tile> (kernels/attention_sm90.cu
+# WGMMA_KERNEL lines) with their K/V pipeline stages, and the default variant per head dim
+WGMMA_MODULE = "attention_sm90"
+WGMMA_KERNELS = {(64, 2, 128): 2, (64, 3, 128): 2, (64, 2, 64): 3, (64, 1, 64): 2,
+                 (128, 2, 128): 2, (128, 2, 64): 3, (128, 3, 64): 2, (128, 1, 64): 2}
+WGMMA_VARIANT = {64: (2, 64), 128: (2, 64)}
 
 _BLOCK = 256              # threads of the staging kernel's blocks
 _MAX_GRID_X = 1 << 20     # grid-stride kernels: enough blocks to fill any GPU
@@ -179,25 +190,44 @@ def _pack(rt, t, scale: float) -> tuple:
     return dst, dpad, L * dpad, Hs * L * dpad, dpad, True
 
 
-def mma_attention(node, xs, out, rt, dp: int, out_strides=None) -> None:
-    """out_strides: (row, head, batch) element steps of the output (default: out contiguous
-    [Dv, Lq, H, N]); out may be F32 or F16."""
+def wgmma_smem_bytes(dp: int, nwg: int, bk: int) -> int:
+    """Dynamic shared memory of attn_wgmma_d<dp>_g<nwg>_k<bk> (wg_smem_halves in the .cu)."""
+    return 2 * (WGMMA_KERNELS[(dp, nwg, bk)] * 2 * bk * dp + nwg * 64 * (dp + 8))
+
+
+def _kernel(rt, dp: int, variant=None) -> tuple:
+    """(launcher, threads per block, query rows per block, shared bytes) of the flash kernel
+    for padded head dim dp on this device: wgmma on sm_90 where compiled, else mma.sync.
+    variant: ("wgmma", nwg, bk) or ("mma", rf, nw) to pick one (the bench times them all)."""
+    args = "Pqqq" * 3 + "iif" + "Pi" + "qqqq" + "iii" + "Pqqqi" + "i" * 7
+    if variant is None:
+        wg = USE_WGMMA and tuple(rt.device.capability) == (9, 0) and dp in WGMMA_VARIANT
+        variant = ("wgmma", *WGMMA_VARIANT[dp]) if wg else ("mma", *MMA_VARIANT[dp])
+    if variant[0] == "wgmma":
+        _, nwg, bk = variant
+        fn = rt.fn(WGMMA_MODULE, f"attn_wgmma_d{dp}_g{nwg}_k{bk}", args)
+        return fn, nwg * 128, nwg * 64, wgmma_smem_bytes(dp, nwg, bk)
+    _, rf, nw = variant
+    fn = rt.fn(MODULE, f"attn_mma_d{dp}_r{rf}_w{nw}", args)
+    return fn, nw * 32, nw * 16 * rf, mma_smem_bytes(dp, rf, nw)
+
+
+def mma_attention(node, xs, out, rt, dp: int, out_strides=None, variant=None) -> None:
+    """The sm_80+ flash kernels (_kernel picks one). out_strides: (row, head, batch) element
+    steps of the output (default: out contiguous [Dv, Lq, H, N]); out may be F32 or F16."""
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) == 4 else None
     _, Dv, Lq, Lk, H, N, rh, rn = _shapes(xs)
     os1, os2, os3 = out_strides or (Dv, Lq * Dv, H * Lq * Dv)
-    rf, nw = MMA_VARIANT[dp]
+    fn, threads, bq, shmem = _kernel(rt, dp, variant)
     sl2 = node.params["scale"] * math.log2(math.e)
     qp, qs1, qs2, qs3, dq, staged = _pack(rt, q, sl2)
     kp, ks1, ks2, ks3, _, _ = _pack(rt, k, 1.0)
     vp, vs1, vs2, vs3, dvv, _ = _pack(rt, v, 1.0)
-    bq = nw * 16 * rf
-    fn = rt.fn(MODULE, f"attn_mma_d{dp}_r{rf}_w{nw}",
-               "Pqqq" * 3 + "iif" + "Pi" + "qqqq" + "iii" + "Pqqqi" + "i" * 7)
     grid = (_cdiv(Lq, bq), min(H, _MAX_GRID_YZ), min(N, _MAX_GRID_YZ))
-    fn(grid, (nw * 32, 1, 1), qp, qs1, qs2, qs3, kp, ks1, ks2, ks3, vp, vs1, vs2, vs3, dq, dvv,
+    fn(grid, (threads, 1, 1), qp, qs1, qs2, qs3, kp, ks1, ks2, ks3, vp, vs1, vs2, vs3, dq, dvv,
        1.0 if staged else float(sl2), *_mask_args(mask), out.ptr, os1, os2, os3,
-       int(out.dtype.name == "F16"), Dv, Lq, Lk, H, N, rh, rn, shmem=mma_smem_bytes(dp, rf, nw))
+       int(out.dtype.name == "F16"), Dv, Lq, Lk, H, N, rh, rn, shmem=shmem)
 
 
 def attention_into_cont(att, xs, out, rt) -> None:

@@ -1,0 +1,346 @@
+// Flash attention on Hopper's warpgroup MMA (wgmma), for head dims 64 and 128: the kernel
+// sdrt/gpu/cuda/ops/attention.py runs on sm_90 GPUs in place of attention.cu's mma.sync one
+// (attn_mma_*), with the same arguments and the same result. This family is built for sm_90a
+// only (wgmma is an sm_90a feature; driver.FAMILY_ARCHS): elsewhere the kernels trap.
+//
+// Scheme (FlashAttention-3's, without its producer warps and TMA):
+//  * one block = NWG warpgroups of 4 warps; warpgroup w owns 64 query rows, warp i of it 16;
+//  * K and V tiles of BK keys go through shared memory in the "core matrix" layout that wgmma
+//    reads without swizzling: 8 rows x 16 bytes contiguous per core matrix, the matrices of one
+//    8-row group side by side along the head dim (byte offset of row r, 16-byte chunk c:
+//    ((r / 8) * CH + c) * 128 + (r % 8) * 16). Thread idx of a tile copy writes bytes
+//    idx*16.. (cp.async), so the stores are contiguous; K is then read K-major (the head dim is
+//    the reduction of S = Q K^T), V N-major (the head dim is P V's output columns);
+//  * S = Q K^T: Q sits in registers as the A operand (ldmatrix from a staged shared tile,
+//    the same fragment as mma.sync's m16n8k16 A), K from its descriptor: DP/16 wgmmas
+//    m64nBKk16 into the float accumulators;
+//  * the accumulators of one warp hold, lane for lane, mma.sync's m16n8 layout (lane l: rows
+//    l/4 and l/4 + 8, columns 2*(l%4) + {0, 1} of each 8-column block), so the online softmax
+//    (lazy rescaling by MMA_LAZY, row sums per lane) is attention.cu's; P is repacked to the
+//    A operand of O += P V in registers, V from its descriptor (BK/16 wgmmas m64nDPk16);
+//  * K/V tiles are copied STAGES - 1 ahead; the warpgroups of a block run independently
+//    between the per-tile barriers, so one's softmax overlaps another's wgmmas.
+#include "attention.cuh"
+#include "mma.cuh"
+
+#define WG_LAZY 8  // log2 units, as attention.cu's MMA_LAZY
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SDRT_HAVE_WGMMA 1
+
+// 64-bit shared memory descriptor of a no-swizzle operand: start address, leading-dimension
+// byte offset (between core matrices along K for K-major, along K too for MN-major: the
+// 8-row groups of keys), stride byte offset (the other direction); all in 16-byte units.
+__device__ __forceinline__ uint64_t smem_desc(const void* p, unsigned lbo, unsigned sbo) {
+    return (uint64_t)((smem_addr(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+           ((uint64_t)(sbo >> 4) << 32);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// this thread's generic-proxy writes to shared memory (cp.async) become visible to wgmma
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+#define WG_D8(b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), \
+                 "+f"(d[b + 5]), "+f"(d[b + 6]), "+f"(d[b + 7])
+
+// d (64 x N f32, this thread's N/2) (+)= a (64 x 16 f16, registers) * B (16 x N f16, descriptor);
+// TRANS_B 0: B stored K-major, 1: N-major. scale_d 0 overwrites d.
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], const unsigned (&a)[4], uint64_t desc, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+        "%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d), "n"(TRANS_B));
+}
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], const unsigned (&a)[4], uint64_t desc, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+        "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
+        "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+        "{%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d), "n"(TRANS_B));
+}
+template <int N, int TRANS_B>
+__device__ __forceinline__ void wgmma(float (&d)[N / 2], const unsigned (&a)[4], uint64_t desc, int scale_d) {
+    static_assert(N == 64 || N == 128, "wgmma widths compiled: 64, 128");
+    if constexpr (N == 64) wgmma_n64<TRANS_B>(d, a, desc, scale_d);
+    else wgmma_n128<TRANS_B>(d, a, desc, scale_d);
+}
+#endif
+
+__host__ __device__ constexpr int wg_smem_halves(int dp, int nwg, int bk, int stages) {
+    return stages * 2 * bk * dp + nwg * 64 * (dp + 8);
+}
+
+// Arguments as attention.cu's mma_body (Q/K/V half through row/head/batch strides, Q times
+// qscale in registers, mask, output F32 or half through strides).
+template <int DP, int NWG, int BK, int STAGES>
+__device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs2, int64_t qs3,
+                           const __half* __restrict__ K, int64_t ks1, int64_t ks2, int64_t ks3,
+                           const __half* __restrict__ V, int64_t vs1, int64_t vs2, int64_t vs3,
+                           int Dq, int Dvv, float qscale, const char* __restrict__ mask, int mdt,
+                           int64_t mnb0, int64_t mnb1, int64_t mnb2, int64_t mnb3, int Mq, int M2,
+                           int M3, void* __restrict__ out, int64_t os1, int64_t os2, int64_t os3,
+                           int out_half, int Dv, int Lq, int Lk, int H, int N, int rh, int rn) {
+#ifdef SDRT_HAVE_WGMMA
+    constexpr int NT = NWG * 128;
+    constexpr int BQ = NWG * 64;        // query rows per block
+    constexpr int CH = DP / 8;          // 16-byte chunks per row
+    constexpr int LDQ = DP + 8;         // staged Q row stride, halves
+    constexpr int KD = DP / 16;         // k-steps of Q K^T
+    constexpr int NS = BK / 8;          // 8-key column blocks of S
+    constexpr int KS = BK / 16;         // k-steps of P V
+    constexpr int ND = DP / 8;          // 8-column blocks of O
+    constexpr int TILE = BK * DP;       // halves of one K or V tile
+    constexpr int LOADS = (BK * CH + NT - 1) / NT;  // 16-byte copies per thread per tile
+    constexpr unsigned GROUP = CH * 128;  // bytes between 8-row groups of a tile
+    static_assert(DP % 16 == 0 && BK % 16 == 0 && STAGES >= 2, "tiles");
+
+    extern __shared__ __align__(128) unsigned char dsmem[];
+    if (dynamic_smem_bytes() < 2u * wg_smem_halves(DP, NWG, BK, STAGES)) __trap();  // launch bug
+    __half* tiles = reinterpret_cast<__half*>(dsmem);
+    __half* Qs = tiles + STAGES * 2 * TILE;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, tq = lane & 3;
+    const int qb = blockIdx.x * BQ;
+    const int qw = qb + warp * 16;      // this warp's first query row
+    const int nkt = (Lk + BK - 1) / BK;
+    const int kstart = (int)(blockIdx.x % (unsigned)nkt);  // staggered first tile (attention.cu)
+    auto tile_of = [&](int t) { const int u = t + kstart; return u >= nkt ? u - nkt : u; };
+
+    for (int n = blockIdx.z; n < N; n += gridDim.z) {
+        for (int h = blockIdx.y; h < H; h += gridDim.y) {
+            __syncthreads();  // the previous (n, h) is done with shared memory
+            const __half* Qg = Q + (int64_t)n * qs3 + (int64_t)h * qs2;
+            const __half* Kg = K + (int64_t)(n / rn) * ks3 + (int64_t)(h / rh) * ks2;
+            const __half* Vg = V + (int64_t)(n / rn) * vs3 + (int64_t)(h / rh) * vs2;
+
+            // copy idx of a tile: row (idx / 8 / CH) * 8 + idx % 8, chunk (idx / 8) % CH, to
+            // shared halves idx * 8 (the core-matrix layout, see the top)
+            auto load_kv = [&](int t) {
+                __half* Kb = tiles + (t % STAGES) * 2 * TILE;
+                __half* Vb = Kb + TILE;
+                const int k0 = tile_of(t) * BK;
+#pragma unroll
+                for (int i = 0; i < LOADS; ++i) {
+                    const int idx = tid + i * NT;
+                    if (BK * CH % NT != 0 && idx >= BK * CH) break;
+                    const int c = (idx >> 3) % CH, r = ((idx >> 3) / CH) * 8 + (idx & 7);
+                    const bool in = k0 + r < Lk;
+                    const int64_t row = in ? (int64_t)(k0 + r) : 0;
+                    const bool kc = in && c * 8 < Dq, vc = in && c * 8 < Dvv;
+                    cp_async16(Kb + idx * 8, kc ? Kg + row * ks1 + c * 8 : Kg, kc);
+                    cp_async16(Vb + idx * 8, vc ? Vg + row * vs1 + c * 8 : Vg, vc);
+                }
+            };
+
+#pragma unroll
+            for (int idx = tid; idx < BQ * CH; idx += NT) {
+                const int r = idx / CH, c = idx % CH;
+                const bool in = qb + r < Lq && c * 8 < Dq;
+                cp_async16(Qs + r * LDQ + c * 8, in ? Qg + (int64_t)(qb + r) * qs1 + c * 8 : Q, in);
+            }
+            load_kv(0);
+            cp_async_commit();
+#pragma unroll
+            for (int t = 1; t < STAGES - 1; ++t) {
+                if (t < nkt) load_kv(t);
+                cp_async_commit();
+            }
+            cp_async_wait<STAGES - 2>();  // Q and tile 0
+            __syncthreads();
+
+            unsigned qf[KD][4];
+#pragma unroll
+            for (int kk = 0; kk < KD; ++kk)
+                ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDQ + kk * 16 + (lane >> 4) * 8);
+            if (qscale != 1.0f) {
+#pragma unroll
+                for (int kk = 0; kk < KD; ++kk)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float2 x = __half22float2(*reinterpret_cast<__half2*>(&qf[kk][e]));
+                        qf[kk][e] = pack_half2(x.x * qscale, x.y * qscale);
+                    }
+            }
+
+            float o[ND * 4];
+#pragma unroll
+            for (int i = 0; i < ND * 4; ++i) o[i] = 0.0f;
+            float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
+
+            for (int t = 0; t < nkt; ++t) {
+                cp_async_wait<STAGES - 2>();  // tile t has landed (this thread's part) ...
+                fence_async_smem();           // ... is visible to wgmma ...
+                __syncthreads();              // ... everyone's; stage (t-1) % STAGES is free
+                if (t + STAGES - 1 < nkt) load_kv(t + STAGES - 1);
+                cp_async_commit();
+                const __half* Kb = tiles + (t % STAGES) * 2 * TILE;
+                const __half* Vb = Kb + TILE;
+                const int k0 = tile_of(t) * BK;
+
+                // S = Q K^T (K-major B: chunks 128 bytes apart, so a 16-wide k-step is 128 halves;
+                // 8-key groups GROUP bytes apart)
+                float s[NS * 4];
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < KD; ++kk)
+                    wgmma<BK, 0>(s, qf[kk], smem_desc(Kb + kk * 128, 128, GROUP), kk > 0);
+                wgmma_commit();
+                wgmma_wait0();
+
+                if (mask != nullptr || k0 + BK > Lk) {
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) {
+                        const int i = qw + g + hr * 8;
+                        const char* mrow = (mask != nullptr && i < Lq)
+                                               ? mask + (int64_t)(n % M3) * mnb3 + (int64_t)(h % M2) * mnb2 +
+                                                     (int64_t)(Mq == 1 ? 0 : i) * mnb1
+                                               : nullptr;
+#pragma unroll
+                        for (int j = 0; j < NS; ++j)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const int key = k0 + j * 8 + 2 * tq + e;
+                                float& x = s[4 * j + 2 * hr + e];
+                                if (key >= Lk) x = NEG_INF;
+                                else if (mrow) x += load_mask(mrow, (int64_t)key * mnb0, mdt) * LOG2E;
+                            }
+                    }
+                }
+
+                // online softmax: row maxima of the tile, the running max moved only when a
+                // row of the warp grew by more than WG_LAZY
+                float mx[2];
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    float m = fmaxf(s[2 * hr], s[2 * hr + 1]);
+#pragma unroll
+                    for (int j = 1; j < NS; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                    mx[hr] = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                }
+                const bool grow = mx[0] > m_run[0] + (float)WG_LAZY || mx[1] > m_run[1] + (float)WG_LAZY;
+                if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) {
+                        const float m_new = fmaxf(m_run[hr], mx[hr]);
+                        const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
+                        const float alpha = fast_exp2(m_run[hr] - m_use);
+                        m_run[hr] = m_new;
+                        l_run[hr] *= alpha;
+#pragma unroll
+                        for (int d = 0; d < ND; ++d) {
+                            o[4 * d + 2 * hr] *= alpha;
+                            o[4 * d + 2 * hr + 1] *= alpha;
+                        }
+                    }
+                }
+                unsigned pa[KS][4];
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const float m_use = (m_run[hr] == NEG_INF) ? 0.0f : m_run[hr];
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < NS; ++j) {
+                        s[4 * j + 2 * hr] = fast_exp2(s[4 * j + 2 * hr] - m_use);
+                        s[4 * j + 2 * hr + 1] = fast_exp2(s[4 * j + 2 * hr + 1] - m_use);
+                        sum += s[4 * j + 2 * hr] + s[4 * j + 2 * hr + 1];
+                    }
+                    l_run[hr] += sum;
+                }
+#pragma unroll
+                for (int kb = 0; kb < KS; ++kb) {
+                    pa[kb][0] = pack_half2(s[8 * kb + 0], s[8 * kb + 1]);
+                    pa[kb][1] = pack_half2(s[8 * kb + 2], s[8 * kb + 3]);
+                    pa[kb][2] = pack_half2(s[8 * kb + 4], s[8 * kb + 5]);
+                    pa[kb][3] = pack_half2(s[8 * kb + 6], s[8 * kb + 7]);
+                }
+
+                // O += P V (N-major B: 8-key groups GROUP bytes apart, 8-column blocks of the head
+                // dim 128 bytes apart; a 16-key step is 16 * DP halves)
+                wgmma_fence();
+#pragma unroll
+                for (int kb = 0; kb < KS; ++kb)
+                    wgmma<DP, 1>(o, pa[kb], smem_desc(Vb + kb * 16 * DP, GROUP, 128), 1);
+                wgmma_commit();
+                wgmma_wait0();
+            }
+            cp_async_wait<0>();
+
+            // out = O / l; a fully masked row (l = 0) gives zeros
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                float l = l_run[hr];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+                const int i = qw + g + hr * 8;
+                if (i >= Lq) continue;
+                const int64_t orow = (int64_t)n * os3 + (int64_t)h * os2 + (int64_t)i * os1;
+                const bool pairs = ((orow | Dv) & 1) == 0;
+#pragma unroll
+                for (int d = 0; d < ND; ++d) {
+                    const int c = d * 8 + 2 * tq;
+                    const float v0 = o[4 * d + 2 * hr] * inv, v1 = o[4 * d + 2 * hr + 1] * inv;
+                    if (out_half) {
+                        __half* oh = static_cast<__half*>(out) + orow;
+                        if (c + 1 < Dv && pairs) {
+                            *reinterpret_cast<__half2*>(oh + c) = __floats2half2_rn(v0, v1);
+                        } else {
+                            if (c < Dv) oh[c] = __float2half_rn(v0);
+                            if (c + 1 < Dv) oh[c + 1] = __float2half_rn(v1);
+                        }
+                    } else {
+                        float* of = static_cast<float*>(out) + orow;
+                        if (c + 1 < Dv && pairs) {
+                            *reinterpret_cast<float2*>(of + c) = make_float2(v0, v1);
+                        } else {
+                            if (c < Dv) of[c] = v0;
+                            if (c + 1 < Dv) of[c + 1] = v1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+#else
+    __trap();  // built without sm_90a: ops/attention.py only launches this on sm_90
+#endif
+}
+
+#define WGMMA_KERNEL(DP, NWG, BK, STAGES)                                                          \
+    extern "C" __global__ void __launch_bounds__(NWG * 128)                                        \
+    attn_wgmma_d##DP##_g##NWG##_k##BK(const __half* Q, int64_t qs1, int64_t qs2, int64_t qs3,     \
+                                      const __half* K, int64_t ks1, int64_t ks2, int64_t ks3,     \
+                                      const __half* V, int64_t vs1, int64_t vs2, int64_t vs3,     \
+                                      int Dq, int Dvv, float qscale, const char* mask, int mdt,   \
+                                      int64_t mnb0, int64_t mnb1, int64_t mnb2, int64_t mnb3,     \
+                                      int Mq, int M2, int M3, void* out, int64_t os1, int64_t os2, \
+                                      int64_t os3, int out_half, int Dv, int Lq, int Lk, int H,   \
+                                      int N, int rh, int rn) {                                    \
+        wgmma_body<DP, NWG, BK, STAGES>(Q, qs1, qs2, qs3, K, ks1, ks2, ks3, V, vs1, vs2, vs3, Dq,  \
+                                        Dvv, qscale, mask, mdt, mnb0, mnb1, mnb2, mnb3, Mq, M2,   \
+                                        M3, out, os1, os2, os3, out_half, Dv, Lq, Lk, H, N, rh,   \
+                                        rn);                                                      \
+    }
+
+// (DP, warpgroups, keys per tile, stages): ops/attention.py WGMMA_KERNELS lists them; the
+// bench times every one, WGMMA_VARIANT picks per head dim.
+WGMMA_KERNEL(64, 2, 128, 2)
+WGMMA_KERNEL(64, 3, 128, 2)
+WGMMA_KERNEL(64, 2, 64, 3)
+WGMMA_KERNEL(64, 1, 64, 2)
+WGMMA_KERNEL(128, 2, 128, 2)
+WGMMA_KERNEL(128, 2, 64, 3)
+WGMMA_KERNEL(128, 3, 64, 2)
+WGMMA_KERNEL(128, 1, 64, 2)

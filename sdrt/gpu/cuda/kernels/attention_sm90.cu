@@ -5,12 +5,12 @@
 //
 // Scheme (FlashAttention-3's, without its producer warps and TMA):
 //  * one block = NWG warpgroups of 4 warps; warpgroup w owns 64 query rows, warp i of it 16;
-//  * K and V tiles of BK keys go through shared memory in the "core matrix" layout that wgmma
-//    reads without swizzling: 8 rows x 16 bytes contiguous per core matrix, the matrices of one
-//    8-row group side by side along the head dim (byte offset of row r, 16-byte chunk c:
-//    ((r / 8) * CH + c) * 128 + (r % 8) * 16). Thread idx of a tile copy writes bytes
-//    idx*16.. (cp.async), so the stores are contiguous; K is then read K-major (the head dim is
-//    the reduction of S = Q K^T), V N-major (the head dim is P V's output columns);
+//  * K and V tiles of BK keys go through shared memory in wgmma's 128-byte swizzle layout: the
+//    head dim in halves of 64 (128 bytes), each half a [BK][128 bytes] block whose 16-byte chunk
+//    c of row r sits at chunk c ^ (r % 8) (without the swizzle, the tensor cores' row reads of
+//    one 16-byte column hit the same banks: measured 2.5x slower). One thread copies one
+//    16-byte chunk (cp.async), eight threads a row's half; K is then read K-major (the head dim
+//    is the reduction of S = Q K^T), V N-major (the head dim is P V's output columns);
 //  * S = Q K^T: Q sits in registers as the A operand (ldmatrix from a staged shared tile,
 //    the same fragment as mma.sync's m16n8k16 A), K from its descriptor: DP/16 wgmmas
 //    m64nBKk16 into the float accumulators;
@@ -28,16 +28,19 @@
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SDRT_HAVE_WGMMA 1
 
-// 64-bit shared memory descriptor of a no-swizzle operand: start address, leading-dimension
-// byte offset (between core matrices along K for K-major, along K too for MN-major: the
-// 8-row groups of keys), stride byte offset (the other direction); all in 16-byte units.
-__device__ __forceinline__ uint64_t smem_desc(const void* p, unsigned lbo, unsigned sbo) {
-    return (uint64_t)((smem_addr(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
-           ((uint64_t)(sbo >> 4) << 32);
+// 64-bit shared memory descriptor of an operand in the 128-byte swizzle layout (PTX ISA,
+// "matrix descriptor"): start address, leading-dimension byte offset (K-major: unused, 16;
+// N-major: between 64-column halves), stride byte offset (between 8-row groups: 1024), all in
+// 16-byte units; layout type 1 in bits 62-63. Atoms start on 1024-byte boundaries (base offset 0).
+__device__ __forceinline__ uint64_t smem_desc(unsigned addr, unsigned lbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           (1ull << 62);
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // this thread's generic-proxy writes to shared memory (cp.async) become visible to wgmma
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -76,8 +79,9 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 2], const unsigned (&a)[4],
 }
 #endif
 
-__host__ __device__ constexpr int wg_smem_halves(int dp, int nwg, int bk, int stages) {
-    return stages * 2 * bk * dp + nwg * 64 * (dp + 8);
+// dynamic shared memory: the K/V stages, the staged Q tile, and 1024 bytes to align the tiles
+__host__ __device__ constexpr int wg_smem_bytes(int dp, int nwg, int bk, int stages) {
+    return 2 * (stages * 2 * bk * dp + nwg * 64 * (dp + 8)) + 1024;
 }
 
 // Arguments as attention.cu's mma_body (Q/K/V half through row/head/batch strides, Q times
@@ -101,13 +105,14 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
     constexpr int ND = DP / 8;          // 8-column blocks of O
     constexpr int TILE = BK * DP;       // halves of one K or V tile
     constexpr int LOADS = (BK * CH + NT - 1) / NT;  // 16-byte copies per thread per tile
-    constexpr unsigned GROUP = CH * 128;  // bytes between 8-row groups of a tile
-    static_assert(DP % 16 == 0 && BK % 16 == 0 && STAGES >= 2, "tiles");
+    static_assert(DP % 64 == 0 && BK % 16 == 0 && STAGES >= 3, "64-wide halves; tiles t, t+1 resident while t+2 loads");
 
     extern __shared__ __align__(128) unsigned char dsmem[];
-    if (dynamic_smem_bytes() < 2u * wg_smem_halves(DP, NWG, BK, STAGES)) __trap();  // launch bug
-    __half* tiles = reinterpret_cast<__half*>(dsmem);
+    if (dynamic_smem_bytes() < (unsigned)wg_smem_bytes(DP, NWG, BK, STAGES)) __trap();  // launch bug
+    unsigned char* base = dsmem + ((1024 - (smem_addr(dsmem) & 1023)) & 1023);
+    __half* tiles = reinterpret_cast<__half*>(base);
     __half* Qs = tiles + STAGES * 2 * TILE;
+    const unsigned tiles_addr = smem_addr(tiles);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, tq = lane & 3;
@@ -124,8 +129,8 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
             const __half* Kg = K + (int64_t)(n / rn) * ks3 + (int64_t)(h / rh) * ks2;
             const __half* Vg = V + (int64_t)(n / rn) * vs3 + (int64_t)(h / rh) * vs2;
 
-            // copy idx of a tile: row (idx / 8 / CH) * 8 + idx % 8, chunk (idx / 8) % CH, to
-            // shared halves idx * 8 (the core-matrix layout, see the top)
+            // copy idx of a tile: row idx / CH, chunk c = idx % CH, to half c / 8 at row r,
+            // chunk (c % 8) ^ (r % 8) (the swizzle layout, see the top)
             auto load_kv = [&](int t) {
                 __half* Kb = tiles + (t % STAGES) * 2 * TILE;
                 __half* Vb = Kb + TILE;
@@ -134,12 +139,13 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                 for (int i = 0; i < LOADS; ++i) {
                     const int idx = tid + i * NT;
                     if (BK * CH % NT != 0 && idx >= BK * CH) break;
-                    const int c = (idx >> 3) % CH, r = ((idx >> 3) / CH) * 8 + (idx & 7);
+                    const int r = idx / CH, c = idx % CH;
+                    const int sw = (c >> 3) * BK * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);  // halves
                     const bool in = k0 + r < Lk;
                     const int64_t row = in ? (int64_t)(k0 + r) : 0;
                     const bool kc = in && c * 8 < Dq, vc = in && c * 8 < Dvv;
-                    cp_async16(Kb + idx * 8, kc ? Kg + row * ks1 + c * 8 : Kg, kc);
-                    cp_async16(Vb + idx * 8, vc ? Vg + row * vs1 + c * 8 : Vg, vc);
+                    cp_async16(Kb + sw, kc ? Kg + row * ks1 + c * 8 : Kg, kc);
+                    cp_async16(Vb + sw, vc ? Vg + row * vs1 + c * 8 : Vg, vc);
                 }
             };
 
@@ -177,27 +183,33 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
 #pragma unroll
             for (int i = 0; i < ND * 4; ++i) o[i] = 0.0f;
             float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
+            float s[NS * 4];
+            unsigned pa[KS][4];
 
-            for (int t = 0; t < nkt; ++t) {
-                cp_async_wait<STAGES - 2>();  // tile t has landed (this thread's part) ...
-                fence_async_smem();           // ... is visible to wgmma ...
-                __syncthreads();              // ... everyone's; stage (t-1) % STAGES is free
-                if (t + STAGES - 1 < nkt) load_kv(t + STAGES - 1);
-                cp_async_commit();
-                const __half* Kb = tiles + (t % STAGES) * 2 * TILE;
-                const __half* Vb = Kb + TILE;
-                const int k0 = tile_of(t) * BK;
-
-                // S = Q K^T (K-major B: chunks 128 bytes apart, so a 16-wide k-step is 128 halves;
-                // 8-key groups GROUP bytes apart)
-                float s[NS * 4];
-                wgmma_fence();
+            // S = Q K^T of tile t into s (K-major B: k-step kk is 32 bytes into the rows of
+            // head-dim half kk / 4), one wgmma group
+            auto issue_s = [&](int t) {
+                const unsigned Kb = tiles_addr + (t % STAGES) * 4 * TILE;
 #pragma unroll
                 for (int kk = 0; kk < KD; ++kk)
-                    wgmma<BK, 0>(s, qf[kk], smem_desc(Kb + kk * 128, 128, GROUP), kk > 0);
+                    wgmma<BK, 0>(s, qf[kk], smem_desc(Kb + (kk >> 2) * BK * 128 + (kk & 3) * 32, 16), kk > 0);
                 wgmma_commit();
-                wgmma_wait0();
-
+            };
+            // O += P V of tile t (N-major B: the 16 keys of step kb are rows 16 kb.., the two
+            // head-dim halves BK * 128 bytes apart), one wgmma group
+            auto issue_pv = [&](int t) {
+                const unsigned Vb = tiles_addr + (t % STAGES) * 4 * TILE + 2 * TILE;
+#pragma unroll
+                for (int kb = 0; kb < KS; ++kb)
+                    wgmma<DP, 1>(o, pa[kb], smem_desc(Vb + kb * 16 * 128, BK * 128), 1);
+                wgmma_commit();
+            };
+            // the online softmax of the scores of tile t in s: keys beyond Lk and the mask, the
+            // running max (moved only when a row of the warp grew by more than WG_LAZY), P over s,
+            // l. Whether the max moved; alpha: the factor O must then be scaled by, which the
+            // caller applies once the P V product in flight is done with O.
+            auto softmax = [&](int t, float (&alpha)[2]) -> bool {
+                const int k0 = tile_of(t) * BK;
                 if (mask != nullptr || k0 + BK > Lk) {
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr) {
@@ -217,9 +229,6 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                             }
                     }
                 }
-
-                // online softmax: row maxima of the tile, the running max moved only when a
-                // row of the warp grew by more than WG_LAZY
                 float mx[2];
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
@@ -229,25 +238,17 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
                     mx[hr] = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
                 }
-                const bool grow = mx[0] > m_run[0] + (float)WG_LAZY || mx[1] > m_run[1] + (float)WG_LAZY;
-                if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-                    for (int hr = 0; hr < 2; ++hr) {
-                        const float m_new = fmaxf(m_run[hr], mx[hr]);
-                        const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
-                        const float alpha = fast_exp2(m_run[hr] - m_use);
-                        m_run[hr] = m_new;
-                        l_run[hr] *= alpha;
-#pragma unroll
-                        for (int d = 0; d < ND; ++d) {
-                            o[4 * d + 2 * hr] *= alpha;
-                            o[4 * d + 2 * hr + 1] *= alpha;
-                        }
-                    }
-                }
-                unsigned pa[KS][4];
+                const bool grow = __any_sync(0xffffffffu, mx[0] > m_run[0] + (float)WG_LAZY ||
+                                                              mx[1] > m_run[1] + (float)WG_LAZY);
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
+                    alpha[hr] = 1.0f;
+                    if (grow) {
+                        const float m_new = fmaxf(m_run[hr], mx[hr]);
+                        const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
+                        alpha[hr] = fast_exp2(m_run[hr] - m_use);
+                        m_run[hr] = m_new;
+                    }
                     const float m_use = (m_run[hr] == NEG_INF) ? 0.0f : m_run[hr];
                     float sum = 0.0f;
 #pragma unroll
@@ -256,8 +257,12 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                         s[4 * j + 2 * hr + 1] = fast_exp2(s[4 * j + 2 * hr + 1] - m_use);
                         sum += s[4 * j + 2 * hr] + s[4 * j + 2 * hr + 1];
                     }
-                    l_run[hr] += sum;
+                    l_run[hr] = l_run[hr] * alpha[hr] + sum;
                 }
+                return grow;
+            };
+            // P (in s) -> pa, the A operand of P V; only once no P V in flight reads pa
+            auto pack_p = [&]() {
 #pragma unroll
                 for (int kb = 0; kb < KS; ++kb) {
                     pa[kb][0] = pack_half2(s[8 * kb + 0], s[8 * kb + 1]);
@@ -265,15 +270,46 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                     pa[kb][2] = pack_half2(s[8 * kb + 4], s[8 * kb + 5]);
                     pa[kb][3] = pack_half2(s[8 * kb + 6], s[8 * kb + 7]);
                 }
+            };
 
-                // O += P V (N-major B: 8-key groups GROUP bytes apart, 8-column blocks of the head
-                // dim 128 bytes apart; a 16-key step is 16 * DP halves)
+            // FlashAttention-3's in-warpgroup pipelining: S of tile t+1 is on the tensor cores
+            // while this warpgroup's softmax of it waits, and the P V of tile t runs during that
+            // softmax. Tiles t and t+1 are resident during step t; t+STAGES-1 is being copied.
+            float alpha[2];
+            fence_async_smem();
+            __syncthreads();
+            wgmma_fence();
+            issue_s(0);
+            wgmma_wait<0>();
+            softmax(0, alpha);   // O is zero: nothing to rescale
+            pack_p();
+            for (int t = 0; t < nkt; ++t) {
+                cp_async_wait<STAGES - 3>();  // tile t+1 has landed (this thread's part) ...
+                fence_async_smem();           // ... is visible to wgmma ...
+                __syncthreads();              // ... everyone's; stage (t-1) % STAGES is free
+                if (t + STAGES - 1 < nkt) load_kv(t + STAGES - 1);
+                cp_async_commit();
+                const bool next = t + 1 < nkt;
                 wgmma_fence();
+                if (next) issue_s(t + 1);
+                issue_pv(t);
+                if (next) {
+                    wgmma_wait<1>();          // S of tile t+1 is done (P V of t may not be)
+                    const bool grow = softmax(t + 1, alpha);
+                    wgmma_wait<0>();
+                    if (grow) {
 #pragma unroll
-                for (int kb = 0; kb < KS; ++kb)
-                    wgmma<DP, 1>(o, pa[kb], smem_desc(Vb + kb * 16 * DP, GROUP, 128), 1);
-                wgmma_commit();
-                wgmma_wait0();
+                        for (int d = 0; d < ND; ++d) {
+                            o[4 * d] *= alpha[0];
+                            o[4 * d + 1] *= alpha[0];
+                            o[4 * d + 2] *= alpha[1];
+                            o[4 * d + 3] *= alpha[1];
+                        }
+                    }
+                    pack_p();
+                } else {
+                    wgmma_wait<0>();
+                }
             }
             cp_async_wait<0>();
 
@@ -336,11 +372,10 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
 
 // (DP, warpgroups, keys per tile, stages): ops/attention.py WGMMA_KERNELS lists them; the
 // bench times every one, WGMMA_VARIANT picks per head dim.
-WGMMA_KERNEL(64, 2, 128, 2)
-WGMMA_KERNEL(64, 3, 128, 2)
-WGMMA_KERNEL(64, 2, 64, 3)
-WGMMA_KERNEL(64, 1, 64, 2)
-WGMMA_KERNEL(128, 2, 128, 2)
-WGMMA_KERNEL(128, 2, 64, 3)
-WGMMA_KERNEL(128, 3, 64, 2)
-WGMMA_KERNEL(128, 1, 64, 2)
+WGMMA_KERNEL(64, 2, 64, 4)
+WGMMA_KERNEL(64, 2, 128, 3)
+WGMMA_KERNEL(64, 3, 128, 3)
+WGMMA_KERNEL(128, 1, 64, 3)
+WGMMA_KERNEL(128, 2, 64, 4)
+WGMMA_KERNEL(128, 2, 128, 3)
+WGMMA_KERNEL(128, 3, 64, 3)

@@ -2,9 +2,10 @@
 device code: kernels/attention.cu).
 
 Paths, chosen per node by `plan()` (and, for flash, by the device):
-- "flash" on sm_90 with head dims 64 and 128 (attn_wgmma_* kernels, kernels/attention_sm90.cu,
-  built for sm_90a): the same scheme on Hopper's warpgroup MMA, K/V tiles in wgmma's
-  shared-memory layout, the same arguments and staging as the mma kernels below.
+- "flash" on sm_90 for the head dims of WGMMA_VARIANT (attn_wgmma_* kernels,
+  kernels/attention_sm90.cu, built for sm_90a): the same scheme on Hopper's warpgroup MMA with
+  FlashAttention-3's in-warpgroup pipelining, K/V tiles in wgmma's 128-byte swizzle layout, the
+  same arguments and staging as the mma kernels below.
 - "flash" on sm_80+ otherwise (attn_mma_* kernels): FlashAttention-2's scheme on mma.sync tensor-core
   instructions; scores, probabilities and the output accumulator stay in registers, K/V tiles
   go through shared memory in a 2-4 stage cp.async pipeline (MMA_STAGES). F16 q/k/v whose rows are 16-byte
@@ -69,9 +70,9 @@ _OFFSET_LIMIT = 1 << 31   # the mma kernel's K/V offsets within a head are 32-bi
 # sm_90a flash kernels attn_wgmma_d<dp>_g<warpgroups>_k<keys per tile> (kernels/attention_sm90.cu
 # WGMMA_KERNEL lines) with their K/V pipeline stages, and the default variant per head dim
 WGMMA_MODULE = "attention_sm90"
-WGMMA_KERNELS = {(64, 2, 128): 2, (64, 3, 128): 2, (64, 2, 64): 3, (64, 1, 64): 2,
-                 (128, 2, 128): 2, (128, 2, 64): 3, (128, 3, 64): 2, (128, 1, 64): 2}
-WGMMA_VARIANT = {64: (2, 64), 128: (2, 64)}
+WGMMA_KERNELS = {(64, 2, 64): 4, (64, 2, 128): 3, (64, 3, 128): 3,
+                 (128, 1, 64): 3, (128, 2, 64): 4, (128, 2, 128): 3, (128, 3, 64): 3}
+WGMMA_VARIANT = {128: (3, 64)}   # head dim 64: the mma kernel is faster (bench_cuda_attention.py)
 
 _BLOCK = 256              # threads of the staging kernel's blocks
 _MAX_GRID_X = 1 << 20     # grid-stride kernels: enough blocks to fill any GPU
@@ -191,8 +192,8 @@ def _pack(rt, t, scale: float) -> tuple:
 
 
 def wgmma_smem_bytes(dp: int, nwg: int, bk: int) -> int:
-    """Dynamic shared memory of attn_wgmma_d<dp>_g<nwg>_k<bk> (wg_smem_halves in the .cu)."""
-    return 2 * (WGMMA_KERNELS[(dp, nwg, bk)] * 2 * bk * dp + nwg * 64 * (dp + 8))
+    """Dynamic shared memory of attn_wgmma_d<dp>_g<nwg>_k<bk> (wg_smem_bytes in the .cu)."""
+    return 2 * (WGMMA_KERNELS[(dp, nwg, bk)] * 2 * bk * dp + nwg * 64 * (dp + 8)) + 1024
 
 
 def _kernel(rt, dp: int, variant=None) -> tuple:

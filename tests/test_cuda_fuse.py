@@ -342,6 +342,30 @@ def test_bf16_and_f16_readers_disagree_nothing_stored():
     assert list(stored(g).values()) == ["BF16"]
 
 
+def test_rope_stored_f16_only_for_the_attention():
+    q = leaf(rand(1, 24, 2, 32))                      # ne [D, H, L, N]
+    pe = leaf(rand(24, 16, 2, 2))
+    for r in (F.rope(q, pe), F.rope_ext(q, np.arange(24, dtype=np.int32), n_dims=32, mode="neox")):
+        att = r.reshape(32, 24, 2, 1) if r.op == "rope" else r.permute(0, 2, 1, 3)
+        g = Graph(F.silu(F.attention(att, att, att)))
+        st = stored(g)
+        assert [(n.op, st[id(n)]) for n in g.nodes if id(n) in st] == [(r.op, "F16")]
+        # read by a BF16 GEMM instead: rope writes F16 only, so it stays F32
+        g = Graph(F.silu(F.mul_mat(leaf(rand(8, 32), "BF16"), r)))
+        assert stored(g) == {}
+
+
+def test_geglu_takes_only_a_gemm_product_in_half():
+    # the geglu stored for an F16 GEMM: its product input is stored F16 (the one extra rounding,
+    # as PyTorch's fp16 feed-forward), a silu input is not (nothing rounds it)
+    x = leaf(rand(2, 16, 64))
+    w2 = leaf(rand(48, 32), "F16")
+    via_gemm = F.geglu(F.linear(x, leaf(rand(64, 64), "F16"), leaf(rand(64), "F16")), "tanh")
+    assert sorted(n.op for n in half(Graph(F.silu(F.mul_mat(w2, via_gemm))))) == ["add", "geglu"]
+    via_silu = F.geglu(F.silu(x), "tanh")
+    assert [n.op for n in half(Graph(F.silu(F.mul_mat(w2, via_silu))))] == ["geglu"]
+
+
 def test_dit_chains_not_fused():
     x = leaf(rand(1, 16, 64))
     s, sh, gate = (leaf(rand(1, 1, 64)) for _ in range(3))

@@ -393,6 +393,8 @@ def _writable(node, fn, srcs) -> tuple[str, ...]:
         cv = getattr(fn, "direct_conv", node)
         ok = takes_direct(cv) and (len(cv.src) < 3 or bias_axis(cv.src[2], cv.ne[2]) is not None)
         return ("F16",) if ok else ()
+    if node.op in ("rope", "rope_ext"):              # (positions are I32) for the attention: F16
+        return ("F16",) if node.src[0].dtype.name == "F32" else ()
     if not all(s.dtype.name in FLOATS for s in node.src):
         return ()
     if getattr(fn, "attention", None) is not None:
@@ -401,16 +403,15 @@ def _writable(node, fn, srcs) -> tuple[str, ...]:
         return HALF
     if node.op in _NORMS or node.op in _MOVERS or node.op == "geglu":
         return HALF
-    if node.op in ("rope", "rope_ext") and node.src[0].dtype.name == "F32":
-        return ("F16",)                              # for the attention (rope_*_f32_to_f16)
     if (fn is unary and node.op in _UNARY) or (fn is binary and node.op in _BINARY):
         return HALF if node.src[0].dtype.name == "F32" else ()
     return ()
 
 
-def _read_dtype(reader, i, store) -> str | None:
+def _read_dtype(reader, i, store, gemm: bool) -> str | None:
     """The dtype `reader`, taking the node as its source i, rounds it to anyway (so storing it
-    so loses nothing); ANY for a reader indifferent to which; None when it keeps F32."""
+    so loses nothing); ANY for a reader indifferent to which; None when it keeps F32. `gemm`:
+    the node is a GEMM's product (the geglu takes that one in the GEMM's dtype, nothing else)."""
     op = reader.op
     if op == "mul_mat":
         d = gemm_input_dtype(*reader.src)
@@ -420,7 +421,7 @@ def _read_dtype(reader, i, store) -> str | None:
     if op == "attention":
         return "F16" if i < 3 and not wants_f32(reader) else None
     if op == "geglu":
-        return store.get(id(reader), ANY)
+        return store.get(id(reader), ANY) if gemm else None
     if op in _MOVERS:
         return store.get(id(reader)) or (reader.dtype.name if reader.dtype.name in HALF else None)
     if op == "concat":
@@ -449,7 +450,8 @@ def half_nodes(graph, plan, lists, node_ptr) -> dict[int, str]:
         rs = readers.get(id(n), ())
         if not can or not rs or any(node_ptr.get(id(r)) == node_ptr[id(n)] for r, _ in rs):
             continue
-        want = {_read_dtype(r, i, store) for r, i in rs}
+        gemm = entry[0] is mul_mat or entry[0] is mul_mat_add_bias
+        want = {_read_dtype(r, i, store, gemm) for r, i in rs}
         if None in want:
             continue
         want.discard(ANY)

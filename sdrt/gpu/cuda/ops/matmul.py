@@ -140,10 +140,13 @@ def mul_mat_add_bias_residual(res_add, xs, out, rt):
 def mul_mat_add_bias_gelu(gelu, xs, out, rt):
     """gelu_tanh(add(mul_mat(w, x), b)): one GEMM with cuBLASLt's GELU-bias epilogue (its GELU is
     the tanh form) writing the gelu's output (F32, or F16/BF16 where fuse.py stores it) where it
-    is one dense F16/BF16 GEMM whose output dtype cuBLASLt writes; otherwise the bias GEMM into
-    F32 scratch and the gelu kernel from there (fuse.py runs this in the gelu's slot)."""
+    is one dense F16/BF16 GEMM whose output dtype cuBLASLt writes and whose bias that dtype
+    holds exactly; otherwise the bias GEMM into F32 scratch and the gelu kernel from there
+    (fuse.py runs this in the gelu's slot)."""
     w, x, b = xs
-    if _gemm_with_bias(rt, w, x, out, b, gelu=True):
+    # cuBLASLt reads the bias in the output's dtype: only where that rounds nothing
+    exact_bias = out.dtype.name == "F32" or b.dtype.name == out.dtype.name
+    if exact_bias and _gemm_with_bias(rt, w, x, out, b, gelu=True):
         return
     f32 = BY_NAME["F32"]
     M, N = w.ne[1], x.nrows

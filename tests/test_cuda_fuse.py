@@ -280,7 +280,8 @@ def test_flux_blocks_fuse_the_dit_chains():
     assert names["mul_mat_add_bias_gelu"] == 2
     assert names["mul_mat_add_bias"] == 11
     assert names["attention_into_cont"] == 2
-    assert not any(n.op == "layer_norm" and fn is own for n, fn, _ in lst)
+    assert names["rms_norm_scaled"] == 6            # the QK norms: 2 x 2 + 2
+    assert not any(n.op in ("layer_norm", "rms_norm") and fn is own for n, fn, _ in lst)
     for n, fn, srcs in lst:
         if fn.__name__ == "layer_norm_modulated":
             x, s, shift = srcs
@@ -289,6 +290,8 @@ def test_flux_blocks_fuse_the_dit_chains():
         if fn.__name__ == "gated_add":
             x, y, gate = srcs
             assert y.owner.op == "add" and gate.ne4 == (64, 1, 1, 1) and x.ne4 == n.ne4
+        if fn.__name__ == "rms_norm_scaled":
+            assert n.op == "mul" and srcs[1].ne == (32,) and srcs[0].owner.op == "add"   # q/k views of qkv
         if fn.__name__ == "mul_mat_add_bias_gelu":
             assert n.op == "gelu_tanh" and srcs[0].dtype.name == "BF16" and srcs[2].ne == (128,)
 
@@ -381,6 +384,11 @@ def test_dit_chains_not_fused():
     assert "gated_add" not in _by_name(Graph(F.silu(F.add(F.add(x, m), m))))
     assert "gated_add" not in _by_name(Graph(F.silu(F.add(x, F.mul(y, leaf(rand(1, 1, 64), "F16"))))))
     assert _by_name(Graph(F.silu(F.add(x, F.mul(y, gate)))))["gated_add"] == 1
+    # an rms_norm times a full-size tensor, or read twice: the mul stays its own kernel
+    r = F.rms_norm(x, 1e-6)
+    assert "rms_norm_scaled" not in _by_name(Graph(F.silu(F.mul(r, leaf(rand(1, 16, 64))))))
+    assert "rms_norm_scaled" not in _by_name(Graph(F.add(F.mul(r, leaf(rand(64))), r)))
+    assert _by_name(Graph(F.silu(F.mul(F.rms_norm(x, 1e-6), leaf(rand(64), "BF16")))))["rms_norm_scaled"] == 1
     # gelu (erf form) after the bias, or the bias output read twice: no GELU epilogue
     assert "mul_mat_add_bias_gelu" not in _by_name(Graph(F.silu(F.gelu(F.linear(x, w, b)))))
     y2 = F.linear(x, w, b)

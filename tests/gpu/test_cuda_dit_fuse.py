@@ -142,6 +142,21 @@ def test_modulation_stored_for_the_gemm(cuda, rng, monkeypatch, wdt):
         assert_within_scale(a["out"], b["out"], 1e-6, "modulation stored vs packed")
 
 
+@pytest.mark.parametrize("wdt", ["F32", "BF16"])
+def test_rms_norm_scaled_exact(cuda, rng, monkeypatch, wdt):
+    """rms_norm(q) * scale over a strided q view (Flux's QK norm): one rms kernel with the scale
+    as its weight, bit for bit the unfused pair."""
+    t = leaf(randn(rng, 2, 90, 3 * 128))                            # [3C, L, N], C = 2 heads x 64
+    q = t.view((64, 2, 90, 2), (4, 4 * 64, t.nb[1], t.nb[2]))
+    out = F.silu(F.mul(F.rms_norm(q, 1e-6), leaf(randn(rng, 64), wdt)))
+    want = cpu(out)["out"]
+    g, on, off = on_off(cuda, monkeypatch, out, "fuse")
+    assert "rms_norm_scaled" in kernel_names(cuda, g)
+    for a, b in zip(on, off):
+        np.testing.assert_array_equal(a["out"], b["out"])
+        assert_within_scale(a["out"], want, 1e-5, "rms_norm_scaled vs cpu")
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_gated_residual_fused_exact(cuda, rng, monkeypatch, n):
     C = 192
@@ -234,7 +249,7 @@ def test_flux_blocks_fused_vs_unfused_and_cpu(cuda, monkeypatch, dtype, tol, n):
     g = flux_blocks_graph(dtype, n=n)
     on = [{k: np.array(v.numpy(), copy=True).astype(np.float32) for k, v in g.run(cuda).items()} for _ in range(3)]
     names = kernel_names(cuda, g)
-    for k in ("layer_norm_modulated", "gated_add", "mul_mat_add_bias_gelu"):
+    for k in ("layer_norm_modulated", "gated_add", "mul_mat_add_bias_gelu", "rms_norm_scaled"):
         assert k in names, k
     assert "BF16" in cuda._states[g].half.values() if dtype == "BF16" else \
         set(cuda._states[g].half.values()) == {"F16"}

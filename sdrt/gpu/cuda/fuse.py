@@ -26,11 +26,15 @@ to call and the tensors it reads (`kernels`: each segment's kernel functions in 
   that makes s may run in between): `norm.layer_norm_modulated` in the add's slot, one pass
   instead of three, rounded after the product and after the sum as the separate kernels.
 
+- `mul(rms_norm(x), w)`, w a vector of x's ne[0] values (the DiT blocks' QK RMSNorm, the mul
+  the norm's only reader): `norm.rms_norm_scaled`, the rms kernel with w as its weight, in the
+  mul's slot (bit for bit: the product is rounded as the mul's).
+
 - the gated residual `add(x, mul(y, g))` (either operand order of either op; x, y of the
   output's shape, g broadcasting, all F32, the mul read only by the add): `elementwise.gated_add`
   in the add's slot (y is usually a bias GEMM's output, so the chain is two kernels, not three).
 
-  For these two, which read their inputs in a later slot than the unfused kernels did, no node
+  For these three, which read their inputs in a later slot than the unfused kernels did, no node
   that still writes in between, nor the fused output, may overlap a computed input's buffer
   (`_chain_reads_safe`), except the gated add's output exactly over x or y (in place).
 
@@ -78,7 +82,7 @@ from .ops.layout import concat
 from .devtensor import padded_nb
 from .ops.matmul import (gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_gelu,
                          mul_mat_add_bias_residual)
-from .ops.norm import layer_norm_modulated
+from .ops.norm import layer_norm_modulated, rms_norm_scaled
 
 
 def _skip(node, xs, out, rt) -> None:
@@ -156,6 +160,8 @@ def launch_lists(graph, plan, kernels, node_ptr) -> list[list[tuple]]:
         for j, n in enumerate(nodes):
             if n.op in ("layer_norm", "layer_norm_affine") and out[j][0] is not _skip:
                 _fuse_modulation(nodes, out, j, uses, outputs, node_ptr)
+            elif n.op == "rms_norm" and out[j][0] is not _skip:
+                _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr)
             elif n.op == "mul" and out[j][0] is not _skip:
                 _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr)
         for j in range(len(nodes) - 1):
@@ -265,6 +271,36 @@ def _modulated(ln):
     layer_norm_modulated_.__name__ = "layer_norm_modulated"
     layer_norm_modulated_.modulation = ln
     return layer_norm_modulated_
+
+
+def _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr) -> None:
+    """rms_norm(x) -> mul(., w), w a vector of x's ne[0] values, the mul the norm's only reader
+    (the DiT blocks' QK RMSNorm): the rms kernel with w as its weight, in the mul's slot."""
+    rn = nodes[j]
+    if rn.src[0].dtype.name != "F32" or rn.dtype.name != "F32" or id(rn) in outputs:
+        return
+    km = _next_reader(nodes, j, rn, uses)
+    if km is None or nodes[km].op != "mul" or out[km][0] is _skip:
+        return
+    mul = nodes[km]
+    w = _other(mul, rn)
+    if (w is None or mul.dtype.name != "F32" or tuple(mul.ne4) != tuple(rn.ne4) or w.dtype.name not in FLOATS
+            or w.ne4[0] != rn.ne4[0] or any(d != 1 for d in w.ne4[1:])):
+        return
+    x = rn.src[0]
+    if not _chain_reads_safe(nodes, out, j, km, {id(rn)}, (x, w), node_ptr):
+        return
+    out[j] = (_skip, ())
+    out[km] = (_rms_scaled(rn), (x, w))
+
+
+def _rms_scaled(rn):
+    eps = float(rn.params["eps"])
+
+    def rms_norm_scaled_(node, xs, out, rt):
+        rms_norm_scaled(rt, xs[0], xs[1], out, eps)
+    rms_norm_scaled_.__name__ = "rms_norm_scaled"
+    return rms_norm_scaled_
 
 
 def _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr) -> None:

@@ -6,7 +6,7 @@ rt.scratch, then merge-and-apply) so a large group is spread over several blocks
 weights, biases and masks may each be F32, F16 or BF16; the output has x's dtype, as on the CPU
 (layer and group norms also write F16/BF16 from F32, and layer norms F32 from F16, for the F32
 results fuse.py stores as F16/BF16). `layer_norm_modulated` is fuse.py's DiT modulation
-(layer_norm -> mul -> add) in one kernel.
+(layer_norm -> mul -> add) in one kernel, `rms_norm_scaled` its rms_norm -> mul(., weight).
 Each function only enqueues work on rt.stream.
 """
 from __future__ import annotations
@@ -76,6 +76,16 @@ def _row_norm(node, xs, out, rt):
 
 for _op in ("layer_norm", "layer_norm_affine", "rms_norm", "l2_norm"):
     CUDA.register(_op, supports=_float_srcs)(_row_norm)
+
+
+def rms_norm_scaled(rt, x, w, out, eps: float) -> None:
+    """out = rms_norm(x) * w, w a vector of x's ne[0] values (any float dtype, any stride): fuse.py's
+    rms_norm -> mul(., w) (the QK norms of the DiT blocks) in one pass; the product rounded
+    as the separate mul's (no add follows it, so nothing contracts)."""
+    _fn(rt, f"rms_norm_{kernel_dtypes(x, out)}", "PPPP" + "q" * 9 + "iif")(
+        (x.nrows, 1, 1), (row_threads(x.ne[0]), 1, 1),
+        x.ptr, w.ptr, 0, out.ptr, x.ne[0], x.ne[1], x.ne[2], *x.nb, w.nb[0], 0,
+        TYPE_CODE[w.dtype.name], 0, float(eps))
 
 
 def _row_strides(t, x) -> list[int]:

@@ -64,11 +64,15 @@ def test_kernel_names_and_the_fatbin_symbol_check(tmp_path, monkeypatch):
     from sdrt.gpu.cuda import naming
     assert naming.kernel_name("add", ("F32", "F16")) == "binary_add_f32_f16"
     assert naming.kernel_name("silu", ("BF16",)) == "unary_silu_bf16"
+    assert naming.kernel_name("gelu_tanh", ("F32",), "BF16") == "unary_gelu_tanh_f32_to_bf16"
+    assert naming.kernel_name("add", ("F32", "F16"), "F32") == "binary_add_f32_f16"
     with pytest.raises(KeyError):
         naming.kernel_name("mul_mat", ("F16", "F32"))
-    # every unary and binary op of the registry, in every float dtype combination
+    # every unary and binary op of the registry, in every float dtype combination, and from F32
+    # first operands into F16/BF16 (the results fuse.half_nodes stores so)
     names = naming.registered_kernels()["elementwise"]
-    assert len(names) == 3 * len(naming.ops_of_kind("unary")) + 9 * len(naming.ops_of_kind("binary"))
+    assert len(names) == 5 * len(naming.ops_of_kind("unary")) + 15 * len(naming.ops_of_kind("binary"))
+    assert "binary_mul_f32_bf16_to_f16" in names and "unary_silu_f32_to_bf16" in names
     assert "#define SDRT_UNARY_OPS(X) X(neg)" in naming.ops_header()
     # a fatbin lacking one of them is reported
     fat = tmp_path / "elementwise.fatbin"
@@ -76,3 +80,20 @@ def test_kernel_names_and_the_fatbin_symbol_check(tmp_path, monkeypatch):
     fat.write_bytes(one_arch * len(naming.family_archs("elementwise")[0]))
     monkeypatch.setattr(naming, "KERNELS_DIR", tmp_path)
     assert naming.missing_symbols() == ["elementwise: unary_silu_f16"]
+
+
+def test_fused_and_half_storage_kernels_are_shipped():
+    # the kernels fuse.py's DiT chains and half storage launch by name, in every shipped arch
+    from sdrt.gpu.cuda import naming
+    from sdrt.gpu.cuda.driver import ARCHS
+    want = {
+        "norm": ["layer_norm_mod_f32", "layer_norm_mod_f32_to_f16", "layer_norm_mod_f32_to_bf16",
+                 "layer_norm_f32_to_bf16", "group_norm_apply_f32_to_bf16"],
+        "elementwise": ["gated_add_f32", "geglu_tanh_f32_to_bf16", "geglu_erf_bf16_to_f32"],
+        "position": ["rope_pe_f32_to_f16", "rope_rotate_f32_to_f16"],
+        "layout": [f"cast4d_{a}_{b}" for a, b in (("f32", "f16"), ("f32", "bf16"), ("f16", "bf16"),
+                                                  ("bf16", "f16"), ("f16", "f32"), ("bf16", "f32"))],
+    }
+    for module, names in want.items():
+        for n in names:
+            assert naming.fatbin_symbols(naming.KERNELS_DIR / f"{module}.fatbin", n) >= len(ARCHS), (module, n)

@@ -50,6 +50,15 @@ def half(graph):
     return [n for n in graph.nodes if id(n) in ids]
 
 
+def stored(graph):
+    """{id: dtype} of fuse.half_nodes with the CUDA backend's own kernels."""
+    import_families(cuda_ops)
+    plan = graph.plan()
+    ptr = _addresses(plan)
+    kernels = [[CUDA.find(n).fn for n in seg.nodes] for seg in plan.segments]
+    return fuse.half_nodes(graph, plan, fuse.launch_lists(graph, plan, kernels, ptr), ptr)
+
+
 def fused(graph):
     return [n for n, fn, _ in launches(graph) if fn is fuse.mul_mat_add_bias]
 
@@ -143,14 +152,16 @@ def test_unet_half_storage():
     # per SD1 transformer block: the three layer norms, q/k/v of both attentions (k/v from the
     # context), the attention outputs' conts and the proj_in cont after the group norm, ff.net.0
     # (its bias GEMM, the add node) and the geglu; every group norm (each feeds a conv or the
-    # proj_in cont); never a graph output, never read by an op that would keep more than F16
+    # proj_in cont); the two SiLUs read only by F16 GEMMs/convs (the time embedding's, the output
+    # conv's); never a graph output, never read by an op that would keep more than F16
     from test_unet import _graph
     g = _graph("sd1")
     hs = half(g)
     blocks = sum(n.op == "geglu" for n in g.nodes)
     norms = sum(n.op == "group_norm_affine" for n in g.nodes)
     assert Counter(n.op for n in hs) == {"mul_mat": 6 * blocks, "cont": 3 * blocks, "layer_norm_affine": 3 * blocks,
-                                         "add": blocks, "geglu": blocks, "group_norm_affine": norms}
+                                         "add": blocks, "geglu": blocks, "group_norm_affine": norms, "silu": 2}
+    assert set(stored(g).values()) == {"F16"}      # F16 weights: nothing stored as BF16
     ids = {id(n) for n in hs}
     assert not ids & {id(n) for n in g.plan().outputs}
     for n in g.nodes:
@@ -181,9 +192,10 @@ def test_half_storage_only_where_nothing_is_lost():
         return F.silu(make_node("attention", (h, h, h), scale=0.3, **kw))
     assert [n.op for n in half(Graph(attn()))] == ["mul_mat"]
     assert half(Graph(attn(precision="F32"))) == []
-    # a cont stored as F16 only when its reader takes F16: before a GEMM, not before a silu
+    # a cont stored as F16 only when its reader takes F16: before a GEMM (and then the gelu it
+    # moves too), not before a silu
     t = F.cont(F.gelu(x).permute(1, 0, 2, 3))
-    assert [n.op for n in half(Graph(F.silu(F.mul_mat(leaf(rand(48, 64), "F16"), t))))] == ["cont"]
+    assert [n.op for n in half(Graph(F.silu(F.mul_mat(leaf(rand(48, 64), "F16"), t))))] == ["gelu", "cont"]
     assert half(Graph(F.silu(t))) == []
 
 
@@ -241,8 +253,144 @@ def test_dense_block_stored_as_f16():
     out = F.silu(F.add(F.scale(F.conv2d(cat, leaf(rand(16, 32, 3, 3), "F16"), leaf(rand(16)), padding=1), 0.2), x))
     stored = half(Graph(out))
     assert sorted(n.op for n in stored) == ["concat", "concat", "leaky_relu", "leaky_relu"]
-    # a batch of two: a source's part of the concat is not one contiguous run, so it stays F32
+    # a batch of two: a source's part of the concat is not one contiguous run; the concat
+    # converts it through its strides (cast4d), so it is stored F16 all the same
     x2 = leaf(rand(2, 16, 128, 128))
     y2 = F.leaky_relu(F.conv2d(x2, leaf(rand(8, 16, 3, 3), "F16"), padding=1), 0.2)
     c2 = F.concat(x2, y2, 2)
-    assert [n.op for n in half(Graph(F.silu(F.conv2d(c2, leaf(rand(8, 24, 3, 3), "F16"), padding=1))))] == []
+    assert [n.op for n in half(Graph(F.silu(F.conv2d(c2, leaf(rand(8, 24, 3, 3), "F16"), padding=1))))] == \
+        ["leaky_relu", "concat"]
+
+
+# ---- DiT blocks (Flux double + single): modulation, gated residual, fc1 + gelu; BF16 storage ----
+def _by_name(graph):
+    return Counter(fn.__name__ for _, fn, _ in launches(graph) if fn is not own)
+
+
+def test_flux_blocks_fuse_the_dit_chains():
+    from flux_block_graph import flux_blocks_graph
+    g = flux_blocks_graph("BF16")
+    lst = launches(g)
+    names = _by_name(g)
+    # 2 x 2 modulations in the double block, 1 in the single; 2 x 2 + 1 gated residuals; the two
+    # MLPs' fc1 + gelu; every other linear a bias GEMM (qkv x2, proj x2, fc2 x2, the three
+    # modulation linears, linear1, linear2)
+    assert names["layer_norm_modulated"] == 5
+    assert names["gated_add"] == 5
+    assert names["mul_mat_add_bias_gelu"] == 2
+    assert names["mul_mat_add_bias"] == 11
+    assert names["attention_into_cont"] == 2
+    assert names["rms_norm_scaled"] == 6            # the QK norms: 2 x 2 + 2
+    assert not any(n.op in ("layer_norm", "rms_norm") and fn is own for n, fn, _ in lst)
+    for n, fn, srcs in lst:
+        if fn.__name__ == "layer_norm_modulated":
+            x, s, shift = srcs
+            assert n.op == "add" and x.owner.op != "layer_norm" and s.owner.op == "scale"
+            assert s.ne4 == (64, 1, 1, 1) and shift.ne4 == (64, 1, 1, 1)
+        if fn.__name__ == "gated_add":
+            x, y, gate = srcs
+            assert y.owner.op == "add" and gate.ne4 == (64, 1, 1, 1) and x.ne4 == n.ne4
+        if fn.__name__ == "rms_norm_scaled":
+            assert n.op == "mul" and srcs[1].ne == (32,) and srcs[0].owner.op == "add"   # q/k views of qkv
+        if fn.__name__ == "mul_mat_add_bias_gelu":
+            assert n.op == "gelu_tanh" and srcs[0].dtype.name == "BF16" and srcs[2].ne == (128,)
+
+
+def test_flux_blocks_store_gemm_inputs_in_the_gemm_dtype():
+    """BF16 weights: every GEMM input the block makes (the modulations' outputs, the MLPs' gelu,
+    the single block's concat and the gelu it joins, the modulation linears' silu) is stored BF16;
+    the attention's inputs (rope'd q/k, the joined v) F16, the attention's own dtype; with F16
+    weights all of them F16, and the attention outputs' conts too (the mma kernel writes F16,
+    not BF16). Nothing read in F32 (residual stream, norms' inputs, the qkv projections read by
+    rms_norm) is stored."""
+    from flux_block_graph import flux_blocks_graph
+    for dtype in ("BF16", "F16"):
+        g = flux_blocks_graph(dtype)
+        st = stored(g)
+        got = Counter((n.op, st[id(n)]) for n in g.nodes if id(n) in st)
+        want = Counter({("add", dtype): 5, ("gelu_tanh", dtype): 3, ("silu", dtype): 1, ("rope", "F16"): 4})
+        want.update([("concat", "F16"), ("concat", dtype)])     # the double block's v, the single's join
+        if dtype == "F16":
+            want[("cont", "F16")] = 2
+        assert got == want, dtype
+        node = {id(n): n for n in g.nodes}
+        outputs = {id(n) for n in g.plan().outputs}
+        fused = {id(n): fn.__name__ for n, fn, _ in launches(g)}
+        for i, d in st.items():
+            n = node[i]
+            assert i not in outputs
+            if n.op == "add":       # the modulations (fused), read by GEMMs only
+                assert fused[i] == "layer_norm_modulated"
+        for n in g.nodes:
+            for k, s in enumerate(n.src):
+                if id(s.owner) in st:
+                    d = st[id(s.owner)]
+                    if n.op == "mul_mat":
+                        assert k == 1 and d == n.src[0].dtype.name
+                    elif n.op == "attention":
+                        assert k < 3 and d == "F16"
+                    else:
+                        assert n.op in ("concat", "cont") and st.get(id(n)) == d, n.op
+                if n.op in ("rms_norm", "layer_norm") or fused[id(n)] == "gated_add":
+                    assert id(s.owner) not in st, n.op
+
+
+def test_bf16_and_f16_readers_disagree_nothing_stored():
+    x = leaf(rand(2, 16, 32))
+    h = F.gelu(x, approximate="tanh")
+    wb, wh = leaf(rand(48, 32), "BF16"), leaf(rand(48, 32), "F16")
+    g = Graph({"a": F.silu(F.mul_mat(wb, h)), "b": F.silu(F.mul_mat(wh, h))})
+    assert stored(g) == {}
+    g = Graph({"a": F.silu(F.mul_mat(wb, h)), "b": F.silu(F.mul_mat(wb, h))})
+    assert list(stored(g).values()) == ["BF16"]
+
+
+def test_rope_stored_f16_only_for_the_attention():
+    q = leaf(rand(1, 24, 2, 32))                      # ne [D, H, L, N]
+    pe = leaf(rand(24, 16, 2, 2))
+    for r in (F.rope(q, pe), F.rope_ext(q, np.arange(24, dtype=np.int32), n_dims=32, mode="neox")):
+        att = r.reshape(32, 24, 2, 1) if r.op == "rope" else r.permute(0, 2, 1, 3)
+        g = Graph(F.silu(F.attention(att, att, att)))
+        st = stored(g)
+        assert [(n.op, st[id(n)]) for n in g.nodes if id(n) in st] == [(r.op, "F16")]
+        # read by a BF16 GEMM instead: rope writes F16 only, so it stays F32
+        g = Graph(F.silu(F.mul_mat(leaf(rand(8, 32), "BF16"), r)))
+        assert stored(g) == {}
+
+
+def test_geglu_takes_only_a_gemm_product_in_half():
+    # the geglu stored for an F16 GEMM: its product input is stored F16 (the one extra rounding,
+    # as PyTorch's fp16 feed-forward), a silu input is not (nothing rounds it)
+    x = leaf(rand(2, 16, 64))
+    w2 = leaf(rand(48, 32), "F16")
+    via_gemm = F.geglu(F.linear(x, leaf(rand(64, 64), "F16"), leaf(rand(64), "F16")), "tanh")
+    assert sorted(n.op for n in half(Graph(F.silu(F.mul_mat(w2, via_gemm))))) == ["add", "geglu"]
+    via_silu = F.geglu(F.silu(x), "tanh")
+    assert [n.op for n in half(Graph(F.silu(F.mul_mat(w2, via_silu))))] == ["geglu"]
+
+
+def test_dit_chains_not_fused():
+    x = leaf(rand(1, 16, 64))
+    s, sh, gate = (leaf(rand(1, 1, 64)) for _ in range(3))
+    w, b = leaf(rand(64, 64), "BF16"), leaf(rand(64), "BF16")
+    ln = F.layer_norm(x, 1e-6)
+    # the norm read twice; the mul read twice; an affine norm; a full-size x broadcast into the mul
+    for out in (F.add(F.add(F.mul(ln, s), sh), ln), F.add(F.add(F.mul(ln, s), sh), F.mul(ln, s)),
+                F.add(F.mul(F.layer_norm_affine(x, leaf(rand(64)), None, 1e-6), s), sh)):
+        assert "layer_norm_modulated" not in _by_name(Graph(F.silu(out)))
+    # the gate's product read twice, or an F16 operand: no gated add
+    y = F.linear(x, w, b)
+    m = F.mul(y, gate)
+    assert "gated_add" not in _by_name(Graph(F.silu(F.add(F.add(x, m), m))))
+    assert "gated_add" not in _by_name(Graph(F.silu(F.add(x, F.mul(y, leaf(rand(1, 1, 64), "F16"))))))
+    assert _by_name(Graph(F.silu(F.add(x, F.mul(y, gate)))))["gated_add"] == 1
+    # an rms_norm times a full-size tensor, or read twice: the mul stays its own kernel
+    r = F.rms_norm(x, 1e-6)
+    assert "rms_norm_scaled" not in _by_name(Graph(F.silu(F.mul(r, leaf(rand(1, 16, 64))))))
+    assert "rms_norm_scaled" not in _by_name(Graph(F.add(F.mul(r, leaf(rand(64))), r)))
+    assert _by_name(Graph(F.silu(F.mul(F.rms_norm(x, 1e-6), leaf(rand(64), "BF16")))))["rms_norm_scaled"] == 1
+    # gelu (erf form) after the bias, or the bias output read twice: no GELU epilogue
+    assert "mul_mat_add_bias_gelu" not in _by_name(Graph(F.silu(F.gelu(F.linear(x, w, b)))))
+    y2 = F.linear(x, w, b)
+    assert "mul_mat_add_bias_gelu" not in _by_name(Graph(F.add(F.gelu(y2, approximate="tanh"), y2)))
+    assert _by_name(Graph(F.silu(F.gelu(F.linear(x, w, b), approximate="tanh"))))["mul_mat_add_bias_gelu"] == 1

@@ -139,7 +139,8 @@ class _GraphState:
                                            f"{n.dtype.name}" + (f" (node {n.name})" if n.name else ""))
                 ks.append(k.fn)
             kernels.append(ks)
-        # and the F32 results stored as F16 (fuse.half_nodes; seen through DevTensor.half_of)
+        # and the F32 results stored as F16/BF16 (fuse.half_nodes: {id: dtype}; seen through
+        # DevTensor.half_of)
         fusing = backend.fuse
         if fusing:
             self.kernels = fuse.launch_lists(graph, plan, kernels, self.node_ptr)
@@ -147,7 +148,7 @@ class _GraphState:
             self.kernels = [[(fn, tuple(n.src)) for fn, n in zip(ks, seg.nodes)]
                             for ks, seg in zip(kernels, plan.segments)]
         self.half = fuse.half_nodes(graph, plan, self.kernels, self.node_ptr) \
-            if fusing and backend.store_half else set()
+            if fusing and backend.store_half else {}
         self.launches: list | None = None    # [(fn, node, xs, out)] once weights have fixed addresses
         self.captured: cudagraph.CapturedGraph | None = None
         self.capture_ok = True
@@ -176,8 +177,9 @@ class _GraphState:
 
     def dev(self, t, residency=None) -> DevTensor:
         """What a kernel function sees of tensor `t` (a node, a leaf or a view of either)."""
-        if id(t.owner) in self.half:
-            return DevTensor.half_of(t, self.node_ptr[id(t.owner)])
+        d = self.half.get(id(t.owner))
+        if d is not None:
+            return DevTensor.half_of(t, self.node_ptr[id(t.owner)], d)
         return DevTensor.of(t, self.ptr(t, residency))
 
     def release(self) -> None:

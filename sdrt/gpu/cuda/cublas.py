@@ -16,7 +16,8 @@ Types and compute (cublasGemmStridedBatchedEx):
 `Cublas.gemm_bias` is one GEMM with cuBLASLt's bias epilogue (C = op(A) op(B) + bias broadcast
 over C's columns, F32 bias, optionally + a residual matrix read as Lt's C), for the linear
 layers' `add(mul_mat(w, x), b)` [+ r]: each separate add read and wrote the whole F32 output
-once more. Its descriptors and the heuristic's algorithm are made once per shape and pointer
+once more; with gelu=True the GELU (tanh form) follows the bias in the same epilogue (a DiT
+MLP's fc1 -> gelu). Its descriptors and the heuristic's algorithm are made once per shape and pointer
 alignment and kept for the process; a shape cuBLASLt has no algorithm for raises
 UnsupportedError (the caller runs the plain GEMM and the adds instead).
 """
@@ -38,6 +39,7 @@ GEMM_DEFAULT_ALGO = -1
 # cuBLASLt (cublasLt.h): matmul descriptor attributes, epilogue, preference attribute
 LT_TRANSA, LT_TRANSB, LT_EPILOGUE, LT_BIAS_POINTER = 3, 4, 7, 8
 LT_EPILOGUE_BIAS = 4
+LT_EPILOGUE_GELU_BIAS = 36   # CUBLASLT_EPILOGUE_GELU | BIAS: the tanh-form GELU after the bias
 LT_PREF_MAX_WORKSPACE_BYTES = 1
 LT_PREF_MIN_ALIGNMENT = (5, 6, 7, 8)   # of A, B, C, D in bytes (the heuristic assumes 256 unless told)
 LT_HEURISTIC_BYTES = 96   # cublasLtMatmulHeuristicResult_t: algo (64 B), workspaceSize, state, waves, 4 ints
@@ -153,12 +155,12 @@ class _LtPlan:
     """The descriptors and algorithm of one bias-epilogue GEMM shape (kept for the process)."""
 
     def __init__(self, lt, handle, transa, transb, m, n, k, ab_type, lda, ldb, c_type, ldc, workspace_bytes,
-                 align):
+                 align, epilogue=LT_EPILOGUE_BIAS):
         self.desc, self.a, self.b, self.c = c_void_p(), c_void_p(), c_void_p(), c_void_p()
         what = f"cuBLASLt bias GEMM m={m} n={n} k={k}"
         check(lt.cublasLtMatmulDescCreate(ctypes.byref(self.desc), COMPUTE_32F, CUDA_TYPES["F32"]), what)
         for attr, value in ((LT_TRANSA, OP_T if transa else OP_N), (LT_TRANSB, OP_T if transb else OP_N),
-                            (LT_EPILOGUE, LT_EPILOGUE_BIAS)):
+                            (LT_EPILOGUE, epilogue)):
             v = c_int(value)
             check(lt.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), 4), what)
         rows_a, cols_a = (k, m) if transa else (m, k)
@@ -258,12 +260,16 @@ class Cublas:
 
     def gemm_bias(self, stream, transa: bool, transb: bool, m: int, n: int, k: int,
                   a: int, a_dtype: str, lda: int, b: int, b_dtype: str, ldb: int, c: int, ldc: int,
-                  bias: int, *, c_dtype: str = "F32", residual: int | None = None) -> None:
+                  bias: int, *, c_dtype: str = "F32", residual: int | None = None, gelu: bool = False) -> None:
         """Column-major C[m,n] = op(A)[m,k] op(B)[k,n] + bias[m] (F32 bias, broadcast over the
         n columns) [+ R[m,n], a matrix laid out as C, at `residual`] through cuBLASLt's bias
-        epilogue, enqueued on `stream`. F16/BF16 a and b."""
+        epilogue, enqueued on `stream`. F16/BF16 a and b. gelu: C = GELU(op(A) op(B) + bias)
+        (CUBLASLT_EPILOGUE_GELU_BIAS, the tanh form; no residual); an epilogue the library
+        refuses raises UnsupportedError."""
         if a_dtype != b_dtype or a_dtype not in ("F16", "BF16") or c_dtype not in C_TYPES[a_dtype]:
             raise UnsupportedError(f"cuBLASLt bias GEMM: {a_dtype}x{b_dtype}->{c_dtype}")
+        if gelu and residual is not None:
+            raise UnsupportedError("cuBLASLt GELU-bias GEMM: no residual")
         if min(m, n, k) < 1 or max(m, n, k, lda, ldb, ldc) > _INT32_MAX:
             raise OpError(f"cuBLASLt bias GEMM: dims must be in 1..2^31-1 (m={m} n={n} k={k})")
         lt = lt_library()
@@ -273,14 +279,19 @@ class Cublas:
             check(lt.cublasLtCreate(ctypes.byref(self._lt)), "cublasLtCreate")
         src_c = c if residual is None else residual
         align = tuple(_alignment(p) for p in (a, b, src_c, c))
-        key = (transa, transb, m, n, k, a_dtype, lda, ldb, c_dtype, ldc, align)
+        key = (transa, transb, m, n, k, a_dtype, lda, ldb, c_dtype, ldc, align, gelu)
         plan = self._lt_plans.get(key)
         if plan is None:
             try:
                 plan = _LtPlan(lt, self._lt, transa, transb, m, n, k, CUDA_TYPES[a_dtype], lda, ldb,
-                               CUDA_TYPES[c_dtype], ldc, WORKSPACE_BYTES, align)
+                               CUDA_TYPES[c_dtype], ldc, WORKSPACE_BYTES, align,
+                               LT_EPILOGUE_GELU_BIAS if gelu else LT_EPILOGUE_BIAS)
             except UnsupportedError as e:
                 plan = e
+            except OpError as e:
+                if not gelu:
+                    raise
+                plan = UnsupportedError(str(e))   # a GELU epilogue refused: the caller runs it unfused
             self._lt_plans[key] = plan
         if isinstance(plan, Exception):
             raise UnsupportedError(str(plan))

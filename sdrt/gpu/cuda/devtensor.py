@@ -1,7 +1,7 @@
 """DevTensor: what a CUDA kernel function sees of a graph tensor (address, dtype, ggml shape).
 
-Its dtype is the tensor's, except for the F32 results that fuse.py stores as F16 ("half"
-nodes): those, and every view of them, are seen as F16 with halved byte strides and offsets.
+Its dtype is the tensor's, except for the F32 results that fuse.py stores as F16 or BF16 ("half"
+nodes): those, and every view of them, are seen as that dtype with halved byte strides and offsets.
 """
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ class DevTensor:
         return cls(int(ptr), t.dtype, t.ne4, padded_nb(t), t)
 
     @classmethod
-    def half_of(cls, t: Tensor, node_ptr: int) -> "DevTensor":
-        """View `t` of an F32 node stored as F16 at node_ptr: every byte offset and stride halved."""
-        return cls(int(node_ptr) + t.offset // 2, BY_NAME["F16"], t.ne4, tuple(b // 2 for b in padded_nb(t)), t)
+    def half_of(cls, t: Tensor, node_ptr: int, dtype: str = "F16") -> "DevTensor":
+        """View `t` of an F32 node stored as `dtype` (F16 or BF16) at node_ptr: every byte
+        offset and stride halved."""
+        return cls(int(node_ptr) + t.offset // 2, BY_NAME[dtype], t.ne4, tuple(b // 2 for b in padded_nb(t)), t)
 
     @property
     def nelements(self) -> int:

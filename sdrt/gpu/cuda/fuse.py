@@ -2,7 +2,7 @@
 
 `launch_lists(graph, plan, kernels, node_ptr)` gives, per segment and node, the kernel function
 to call and the tensors it reads (`kernels`: each segment's kernel functions in node order,
-`node_ptr`: each computed node's device address). Four patterns are fused:
+`node_ptr`: each computed node's device address). These patterns are fused:
 
 - `add(mul_mat(w, x), b)` with b a vector of the product's M rows (a linear layer's bias),
   where the add directly follows the product, is the product's only consumer and writes over
@@ -14,6 +14,29 @@ to call and the tensors it reads (`kernels`: each segment's kernel functions in 
   residual add of a transformer block, which writes over the same buffer and reads r of the
   output's size: the product's and the bias add's slots do nothing and the last runs
   `matmul.mul_mat_add_bias_residual`, the same GEMM reading r as cuBLASLt's C (beta 1).
+
+- `gelu_tanh(add(mul_mat(w, x), b))`, the bias pair followed directly by a tanh GELU (a DiT
+  MLP's fc1) writing over the same buffer: one GEMM with cuBLASLt's GELU-bias epilogue (whose GELU
+  is the tanh form) in the gelu's slot, `matmul.mul_mat_add_bias_gelu` (the bias GEMM into scratch
+  and the gelu kernel where cuBLASLt refuses).
+
+- the DiT modulation `add(mul(layer_norm(x), s), shift)` (layer_norm without affine, or the
+  affine op with neither; s and shift vectors broadcasting over x's tokens, [C, 1, N]; the mul
+  and the add the only readers of the node before, other nodes such as the `scale(s, 1, 1)`
+  that makes s may run in between): `norm.layer_norm_modulated` in the add's slot, one pass
+  instead of three, rounded after the product and after the sum as the separate kernels.
+
+- `mul(rms_norm(x), w)`, w a vector of x's ne[0] values (the DiT blocks' QK RMSNorm, the mul
+  the norm's only reader): `norm.rms_norm_scaled`, the rms kernel with w as its weight, in the
+  mul's slot (bit for bit: the product is rounded as the mul's).
+
+- the gated residual `add(x, mul(y, g))` (either operand order of either op; x, y of the
+  output's shape, g broadcasting, all F32, the mul read only by the add): `elementwise.gated_add`
+  in the add's slot (y is usually a bias GEMM's output, so the chain is two kernels, not three).
+
+  For these three, which read their inputs in a later slot than the unfused kernels did, no node
+  that still writes in between, nor the fused output, may overlap a computed input's buffer
+  (`_chain_reads_safe`), except the gated add's output exactly over x or y (in place).
 
 - `cont(attention(q, k, v).permute(0, 2, 1, 3))`, the heads merged back into channels right
   after a flash-path attention that nothing else reads: the attention's slot does nothing and
@@ -28,27 +51,38 @@ to call and the tensors it reads (`kernels`: each segment's kernel functions in 
 Nothing runs between the fused slots, so w, x and r are as the unfused kernels would have read
 them, and the planner placed no other live tensor in the product's buffer.
 
-`half_nodes(graph, plan, lists, node_ptr)` then picks the F32 results to store as F16, as
-PyTorch's fp16 activations are, where that costs no accuracy the reader keeps: a node whose every
-reader would round it to F16 anyway (a GEMM or conv on F16 weights reading it as x, the
-attention's q/k/v, which the flash kernel and the F16 gemm path read as F16), or only moves it
-on to a node stored as F16 too (cont/cast), or is the geglu (the one extra rounding: the
-feed-forward's first product, F16 before its gelu, as in PyTorch); and whose own kernel can
-write F16 (layer and group norms, geglu, cont/cast, whose kernels go by the device tensors'
-dtypes, and a GEMM on dense F16 weights, its bias fused or not). Each store halves the node's
-traffic and drops the packing pass of the GEMM or attention reading it (convert_f32_f16 and
-attn_pack); a norm or cont writing F16 gives the very bits the
-packing did. No reader may write over the node's buffer (different element sizes at one address).
+`half_nodes(graph, plan, lists, node_ptr)` then picks the F32 results to store in half precision,
+{id: "F16" or "BF16"}, as PyTorch's fp16/bf16 activations are, where that costs no accuracy the
+reader keeps: a node whose every reader would round it to that one dtype anyway (a GEMM reading
+it as x in its GEMM dtype, the F16 weights' F16 and the BF16 weights' BF16 (ops/matmul
+gemm_input_dtype); a conv on F16 weights; the attention's q/k/v, which the flash kernel and the
+F16 gemm path read as F16 whatever the model's dtype), or only moves it on to a node stored in
+that dtype too (cont/cast/concat), or is the geglu (the one extra rounding: the feed-forward's
+first product, in the GEMM's dtype before its gelu, as in PyTorch). Readers that disagree (a BF16
+GEMM and the F16 attention), or any reader keeping F32 (norms, residual adds, rms_norm inputs):
+the node stays F32. And whose own kernel can write that dtype (`_writable`): layer and group
+norms, the modulation, geglu, cont/cast and concat (by the device tensors' dtypes), unary and
+binary ops of F32 operands (their `_to_f16`/`_to_bf16` kernels: the gelu before a GEMM, the
+modulation's add where unfused), rope (F16, for the attention), a GEMM on dense F16/BF16 weights
+(its own dtype; bias or GELU-bias fused or not), and the attention into its cont (F16: the mma
+kernel writes F32 or F16). Each store halves the node's traffic and drops the packing pass of
+the GEMM or attention reading it (convert_f32_f16/bf16 and attn_pack); the stored bits are the
+very bits the packing would have made. No reader may write over the node's buffer (different
+element sizes at one address).
 """
 from __future__ import annotations
 
+from ...ops.registry import FLOATS, ops_of_kind
 from .ops.attention import attention_into_cont, wants_f32
 from .ops.attention import plan as attention_plan
 from .ops.conv import Epilogue, bias_axis, conv2d, conv3x3_direct, takes_direct
 from .ops.conv import gemm_dtype as conv_gemm_dtype
-from .ops.layout import parts_are_runs
+from .ops.elementwise import binary, gated_add, unary
+from .ops.layout import concat
 from .devtensor import padded_nb
-from .ops.matmul import gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_residual
+from .ops.matmul import (gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_gelu,
+                         mul_mat_add_bias_residual)
+from .ops.norm import layer_norm_modulated, rms_norm_scaled
 
 
 def _skip(node, xs, out, rt) -> None:
@@ -109,7 +143,11 @@ def launch_lists(graph, plan, kernels, node_ptr) -> list[list[tuple]]:
             r = nodes[j + 2] if j + 2 < len(nodes) else None
             res = _residual_of(r, add) if r is not None and only_feeds(add, r) else None
             out[j] = (_skip, ())
-            if res is None:
+            if res is None and r is not None and _gelu_of(r, add) and only_feeds(add, r):
+                out[j + 1] = (_skip, ())
+                out[j + 2] = (mul_mat_add_bias_gelu, (*mm.src, add.src[1]))
+                j += 3
+            elif res is None:
                 out[j + 1] = (mul_mat_add_bias, (*mm.src, add.src[1]))
                 j += 2
             else:
@@ -119,6 +157,13 @@ def launch_lists(graph, plan, kernels, node_ptr) -> list[list[tuple]]:
         for j, cv in enumerate(nodes):
             if cv.op == "conv2d" and out[j][0] is not _skip and takes_direct(cv):
                 _fuse_conv_epilogue(nodes, out, j, only_feeds)
+        for j, n in enumerate(nodes):
+            if n.op in ("layer_norm", "layer_norm_affine") and out[j][0] is not _skip:
+                _fuse_modulation(nodes, out, j, uses, outputs, node_ptr)
+            elif n.op == "rms_norm" and out[j][0] is not _skip:
+                _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr)
+            elif n.op == "mul" and out[j][0] is not _skip:
+                _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr)
         for j in range(len(nodes) - 1):
             att, c = nodes[j], nodes[j + 1]
             if (att.op == "attention" and attention_plan(att)[0] == "flash" and _merges_heads(c, att)
@@ -128,6 +173,167 @@ def launch_lists(graph, plan, kernels, node_ptr) -> list[list[tuple]]:
                 out[j + 1] = (_writing_into(att), tuple(att.src))
         lists.append(out)
     return lists
+
+
+def _gelu_of(g, add) -> bool:
+    """Whether node g is gelu_tanh of add's whole F32 output (cuBLASLt's GELU is the tanh form)."""
+    return g.op == "gelu_tanh" and g.dtype.name == "F32" and add.dtype.name == "F32" and _is_whole(g.src[0], add)
+
+
+def _buffer_overlaps(a, b, node_ptr) -> bool:
+    """Whether computed nodes a and b have overlapping buffers."""
+    if id(a) not in node_ptr or id(b) not in node_ptr:
+        return False
+    pa, pb = node_ptr[id(a)], node_ptr[id(b)]
+    return pa < pb + b.nbytes and pb < pa + a.nbytes
+
+
+def _chain_reads_safe(nodes, out, j, k, skipped, reads, node_ptr, in_place=()) -> bool:
+    """A chain nodes[j..k] fused into nodes[k]'s slot reads `reads` later than the unfused
+    kernels did: no node that still writes in between (not in `skipped`, its slot not already
+    fused away), nor nodes[k]'s output, may write over a computed tensor among them; except
+    nodes[k]'s output exactly over one of `in_place` (same address and layout: an element-wise
+    kernel reads an element before writing it)."""
+    last = nodes[k]
+    for t in reads:
+        o = t.owner
+        if o.op is None:
+            continue
+        for i in range(j, k + 1):
+            n = nodes[i]
+            if id(n) in skipped or out[i][0] is _skip or n is o or not _buffer_overlaps(n, o, node_ptr):
+                continue
+            if n is last and any(t is r for r in in_place) and _is_whole(t, o) and node_ptr[id(n)] == node_ptr[id(o)] \
+                    and o.is_contiguous() and tuple(o.ne4) == tuple(n.ne4):
+                continue
+            return False
+    return True
+
+
+def _next_reader(nodes, j, node, uses) -> int | None:
+    """Index of the node after j reading `node` when that is node's only reader."""
+    if uses.get(id(node)) != 1:
+        return None
+    for k in range(j + 1, len(nodes)):
+        if any(s.owner is node for s in nodes[k].src):
+            return k
+    return None
+
+
+def _other(node, prev):
+    """node's operand that is not prev's whole output, when node is binary over (prev, other)."""
+    a, b = node.src
+    if _is_whole(a, prev) and b.owner is not prev:
+        return b
+    if _is_whole(b, prev) and a.owner is not prev:
+        return a
+    return None
+
+
+def _broadcasts_to(t, ne4) -> bool:
+    return t.dtype.name in FLOATS and all(n in (1, m) for n, m in zip(t.ne4, ne4))
+
+
+def _fuse_modulation(nodes, out, j, uses, outputs, node_ptr) -> None:
+    """layer_norm(x) -> mul(., scale) -> add(., shift) (a DiT block's modulation; scale and shift
+    F32/F16/BF16 vectors broadcasting over x's tokens, the mul and add possibly a few nodes later,
+    each the previous one's only reader): one layer_norm_modulated in the add's slot."""
+    ln = nodes[j]
+    if ln.src[0].dtype.name != "F32" or ln.dtype.name != "F32" or len(ln.src) != 1 or id(ln) in outputs:
+        return
+    km = _next_reader(nodes, j, ln, uses)
+    if km is None or nodes[km].op != "mul" or id(nodes[km]) in outputs:
+        return
+    mul = nodes[km]
+    ka = _next_reader(nodes, km, mul, uses)
+    if ka is None or nodes[ka].op != "add" or out[km][0] is _skip or out[ka][0] is _skip:
+        return
+    add = nodes[ka]
+    scale, shift = _other(mul, ln), _other(add, mul)
+    ne = tuple(ln.ne4)
+    if (scale is None or shift is None or tuple(mul.ne4) != ne or tuple(add.ne4) != ne or add.dtype.name != "F32"
+            or not _broadcasts_to(scale, ne) or not _broadcasts_to(shift, ne)):
+        return
+    x = ln.src[0]
+    skipped = {id(ln), id(mul)}
+    if not _chain_reads_safe(nodes, out, j, ka, skipped, (x, scale, shift), node_ptr):
+        return
+    out[j], out[km] = (_skip, ()), (_skip, ())
+    out[ka] = (_modulated(ln), (x, scale, shift))
+
+
+def _modulated(ln):
+    """The kernel function of a fused modulation's slot: layer_norm_modulated of `ln`'s eps."""
+    eps = float(ln.params["eps"])
+
+    def layer_norm_modulated_(node, xs, out, rt):
+        layer_norm_modulated(rt, xs[0], xs[1], xs[2], out, eps)
+    layer_norm_modulated_.__name__ = "layer_norm_modulated"
+    layer_norm_modulated_.modulation = ln
+    return layer_norm_modulated_
+
+
+def _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr) -> None:
+    """rms_norm(x) -> mul(., w), w a vector of x's ne[0] values, the mul the norm's only reader
+    (the DiT blocks' QK RMSNorm): the rms kernel with w as its weight, in the mul's slot."""
+    rn = nodes[j]
+    if rn.src[0].dtype.name != "F32" or rn.dtype.name != "F32" or id(rn) in outputs:
+        return
+    km = _next_reader(nodes, j, rn, uses)
+    if km is None or nodes[km].op != "mul" or out[km][0] is _skip:
+        return
+    mul = nodes[km]
+    w = _other(mul, rn)
+    if (w is None or mul.dtype.name != "F32" or tuple(mul.ne4) != tuple(rn.ne4) or w.dtype.name not in FLOATS
+            or w.ne4[0] != rn.ne4[0] or any(d != 1 for d in w.ne4[1:])):
+        return
+    x = rn.src[0]
+    if not _chain_reads_safe(nodes, out, j, km, {id(rn)}, (x, w), node_ptr):
+        return
+    out[j] = (_skip, ())
+    out[km] = (_rms_scaled(rn), (x, w))
+
+
+def _rms_scaled(rn):
+    eps = float(rn.params["eps"])
+
+    def rms_norm_scaled_(node, xs, out, rt):
+        rms_norm_scaled(rt, xs[0], xs[1], out, eps)
+    rms_norm_scaled_.__name__ = "rms_norm_scaled"
+    return rms_norm_scaled_
+
+
+def _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr) -> None:
+    """add(x, mul(y, g)) (either order of either op), every tensor F32, the mul the add's only
+    operand it computes, x and y of the output's shape, g broadcasting (a DiT block's gate): one
+    gated_add in the add's slot."""
+    mul = nodes[j]
+    if id(mul) in outputs or mul.dtype.name != "F32":
+        return
+    ka = _next_reader(nodes, j, mul, uses)
+    if ka is None or nodes[ka].op != "add" or out[ka][0] is _skip:
+        return
+    add = nodes[ka]
+    x = _other(add, mul)
+    ne = tuple(add.ne4)
+    if x is None or add.dtype.name != "F32" or tuple(mul.ne4) != ne:
+        return
+    a, b = mul.src
+    y, g = (a, b) if tuple(a.ne4) == ne else (b, a)
+    if (tuple(y.ne4) != ne or tuple(x.ne4) != ne or not _broadcasts_to(g, ne)
+            or any(t.dtype.name != "F32" for t in (x, y, g))):
+        return
+    if not _chain_reads_safe(nodes, out, j, ka, {id(mul)}, (x, y, g), node_ptr, in_place=(x, y)):
+        return
+    out[j] = (_skip, ())
+    out[ka] = (_gated, (x, y, g))
+
+
+def _gated(node, xs, out, rt):
+    gated_add(rt, *xs, out)
+
+
+_gated.__name__ = "gated_add"
 
 
 def _fuse_conv_epilogue(nodes, out, j, only_feeds) -> None:
@@ -196,59 +402,98 @@ def _writing_into(att):
     def attention_into_cont_(node, xs, out, rt):
         attention_into_cont(att, xs, out, rt)
     attention_into_cont_.__name__ = "attention_into_cont"
+    attention_into_cont_.attention = att
     return attention_into_cont_
 
 
-_HALF_WRITERS = ("layer_norm", "layer_norm_affine", "group_norm", "group_norm_affine", "geglu", "cont", "cast")
+HALF = ("F16", "BF16")
+ANY = "any"   # a reader that takes whichever half dtype the writer gives (the geglu, F32 itself)
+_NORMS = ("layer_norm", "layer_norm_affine", "group_norm", "group_norm_affine")
+_MOVERS = ("cont", "cast")
 _CONVS = ("conv1d", "conv2d", "conv3d")
+_UNARY = frozenset(ops_of_kind("unary"))
+_BINARY = frozenset(ops_of_kind("binary"))
 
 
-def _writes_half(node, fn, srcs) -> bool:
-    if fn is mul_mat or fn is mul_mat_add_bias:
-        return srcs[0].dtype.name == "F16"
+def _writable(node, fn, srcs) -> tuple[str, ...]:
+    """The dtypes node's kernel (fn on srcs, fused or not) can write its F32 result as."""
+    if fn is _skip:
+        return ()
+    if fn is mul_mat or fn is mul_mat_add_bias:      # cuBLAS writes the GEMM dtype of dense F16/BF16 weights
+        return (srcs[0].dtype.name,) if srcs[0].dtype.name in HALF else ()
+    if fn is mul_mat_add_bias_gelu:                  # or its fallback's gelu kernel, any
+        return HALF
+    if getattr(fn, "modulation", None) is not None:
+        return HALF
     if fn is conv2d or getattr(fn, "direct_conv", None) is not None:   # conv3x3_mma writes F16
         cv = getattr(fn, "direct_conv", node)
-        return takes_direct(cv) and (len(cv.src) < 3 or bias_axis(cv.src[2], cv.ne[2]) is not None)
-    if node.op == "concat":       # ops/layout.concat converts F32 sources into one contiguous run each
-        return parts_are_runs(node.ne4, node.params["dim"]) and all(s.dtype.name in ("F32", "F16", "BF16")
-                                                                    for s in node.src)
-    return fn is not _skip and node.op in _HALF_WRITERS and node.src[0].dtype.name in ("F32", "F16", "BF16")
+        ok = takes_direct(cv) and (len(cv.src) < 3 or bias_axis(cv.src[2], cv.ne[2]) is not None)
+        return ("F16",) if ok else ()
+    if node.op in ("rope", "rope_ext"):              # (positions are I32) for the attention: F16
+        return ("F16",) if node.src[0].dtype.name == "F32" else ()
+    if not all(s.dtype.name in FLOATS for s in node.src):
+        return ()
+    if getattr(fn, "attention", None) is not None:
+        return ("F16",)                              # the mma kernel writes F32 or F16
+    if node.op == "concat" and fn is concat:
+        return HALF
+    if node.op in _NORMS or node.op in _MOVERS or node.op == "geglu":
+        return HALF
+    if (fn is unary and node.op in _UNARY) or (fn is binary and node.op in _BINARY):
+        return HALF if node.src[0].dtype.name == "F32" else ()
+    return ()
 
 
-def _reads_half(reader, i, half) -> bool:
-    """Whether `reader`, taking the node as its source i, loses nothing when that is F16."""
+def _read_dtype(reader, i, store, gemm: bool) -> str | None:
+    """The dtype `reader`, taking the node as its source i, rounds it to anyway (so storing it
+    so loses nothing); ANY for a reader indifferent to which; None when it keeps F32. `gemm`:
+    the node is a GEMM's product (the geglu takes that one in the GEMM's dtype, nothing else)."""
     op = reader.op
     if op == "mul_mat":
-        return i == 1 and gemm_input_dtype(*reader.src) == "F16"
+        d = gemm_input_dtype(*reader.src)
+        return d if i == 1 and d in HALF else None
     if op in _CONVS:
-        return i == 0 and conv_gemm_dtype(reader.src[1]) == "F16"
+        return "F16" if i == 0 and conv_gemm_dtype(reader.src[1]) == "F16" else None
     if op == "attention":
-        return i < 3 and not wants_f32(reader)
+        return "F16" if i < 3 and not wants_f32(reader) else None
     if op == "geglu":
-        return True
-    if op in ("cont", "cast"):
-        return id(reader) in half or reader.dtype.name == "F16"
+        return store.get(id(reader), ANY) if gemm else None
+    if op in _MOVERS:
+        return store.get(id(reader)) or (reader.dtype.name if reader.dtype.name in HALF else None)
     if op == "concat":
-        return id(reader) in half
-    return False
+        return store.get(id(reader))
+    return None
 
 
-def half_nodes(graph, plan, lists, node_ptr) -> set[int]:
-    """ids of the nodes whose F32 results are stored as F16 (see the module doc); `lists` are
-    launch_lists' per-segment [(fn, srcs)] (a fused slot's node is judged by the fused kernel).
-    Readers come after their sources, so a walk from the end knows each reader's choice."""
+def half_nodes(graph, plan, lists, node_ptr) -> dict[int, str]:
+    """{id: "F16" or "BF16"} of the nodes whose F32 results are stored in half precision (see
+    the module doc): every reader rounds the node to that one dtype anyway and the node's kernel
+    can write it; `lists` are launch_lists' per-segment [(fn, srcs)] (a fused slot's node is
+    judged by the fused kernel). Readers come after their sources, so a walk from the end knows
+    each reader's choice."""
     readers: dict[int, list] = {}
     for n in graph.nodes:
         for i, s in enumerate(n.src):
             readers.setdefault(id(s.owner), []).append((n, i))
     launch = {id(n): entry for seg, lst in zip(plan.segments, lists) for n, entry in zip(seg.nodes, lst)}
     outputs = {id(n) for n in plan.outputs}
-    half: set[int] = set()
+    store: dict[int, str] = {}
     for n in reversed(graph.nodes):
         entry = launch.get(id(n))
-        if entry is None or id(n) in outputs or n.dtype.name != "F32" or not _writes_half(n, *entry):
+        if entry is None or id(n) in outputs or n.dtype.name != "F32":
             continue
+        can = _writable(n, *entry)
         rs = readers.get(id(n), ())
-        if rs and all(_reads_half(r, i, half) and node_ptr.get(id(r)) != node_ptr[id(n)] for r, i in rs):
-            half.add(id(n))
-    return half
+        if not can or not rs or any(node_ptr.get(id(r)) == node_ptr[id(n)] for r, _ in rs):
+            continue
+        gemm = entry[0] is mul_mat or entry[0] is mul_mat_add_bias
+        want = {_read_dtype(r, i, store, gemm) for r, i in rs}
+        if None in want:
+            continue
+        want.discard(ANY)
+        if len(want) > 1:
+            continue
+        d = next(iter(want)) if want else (can[0] if len(can) == 1 else None)
+        if d in can:
+            store[id(n)] = d
+    return store

@@ -24,14 +24,24 @@ def _load_ops() -> None:
     from ...ops import api  # noqa: F401  (defines every op)
 
 
-def kernel_name(op: str, dtypes) -> str:
+# the dtypes an F32 element-wise result may be stored as (fuse.half_nodes): "_to_f16"/"_to_bf16"
+# kernels of F32 first operands
+STORED = ("F16", "BF16")
+
+
+def kernel_name(op: str, dtypes, out=None) -> str:
     """The kernel of element-wise `op` on operands of these dtypes: ("add", ("F32", "F16")) ->
-    "binary_add_f32_f16"; ("silu", ("BF16",)) -> "unary_silu_bf16"."""
+    "binary_add_f32_f16"; ("silu", ("BF16",)) -> "unary_silu_bf16". With `out` other than the
+    first operand's dtype (an F32 result stored as F16/BF16): ("gelu", ("F32",), "BF16") ->
+    "unary_gelu_f32_to_bf16"."""
     _load_ops()
     kind = OPS[op].kind
     if kind not in NAMED or len(dtypes) != NAMED[kind][1]:
         raise KeyError(f"{op}{tuple(dtypes)}: not a kernel named by (op, dtypes)")
-    return f"{kind}_{op}_" + "_".join(SUFFIX[getattr(d, 'name', d)] for d in dtypes)
+    names = [getattr(d, "name", d) for d in dtypes]
+    out = getattr(out, "name", out) or names[0]
+    tail = "" if out == names[0] else f"_to_{SUFFIX[out]}"
+    return f"{kind}_{op}_" + "_".join(SUFFIX[d] for d in names) + tail
 
 
 def ops_header() -> str:
@@ -58,6 +68,8 @@ def registered_kernels() -> dict[str, list[str]]:
         for op in ops_of_kind(kind):
             if op in CUDA.ops():
                 out.setdefault(module, []).extend(kernel_name(op, ds) for ds in product(FLOATS, repeat=arity))
+                out[module].extend(kernel_name(op, ("F32", *ds), to) for ds in product(FLOATS, repeat=arity - 1)
+                                   for to in STORED)
     return out
 
 

@@ -172,12 +172,12 @@ class CudaRuntime:
 
     def gemm_bias(self, transa: bool, transb: bool, m: int, n: int, k: int, a: int, a_dtype: str, lda: int,
                   b: int, b_dtype: str, ldb: int, c: int, ldc: int, bias: int, *, c_dtype: str = "F32",
-                  residual: int | None = None) -> None:
+                  residual: int | None = None, gelu: bool = False) -> None:
         """One GEMM with cuBLASLt's bias epilogue on rt.stream: column-major C[m,n] = op(A) op(B)
-        + bias[m] (F32 bias) [+ the matrix at `residual`, laid out as C]. Raises
-        UnsupportedError when cuBLASLt has no algorithm for it."""
+        + bias[m] (F32 bias) [+ the matrix at `residual`, laid out as C] [then GELU, tanh form].
+        Raises UnsupportedError when cuBLASLt has no algorithm for it."""
         self.cublas.gemm_bias(self.stream, transa, transb, m, n, k, a, a_dtype, lda, b, b_dtype, ldb, c, ldc,
-                              bias, c_dtype=c_dtype, residual=residual)
+                              bias, c_dtype=c_dtype, residual=residual, gelu=gelu)
 
     @property
     def cublas(self) -> Cublas:

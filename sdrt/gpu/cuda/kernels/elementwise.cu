@@ -114,15 +114,16 @@ BINARY_OP(sub, a - b)
 BINARY_OP(mul, a * b)
 BINARY_OP(div, a / b)  // IEEE division (the build never passes -use_fast_math)
 
-template <typename F, typename TA, typename TB>
-__device__ __forceinline__ void binary(const char* a, const char* b, TA* out, int64_t n,
+// TO is the output's dtype: TA's, or F16/BF16 for an F32 result stored as such (fuse.py)
+template <typename F, typename TA, typename TB, typename TO>
+__device__ __forceinline__ void binary(const char* a, const char* b, TO* out, int64_t n,
                                        int64_t ne0, int64_t ne1, int64_t ne2,
                                        int64_t sa0, int64_t sa1, int64_t sa2, int64_t sa3,
                                        int64_t sb0, int64_t sb1, int64_t sb2, int64_t sb3) {
     map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
         return make_float2(load_f<TA>(a, i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3),
                            load_f<TB>(b, i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3));
-    }, [](float2 v) { return from_f32<TA>(F()(v.x, v.y)); });
+    }, [](float2 v) { return from_f32<TO>(F()(v.x, v.y)); });
 }
 
 // ---- unary ------------------------------------------------------------------------------------
@@ -160,12 +161,28 @@ UNARY_OP(gelu_quick, over_one_plus_exp(v, -1.702f * v))
 UNARY_OP(clamp, fminf(fmaxf(v, p0), p1))
 UNARY_OP(scale, v * p0 + p1)
 
-template <typename F, typename T>
-__device__ __forceinline__ void unary(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
+// TX is x's dtype, TO the output's (F16/BF16 for an F32 result stored as such, fuse.py)
+template <typename F, typename TX, typename TO>
+__device__ __forceinline__ void unary(const char* x, TO* out, int64_t n, int64_t ne0, int64_t ne1, int64_t ne2,
                                       int64_t s0, int64_t s1, int64_t s2, int64_t s3, float p0, float p1) {
     map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-        return load_f<T>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3);
-    }, [&](float v) { return from_f32<T>(F()(v, p0, p1)); });
+        return load_f<TX>(x, i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3);
+    }, [&](float v) { return from_f32<TO>(F()(v, p0, p1)); });
+}
+
+// ---- gated residual ----------------------------------------------------------------------------
+// out = x + y * g (fuse.py's add(x, mul(y, g)), a DiT block's gated residual), every operand F32
+// through its strides (g a broadcast vector); rounded after the product and after the sum as the
+// two unfused kernels (no FMA)
+__device__ __forceinline__ void gated_add(const char* x, const char* y, const char* g, float* out, int64_t n,
+                                          int64_t ne0, int64_t ne1, int64_t ne2, int64_t sx0, int64_t sx1,
+                                          int64_t sx2, int64_t sx3, int64_t sy0, int64_t sy1, int64_t sy2,
+                                          int64_t sy3, int64_t sg0, int64_t sg1, int64_t sg2, int64_t sg3) {
+    map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+        return make_float3(load_f<float>(x, i0 * sx0 + i1 * sx1 + i2 * sx2 + i3 * sx3),
+                           load_f<float>(y, i0 * sy0 + i1 * sy1 + i2 * sy2 + i3 * sy3),
+                           load_f<float>(g, i0 * sg0 + i1 * sg1 + i2 * sg2 + i3 * sg3));
+    }, [](float3 v) { return __fadd_rn(v.x, __fmul_rn(v.y, v.z)); });
 }
 
 // ---- geglu -------------------------------------------------------------------------------------
@@ -222,33 +239,48 @@ __device__ __forceinline__ void copy_rows(const char* x, U* out, int64_t units, 
 // ---- entry points -----------------------------------------------------------------------------
 #define STRIDES4(s) int64_t s##0, int64_t s##1, int64_t s##2, int64_t s##3
 
-#define BINARY_ENTRY(name, OP, TA, TB)                                                               \
-    extern "C" __global__ void name(const char* a, const char* b, TA* out, int64_t n, int64_t ne0,    \
+#define BINARY_ENTRY(name, OP, TA, TB, TO)                                                           \
+    extern "C" __global__ void name(const char* a, const char* b, TO* out, int64_t n, int64_t ne0,    \
                                     int64_t ne1, int64_t ne2, STRIDES4(sa), STRIDES4(sb)) {          \
-        binary<OP, TA, TB>(a, b, out, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sb0, sb1, sb2, sb3);     \
+        binary<OP, TA, TB, TO>(a, b, out, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sb0, sb1, sb2, sb3); \
     }
-// kernel names: sdrt.gpu.cuda.naming.kernel_name(op, dtypes)
-#define BINARY_TYPES(op)                                                   \
-    BINARY_ENTRY(binary_##op##_f32_f32, binary_##op, float, float)     \
-    BINARY_ENTRY(binary_##op##_f32_f16, binary_##op, float, __half)    \
-    BINARY_ENTRY(binary_##op##_f32_bf16, binary_##op, float, bf16_t)   \
-    BINARY_ENTRY(binary_##op##_f16_f32, binary_##op, __half, float)    \
-    BINARY_ENTRY(binary_##op##_f16_f16, binary_##op, __half, __half)   \
-    BINARY_ENTRY(binary_##op##_f16_bf16, binary_##op, __half, bf16_t)  \
-    BINARY_ENTRY(binary_##op##_bf16_f32, binary_##op, bf16_t, float)   \
-    BINARY_ENTRY(binary_##op##_bf16_f16, binary_##op, bf16_t, __half)  \
-    BINARY_ENTRY(binary_##op##_bf16_bf16, binary_##op, bf16_t, bf16_t)
+// kernel names: sdrt.gpu.cuda.naming.kernel_name(op, dtypes[, out]); the _to_ ones write an F32
+// result as F16/BF16 (fuse.py's half storage)
+#define BINARY_F32_TO(op, b, TB)                                                             \
+    BINARY_ENTRY(binary_##op##_f32_##b##_to_f16, binary_##op, float, TB, __half)           \
+    BINARY_ENTRY(binary_##op##_f32_##b##_to_bf16, binary_##op, float, TB, bf16_t)
+#define BINARY_TYPES(op)                                                          \
+    BINARY_ENTRY(binary_##op##_f32_f32, binary_##op, float, float, float)       \
+    BINARY_ENTRY(binary_##op##_f32_f16, binary_##op, float, __half, float)      \
+    BINARY_ENTRY(binary_##op##_f32_bf16, binary_##op, float, bf16_t, float)     \
+    BINARY_ENTRY(binary_##op##_f16_f32, binary_##op, __half, float, __half)     \
+    BINARY_ENTRY(binary_##op##_f16_f16, binary_##op, __half, __half, __half)    \
+    BINARY_ENTRY(binary_##op##_f16_bf16, binary_##op, __half, bf16_t, __half)   \
+    BINARY_ENTRY(binary_##op##_bf16_f32, binary_##op, bf16_t, float, bf16_t)    \
+    BINARY_ENTRY(binary_##op##_bf16_f16, binary_##op, bf16_t, __half, bf16_t)   \
+    BINARY_ENTRY(binary_##op##_bf16_bf16, binary_##op, bf16_t, bf16_t, bf16_t)  \
+    BINARY_F32_TO(op, f32, float)                                                 \
+    BINARY_F32_TO(op, f16, __half)                                                \
+    BINARY_F32_TO(op, bf16, bf16_t)
 SDRT_BINARY_OPS(BINARY_TYPES)
 
-#define UNARY_ENTRY(name, OP, T)                                                                      \
-    extern "C" __global__ void name(const char* x, T* out, int64_t n, int64_t ne0, int64_t ne1,      \
+extern "C" __global__ void gated_add_f32(const char* x, const char* y, const char* g, float* out, int64_t n,
+                                         int64_t ne0, int64_t ne1, int64_t ne2, STRIDES4(sx), STRIDES4(sy),
+                                         STRIDES4(sg)) {
+    gated_add(x, y, g, out, n, ne0, ne1, ne2, sx0, sx1, sx2, sx3, sy0, sy1, sy2, sy3, sg0, sg1, sg2, sg3);
+}
+
+#define UNARY_ENTRY(name, OP, TX, TO)                                                                 \
+    extern "C" __global__ void name(const char* x, TO* out, int64_t n, int64_t ne0, int64_t ne1,     \
                                     int64_t ne2, STRIDES4(s), float p0, float p1) {                  \
-        unary<OP, T>(x, out, n, ne0, ne1, ne2, s0, s1, s2, s3, p0, p1);                               \
+        unary<OP, TX, TO>(x, out, n, ne0, ne1, ne2, s0, s1, s2, s3, p0, p1);                          \
     }
-#define UNARY_TYPES(op)                                  \
-    UNARY_ENTRY(unary_##op##_f32, unary_##op, float)     \
-    UNARY_ENTRY(unary_##op##_f16, unary_##op, __half)    \
-    UNARY_ENTRY(unary_##op##_bf16, unary_##op, bf16_t)
+#define UNARY_TYPES(op)                                                     \
+    UNARY_ENTRY(unary_##op##_f32, unary_##op, float, float)                 \
+    UNARY_ENTRY(unary_##op##_f16, unary_##op, __half, __half)               \
+    UNARY_ENTRY(unary_##op##_bf16, unary_##op, bf16_t, bf16_t)              \
+    UNARY_ENTRY(unary_##op##_f32_to_f16, unary_##op, float, __half)         \
+    UNARY_ENTRY(unary_##op##_f32_to_bf16, unary_##op, float, bf16_t)
 SDRT_UNARY_OPS(UNARY_TYPES)
 
 #define GEGLU_ENTRY(name, GELU, TX, TO)                                                               \
@@ -256,13 +288,15 @@ SDRT_UNARY_OPS(UNARY_TYPES)
                                     int64_t ne2, STRIDES4(s), int64_t gate_off) {                    \
         geglu<GELU, TX, TO>(x, out, n, ne0, ne1, ne2, s0, s1, s2, s3, gate_off);                      \
     }
-// the _to_ pairs: F32 results stored as F16 and read back (fuse.py's half storage)
+// the _to_ pairs: F32 results stored as F16/BF16 and read back (fuse.py's half storage)
 #define GEGLU_TYPES(gelu, GELU)                                      \
     GEGLU_ENTRY(geglu_##gelu##_f32, GELU, float, float)              \
     GEGLU_ENTRY(geglu_##gelu##_f16, GELU, __half, __half)            \
     GEGLU_ENTRY(geglu_##gelu##_bf16, GELU, bf16_t, bf16_t)           \
     GEGLU_ENTRY(geglu_##gelu##_f32_to_f16, GELU, float, __half)      \
-    GEGLU_ENTRY(geglu_##gelu##_f16_to_f32, GELU, __half, float)
+    GEGLU_ENTRY(geglu_##gelu##_f16_to_f32, GELU, __half, float)      \
+    GEGLU_ENTRY(geglu_##gelu##_f32_to_bf16, GELU, float, bf16_t)     \
+    GEGLU_ENTRY(geglu_##gelu##_bf16_to_f32, GELU, bf16_t, float)
 GEGLU_TYPES(erf, unary_gelu)
 GEGLU_TYPES(tanh, unary_gelu_tanh)
 

@@ -130,6 +130,32 @@ COPY4D_KERNEL(u16, uint16_t)
 COPY4D_KERNEL(u32, uint32_t)
 COPY4D_KERNEL(u64, uint64_t)
 
+// the same walk converting float dtypes (a concat stored as F16/BF16 by fuse.py whose sources'
+// parts are not contiguous runs); bf16_t rounds as the cast kernels and sdrt/ops/convert.py
+template <typename TS, typename TD> struct Convert { using S = TS; using D = TD; };
+
+template <typename C, typename I>
+__device__ void cast4d_impl(char* __restrict__ dst, DIMS4(dnb), const char* __restrict__ src, DIMS4(snb),
+                            DIMS4(n)) {
+    for_each_index4<I>(n0, n1, n2, n3, [&](I, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+        *(typename C::D*)(dst + i0 * dnb0 + i1 * dnb1 + i2 * dnb2 + i3 * dnb3) =
+            from_f32<typename C::D>(load_f<typename C::S>(src, i0 * snb0 + i1 * snb1 + i2 * snb2 + i3 * snb3));
+    });
+}
+
+#define CAST4D_KERNEL(s, d, TS, TD)                                                                        \
+    extern "C" __global__ void cast4d_##s##_##d(char* dst, DIMS4(dnb), const char* src, DIMS4(snb),         \
+                                                DIMS4(n)) {                                                \
+        using C = Convert<TS, TD>;                                                                         \
+        WITH_INDEX_TYPE(n0 * n1 * n2 * n3, cast4d_impl, C, dst, ARGS4(dnb), src, ARGS4(snb), ARGS4(n))     \
+    }
+CAST4D_KERNEL(f32, f16, float, __half)
+CAST4D_KERNEL(f32, bf16, float, bf16_t)
+CAST4D_KERNEL(f16, f32, __half, float)
+CAST4D_KERNEL(bf16, f32, bf16_t, float)
+CAST4D_KERNEL(f16, bf16, __half, bf16_t)
+CAST4D_KERNEL(bf16, f16, bf16_t, __half)
+
 // ---- upscale: nearest ------------------------------------------------------------------------
 // ggml: floor(i / sf) with sf = (float)out / in, float32, clamped to the last index
 __device__ __forceinline__ int64_t nearest_index(int64_t i, int64_t n_in, int64_t n_out) {

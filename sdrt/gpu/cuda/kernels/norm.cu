@@ -122,15 +122,23 @@ enum { LAYER, RMS, L2 };
 // TX is x's dtype, TO the output's (F32 results stored as F16 by fuse.py's half storage).
 #define ROW_CACHE 8
 
-template <int MODE, typename TX, typename TO>
+// MOD (the DiT modulation, fuse.py's layer_norm -> mul(., w) -> add(., b)): w and b are any
+// broadcast views, row (i1, i2, i3) reading theirs at w + i1*wr1 + i2*wr2 + i3*wr3 (b alike), and
+// the value is rounded after the product and after the sum as the unfused kernels (no FMA).
+template <int MODE, typename TX, typename TO, bool MOD = false>
 __device__ __forceinline__ void row_norm(const char* x, const char* w, const char* b, TO* out, int64_t ne0,
                                          int64_t ne1, int64_t ne2, int64_t nb0, int64_t nb1, int64_t nb2,
                                          int64_t nb3, int64_t nbw, int64_t nbb, int w_type, int b_type,
-                                         float eps) {
+                                         float eps, int64_t wr1 = 0, int64_t wr2 = 0, int64_t wr3 = 0,
+                                         int64_t br1 = 0, int64_t br2 = 0, int64_t br3 = 0) {
     __shared__ float sh[32];
     const int64_t r = blockIdx.x, bd = blockDim.x;
     const int64_t i1 = r % ne1, i2 = (r / ne1) % ne2, i3 = r / (ne1 * ne2);
     const char* xr = x + i1 * nb1 + i2 * nb2 + i3 * nb3;
+    if (MOD) {
+        w += i1 * wr1 + i2 * wr2 + i3 * wr3;
+        b += i1 * br1 + i2 * br2 + i3 * br3;
+    }
     const bool cached = ne0 <= ROW_CACHE * bd;
     float xv[ROW_CACHE];
     if (cached) {
@@ -162,8 +170,12 @@ __device__ __forceinline__ void row_norm(const char* x, const char* w, const cha
     TO* o = out + r * ne0;
     auto store = [&](int64_t i, float xi) {
         float v = (xi - mean) * sc;
-        if (w) v *= load_any(w, i * nbw, w_type);
-        if (b) v += load_any(b, i * nbb, b_type);
+        if (MOD) {
+            v = __fadd_rn(__fmul_rn(v, load_any(w, i * nbw, w_type)), load_any(b, i * nbb, b_type));
+        } else {
+            if (w) v *= load_any(w, i * nbw, w_type);
+            if (b) v += load_any(b, i * nbb, b_type);
+        }
         o[i] = from_f32<TO>(v);
     };
     if (cached) {
@@ -314,9 +326,25 @@ SOFTMAX_TYPES(bf16, bf16_t)
 ROW_NORM_TYPES(layer_norm, LAYER)
 ROW_NORM_TYPES(rms_norm, RMS)
 ROW_NORM_TYPES(l2_norm, L2)
-// F32 layer norms stored as F16 and read back (fuse.py's half storage)
+// F32 layer norms stored as F16/BF16 and read back (fuse.py's half storage)
 ROW_NORM_ENTRY(layer_norm_f32_to_f16, LAYER, float, __half)
+ROW_NORM_ENTRY(layer_norm_f32_to_bf16, LAYER, float, bf16_t)
 ROW_NORM_ENTRY(layer_norm_f16_to_f32, LAYER, __half, float)
+
+// the modulated layer norm (fuse.py: layer_norm -> mul(., scale) -> add(., shift)), w = scale and
+// b = shift with per-row strides
+#define LAYER_NORM_MOD_ENTRY(name, TX, TO)                                                             \
+    extern "C" __global__ void name(const char* x, const char* w, const char* b, TO* out, int64_t ne0, \
+                                    int64_t ne1, int64_t ne2, int64_t nb0, int64_t nb1, int64_t nb2,    \
+                                    int64_t nb3, int64_t nbw, int64_t nbb, int w_type, int b_type,      \
+                                    float eps, int64_t wr1, int64_t wr2, int64_t wr3, int64_t br1,      \
+                                    int64_t br2, int64_t br3) {                                         \
+        row_norm<LAYER, TX, TO, true>(x, w, b, out, ne0, ne1, ne2, nb0, nb1, nb2, nb3, nbw, nbb, w_type, \
+                                      b_type, eps, wr1, wr2, wr3, br1, br2, br3);                       \
+    }
+LAYER_NORM_MOD_ENTRY(layer_norm_mod_f32, float, float)
+LAYER_NORM_MOD_ENTRY(layer_norm_mod_f32_to_f16, float, __half)
+LAYER_NORM_MOD_ENTRY(layer_norm_mod_f32_to_bf16, float, bf16_t)
 
 #define GROUP_NORM_APPLY_ENTRY(name, T, TO)                                                             \
     extern "C" __global__ void name(                                                                    \
@@ -336,5 +364,6 @@ ROW_NORM_ENTRY(layer_norm_f16_to_f32, LAYER, __half, float)
 GROUP_NORM_ENTRIES(f32, float)
 GROUP_NORM_ENTRIES(f16, __half)
 GROUP_NORM_ENTRIES(bf16, bf16_t)
-// an F32 group norm stored as F16 (fuse.py's half storage)
+// an F32 group norm stored as F16/BF16 (fuse.py's half storage)
 GROUP_NORM_APPLY_ENTRY(group_norm_apply_f32_to_f16, float, __half)
+GROUP_NORM_APPLY_ENTRY(group_norm_apply_f32_to_bf16, float, bf16_t)

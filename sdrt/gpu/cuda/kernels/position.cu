@@ -36,8 +36,8 @@ __device__ __forceinline__ void timestep_embedding(const char* t, float* out, in
 // x [D, H, L, N] through byte strides; pe F32 [2, 2, R, L] through byte strides holding
 // [[m00, m01], [m10, m11]] per (pair, token); out [D, L, H*N] contiguous. Pair i is
 // (2i, 2i+1) when interleaved, else (i, i+R); channels from 2R on are copied.
-template <typename T>
-__device__ __forceinline__ void rope_pe(const char* x, const char* pe, T* out, int64_t H, int64_t L,
+template <typename T, typename TO = T>
+__device__ __forceinline__ void rope_pe(const char* x, const char* pe, TO* out, int64_t H, int64_t L,
                                         int64_t D, int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
                                         int64_t pb0, int64_t pb1, int64_t pb2, int64_t pb3, int64_t R,
                                         int interleaved) {
@@ -45,7 +45,7 @@ __device__ __forceinline__ void rope_pe(const char* x, const char* pe, T* out, i
     const int64_t l = r % L, hn = r / L, h = hn % H, n = hn / H;
     const char* xr = x + h * nb1 + l * nb2 + n * nb3;
     const char* pl = pe + l * pb3;
-    T* o = out + r * D;
+    TO* o = out + r * D;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
         float v;
         if (d < 2 * R) {
@@ -62,7 +62,7 @@ __device__ __forceinline__ void rope_pe(const char* x, const char* pe, T* out, i
         } else {
             v = load_f<T>(xr, d * nb0);
         }
-        o[d] = from_f32<T>(v);
+        o[d] = from_f32<TO>(v);
     }
 }
 
@@ -128,8 +128,8 @@ __device__ __forceinline__ void rope_cache(const int* pos, const float* ff, floa
 // x [D, H, L, N] through byte strides, out the same shape contiguous; one block per row
 // (h, l, n). kind 0: pairs (o+2k, o+2k+1); 1: (o+k, o+k+n_dims/2); 2 (vision): (k, k+n_dims)
 // over the whole head. Channels outside [o, o+n_dims) are copied (kinds 0 and 1).
-template <typename T>
-__device__ __forceinline__ void rope_rotate(const char* x, const float* cache, T* out, int64_t D, int64_t H,
+template <typename T, typename TO = T>
+__device__ __forceinline__ void rope_rotate(const char* x, const float* cache, TO* out, int64_t D, int64_t H,
                                             int64_t L, int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3,
                                             int n_dims, int n_offs, int kind, int P) {
     const int64_t r = blockIdx.x;
@@ -137,7 +137,7 @@ __device__ __forceinline__ void rope_rotate(const char* x, const float* cache, T
     const char* xr = x + h * nb1 + l * nb2 + n * nb3;
     const float* cs = cache + l * P;
     const float* sn = cache + L * P + l * P;
-    T* o = out + r * D;
+    TO* o = out + r * D;
     const int half = kind == 2 ? n_dims : n_dims / 2;
     const int lo = kind == 2 ? 0 : n_offs, hi = kind == 2 ? 2 * n_dims : n_offs + n_dims;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
@@ -155,7 +155,7 @@ __device__ __forceinline__ void rope_rotate(const char* x, const float* cache, T
         } else {
             v = load_f<T>(xr, d * nb0);
         }
-        o[d] = from_f32<T>(v);
+        o[d] = from_f32<TO>(v);
     }
 }
 
@@ -177,16 +177,18 @@ TSEMB_ENTRY(f32, float)
 TSEMB_ENTRY(f16, __half)
 TSEMB_ENTRY(bf16, bf16_t)
 
-#define ROPE_PE_ENTRY(t, T)                                                                             \
-    extern "C" __global__ void rope_pe_##t(const char* x, const char* pe, T* out, int64_t H, int64_t L, \
+// the _to_ ones: an F32 result stored as F16 for the attention that reads it (fuse.py)
+#define ROPE_PE_ENTRY(t, T, TO)                                                                          \
+    extern "C" __global__ void rope_pe_##t(const char* x, const char* pe, TO* out, int64_t H, int64_t L, \
                                            int64_t D, int64_t nb0, int64_t nb1, int64_t nb2, int64_t nb3, \
                                            int64_t pb0, int64_t pb1, int64_t pb2, int64_t pb3, int64_t R, \
-                                           int interleaved) {                                           \
-        rope_pe<T>(x, pe, out, H, L, D, nb0, nb1, nb2, nb3, pb0, pb1, pb2, pb3, R, interleaved);        \
+                                           int interleaved) {                                            \
+        rope_pe<T, TO>(x, pe, out, H, L, D, nb0, nb1, nb2, nb3, pb0, pb1, pb2, pb3, R, interleaved);     \
     }
-ROPE_PE_ENTRY(f32, float)
-ROPE_PE_ENTRY(f16, __half)
-ROPE_PE_ENTRY(bf16, bf16_t)
+ROPE_PE_ENTRY(f32, float, float)
+ROPE_PE_ENTRY(f16, __half, __half)
+ROPE_PE_ENTRY(bf16, bf16_t, bf16_t)
+ROPE_PE_ENTRY(f32_to_f16, float, __half)
 
 extern "C" __global__ void rope_cache_f32(const int* pos, const float* ff, float* cache, int64_t L,
                                           int64_t nbpos, int64_t nbff, int P, int mode, int s0, int s1,
@@ -196,12 +198,13 @@ extern "C" __global__ void rope_cache_f32(const int* pos, const float* ff, float
                ext_factor, mscale);
 }
 
-#define ROPE_ROTATE_ENTRY(t, T)                                                                          \
-    extern "C" __global__ void rope_rotate_##t(const char* x, const float* cache, T* out, int64_t D,     \
+#define ROPE_ROTATE_ENTRY(t, T, TO)                                                                      \
+    extern "C" __global__ void rope_rotate_##t(const char* x, const float* cache, TO* out, int64_t D,    \
                                                int64_t H, int64_t L, int64_t nb0, int64_t nb1, int64_t nb2, \
                                                int64_t nb3, int n_dims, int n_offs, int kind, int P) {   \
-        rope_rotate<T>(x, cache, out, D, H, L, nb0, nb1, nb2, nb3, n_dims, n_offs, kind, P);             \
+        rope_rotate<T, TO>(x, cache, out, D, H, L, nb0, nb1, nb2, nb3, n_dims, n_offs, kind, P);         \
     }
-ROPE_ROTATE_ENTRY(f32, float)
-ROPE_ROTATE_ENTRY(f16, __half)
-ROPE_ROTATE_ENTRY(bf16, bf16_t)
+ROPE_ROTATE_ENTRY(f32, float, float)
+ROPE_ROTATE_ENTRY(f16, __half, __half)
+ROPE_ROTATE_ENTRY(bf16, bf16_t, bf16_t)
+ROPE_ROTATE_ENTRY(f32_to_f16, float, __half)

@@ -6,10 +6,11 @@ adjacent dims that every operand walks through as one, so contiguous and bias-st
 index without division on the device. Each function only enqueues one launch on rt.stream.
 
 Dtypes: binary ops take any F32/F16/BF16 pair (the result has the first operand's dtype),
-unary ops F32/F16/BF16; `cont` copies any dtype bit for bit (block types row by row); `cast`
+unary ops F32/F16/BF16; an F32 result may be written as F16 or BF16 (the `_to_` kernels, for the
+results fuse.half_nodes stores so); `cont` copies any dtype bit for bit (block types row by row); `cast`
 converts among F32/F16/BF16 and widens F8_E4M3/F8_E5M2 to them. geglu, cont and cast go by the
 device tensors' dtypes, which differ from the node's for the F32 results fuse.half_nodes stores
-as F16 (a cont into or out of one is a cast). Declined (CPU only): casts
+as F16/BF16 (a cont into or out of one is a cast). Declined (CPU only): casts
 to or from block types other than a same-type copy (dequantizing is the matmul family's, and
 quantizing is not done on the GPU), casts to F8 or F64.
 """
@@ -95,8 +96,17 @@ def binary(node, xs, out, rt):
     ne, (sa, sb) = merge_dims(out.ne, operand_strides(a, out.ne), operand_strides(b, out.ne))
     n = out.nelements
     grid, block = grid_for(ne[0], n)
-    kernel = kernel_name(node.op, (a.dtype, b.dtype))
+    kernel = kernel_name(node.op, (a.dtype, b.dtype), out.dtype)
     _fn(rt, kernel, "PPPqqqq" + "q" * 8)(grid, block, a.ptr, b.ptr, out.ptr, n, *ne, *sa, *sb)
+
+
+def gated_add(rt, x, y, g, out) -> None:
+    """out = x + y * g, every operand F32 through its strides (g typically a broadcast vector):
+    fuse.py's add(x, mul(y, g)) of a DiT block's gated residual, rounded as the two kernels."""
+    ne, (sx, sy, sg) = merge_dims(out.ne, *(operand_strides(t, out.ne) for t in (x, y, g)))
+    n = out.nelements
+    grid, block = grid_for(ne[0], n)
+    _fn(rt, "gated_add_f32", "PPPPqqqq" + "q" * 12)(grid, block, x.ptr, y.ptr, g.ptr, out.ptr, n, *ne, *sx, *sy, *sg)
 
 
 for _op in ops_of_kind("binary"):
@@ -104,13 +114,14 @@ for _op in ops_of_kind("binary"):
 
 
 # ---- unary -------------------------------------------------------------------------------------
-def _unary(node, xs, out, rt):
+def unary(node, xs, out, rt):
     x, = xs
-    _launch_strided(rt, kernel_name(node.op, (x.dtype,)), x, out, *_defs.unary_scalars(node), extra_types="ff")
+    _launch_strided(rt, kernel_name(node.op, (x.dtype,), out.dtype), x, out, *_defs.unary_scalars(node),
+                    extra_types="ff")
 
 
 for _op in ops_of_kind("unary"):
-    CUDA.register(_op, supports=_float_srcs)(_unary)
+    CUDA.register(_op, supports=_float_srcs)(unary)
 
 
 # ---- geglu -------------------------------------------------------------------------------------

@@ -83,17 +83,26 @@ def parts_are_runs(ne, dim: int) -> bool:
     return all(n == 1 for n in ne[dim + 1:])
 
 
+def cast4d(rt, dst: int, dst_nb, src, dst_dtype) -> None:
+    """Enqueue dst[i] = src[i] converted to float `dst_dtype` over src's shape (DevTensor src,
+    float), dst through byte strides `dst_nb`."""
+    launch(rt, f"cast4d_{_FLOAT[src.dtype.name]}_{_FLOAT[dst_dtype.name]}", "PqqqqPqqqqqqqq", src.nelements,
+           dst, *dst_nb, src.ptr, *src.nb, *src.ne)
+
+
 @CUDA.register("concat", supports=_non_block)
 def concat(node, xs, out, rt):
-    # a contiguous source whose part is one run is one device memcpy; an F16-stored concat
-    # (fuse.half_nodes, which requires such runs) converts its F32 sources
+    # a contiguous source whose part is one run is one device memcpy; an F16/BF16-stored concat
+    # (fuse.half_nodes) converts its F32 sources
     dim = node.params["dim"]
     runs = parts_are_runs(out.ne, dim)
     start = 0
     for x in xs:
         dst = out.ptr + start * out.nb[dim]
-        if x.dtype != out.dtype:
+        if x.dtype != out.dtype and runs:
             cast_into(rt, x, dst, out.dtype)
+        elif x.dtype != out.dtype:
+            cast4d(rt, dst, out.nb, x, out.dtype)
         elif runs and x.is_contiguous:
             rt.copy(dst, x.ptr, x.nbytes)
         else:

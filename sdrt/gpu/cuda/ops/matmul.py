@@ -21,7 +21,8 @@ device dtype, F16 where fuse.half_nodes stores the product as F16 (the mat-vec w
 - Linear layers' bias (and a transformer block's residual after it) can ride in the GEMM:
   `mul_mat_add_bias` / `mul_mat_add_bias_residual`, which fuse.py puts in place of the add
   nodes, run one cuBLASLt GEMM with the bias epilogue (the residual as its C, beta 1) for a
-  dense F16/BF16 weight, and the unfused kernels otherwise.
+  dense F16/BF16 weight, and the unfused kernels otherwise. `mul_mat_add_bias_gelu` does the same
+  for a DiT MLP's fc1 -> gelu(tanh) with cuBLASLt's GELU-bias epilogue.
 - Why no fused dequant+tensor-core GEMM for large N: the decode pass moves ~2.6 bytes per weight
   (Q4_K: 0.56 read + 2 written; cuBLAS then reads the 2), a few % of an N >= 2048 GEMM, while a
   hand-written wmma kernel (no wgmma/TMA) reaches well under cuBLAS's Hopper throughput;
@@ -36,6 +37,8 @@ from ....errors import UnsupportedError
 from ....ops.registry import FLOATS
 from .. import quant
 from ..devtensor import DevTensor
+from ....ops.dtypes import BY_NAME
+from .elementwise import unary
 from .elementwise import binary
 from ..quant import weight_as  # noqa: F401  (public: other families import it from here)
 from ..table import CUDA
@@ -134,9 +137,29 @@ def mul_mat_add_bias_residual(res_add, xs, out, rt):
     binary(res_add, (y, r) if res_add.src[0].owner is inner else (r, y), out, rt)
 
 
-def _gemm_with_bias(rt, w, x, out, b, residual=None) -> bool:
-    """Enqueue out = w . x + b (+ residual) as one bias-epilogue GEMM when the shapes allow;
-    False otherwise (nothing enqueued that matters: a packed x in scratch is just not used)."""
+def mul_mat_add_bias_gelu(gelu, xs, out, rt):
+    """gelu_tanh(add(mul_mat(w, x), b)): one GEMM with cuBLASLt's GELU-bias epilogue (its GELU is
+    the tanh form) writing the gelu's output (F32, or F16/BF16 where fuse.py stores it) where it
+    is one dense F16/BF16 GEMM whose output dtype cuBLASLt writes and whose bias that dtype
+    holds exactly; otherwise the bias GEMM into F32 scratch and the gelu kernel from there
+    (fuse.py runs this in the gelu's slot)."""
+    w, x, b = xs
+    # cuBLASLt reads the bias in the output's dtype: only where that rounds nothing
+    exact_bias = out.dtype.name == "F32" or b.dtype.name == out.dtype.name
+    if exact_bias and _gemm_with_bias(rt, w, x, out, b, gelu=True):
+        return
+    f32 = BY_NAME["F32"]
+    M, N = w.ne[1], x.nrows
+    pre = DevTensor(rt.scratch(M * N * 4), f32, out.ne, (4, 4 * M, 4 * M * out.ne[1], 4 * M * out.ne[1] * out.ne[2]),
+                    gelu.src[0])
+    add = gelu.src[0].owner
+    mul_mat_add_bias(add, (w, x, b), pre, rt)
+    unary(gelu, (pre,), out, rt)
+
+
+def _gemm_with_bias(rt, w, x, out, b, residual=None, gelu=False) -> bool:
+    """Enqueue out = w . x + b (+ residual) [then gelu] as one bias-epilogue GEMM when the shapes
+    allow; False otherwise (nothing enqueued that matters: a packed x in scratch is just not used)."""
     K, M, w2, w3 = w.ne
     _, N, b2, b3 = x.ne
     gd = w.dtype.name
@@ -164,7 +187,7 @@ def _gemm_with_bias(rt, w, x, out, b, residual=None) -> bool:
         rt.cast(bias, od, b.ptr, b.dtype.name, M)
     try:
         rt.gemm_bias(True, False, M, N, K, w.ptr, gd, w.nb[1] // 2, xp, gd, ldb, out.ptr, M, bias,
-                     c_dtype=od, residual=None if residual is None else residual.ptr)
+                     c_dtype=od, residual=None if residual is None else residual.ptr, gelu=gelu)
     except UnsupportedError:
         return False
     return True

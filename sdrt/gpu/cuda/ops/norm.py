@@ -4,8 +4,9 @@ Row ops run one block per row, reading the row through its byte strides (any vie
 writing the node's contiguous buffer; group norm runs two launches (per-chunk statistics into
 rt.scratch, then merge-and-apply) so a large group is spread over several blocks. Inputs,
 weights, biases and masks may each be F32, F16 or BF16; the output has x's dtype, as on the CPU
-(layer and group norms also write F16 from F32, and layer norms F32 from F16, for the F32
-results fuse.py stores as F16).
+(layer and group norms also write F16/BF16 from F32, and layer norms F32 from F16, for the F32
+results fuse.py stores as F16/BF16). `layer_norm_modulated` is fuse.py's DiT modulation
+(layer_norm -> mul -> add) in one kernel, `rms_norm_scaled` its rms_norm -> mul(., weight).
 Each function only enqueues work on rt.stream.
 """
 from __future__ import annotations
@@ -75,6 +76,34 @@ def _row_norm(node, xs, out, rt):
 
 for _op in ("layer_norm", "layer_norm_affine", "rms_norm", "l2_norm"):
     CUDA.register(_op, supports=_float_srcs)(_row_norm)
+
+
+def rms_norm_scaled(rt, x, w, out, eps: float) -> None:
+    """out = rms_norm(x) * w, w a vector of x's ne[0] values (any float dtype, any stride): fuse.py's
+    rms_norm -> mul(., w) (the QK norms of the DiT blocks) in one pass; the product rounded
+    as the separate mul's (no add follows it, so nothing contracts)."""
+    _fn(rt, f"rms_norm_{kernel_dtypes(x, out)}", "PPPP" + "q" * 9 + "iif")(
+        (x.nrows, 1, 1), (row_threads(x.ne[0]), 1, 1),
+        x.ptr, w.ptr, 0, out.ptr, x.ne[0], x.ne[1], x.ne[2], *x.nb, w.nb[0], 0,
+        TYPE_CODE[w.dtype.name], 0, float(eps))
+
+
+def _row_strides(t, x) -> list[int]:
+    """t's byte strides over x's dims 1..3: 0 where t broadcasts (size 1)."""
+    return [t.nb[k] if t.ne[k] == x.ne[k] else 0 for k in (1, 2, 3)]
+
+
+def layer_norm_modulated(rt, x, scale, shift, out, eps: float) -> None:
+    """out = layer_norm(x) * scale + shift (no affine; each rounded to F32 as the unfused mul and
+    add kernels do), scale and shift any F32/F16/BF16 views broadcasting over x [C, ...] with
+    C values along dim 0 (a DiT modulation's [C, 1, N] vectors): fuse.py's layer_norm -> mul ->
+    add in one pass, written as out's dtype (F32, or F16/BF16 where fuse.py stores it)."""
+    _fn(rt, f"layer_norm_mod_{kernel_dtypes(x, out)}", "PPPP" + "q" * 9 + "iif" + "q" * 6)(
+        (x.nrows, 1, 1), (row_threads(x.ne[0]), 1, 1),
+        x.ptr, scale.ptr, shift.ptr, out.ptr, x.ne[0], x.ne[1], x.ne[2], *x.nb,
+        scale.nb[0] if scale.ne[0] > 1 else 0, shift.nb[0] if shift.ne[0] > 1 else 0,
+        TYPE_CODE[scale.dtype.name], TYPE_CODE[shift.dtype.name], float(eps),
+        *_row_strides(scale, x), *_row_strides(shift, x))
 
 
 # ---- group_norm(_affine) -----------------------------------------------------------------------

@@ -5,7 +5,8 @@ The scalars the CPU computes once in numpy float32 (rope's theta scale, YaRN's c
 attention factor, -ln(max_period)) are computed here the same way and passed as kernel
 arguments, so the device arithmetic starts from bit-identical values. rope_ext builds its
 (cos, sin) table in rt.scratch and rotates in a second launch. x may be any F32/F16/BF16 view;
-outputs are the node's contiguous buffer. Each function only enqueues work on rt.stream.
+outputs are the node's contiguous buffer, in x's dtype or, from F32, F16 (rope results that
+fuse.half_nodes stores for the attention reading them). Each function only enqueues work on rt.stream.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from ....ops.position import ROPE_MODES, _corr_dims
 from ..devtensor import SUFFIX as FLOAT
+from ..devtensor import kernel_dtypes
 from ..table import CUDA
 
 MODULE = "position"
@@ -64,7 +66,7 @@ def _rope_ok(node) -> bool:
 def _rope(node, xs, out, rt):
     x, pe = xs
     D, H, L, N = x.ne
-    _fn(rt, f"rope_pe_{FLOAT[x.dtype.name]}", "PPP" + "q" * 12 + "i")(
+    _fn(rt, f"rope_pe_{kernel_dtypes(x, out)}", "PPP" + "q" * 12 + "i")(
         (L * H * N, 1, 1), (row_threads(D), 1, 1), x.ptr, pe.ptr, out.ptr, H, L, D, *x.nb, *pe.nb,
         pe.ne[2], int(node.params["interleaved"]))
 
@@ -101,6 +103,6 @@ def _rope_ext(node, xs, out, rt):
         pos.nb[0], ff.nb[0] if ff else 0, pairs, ROPE_MODES[mode], *p["sections"], ts, low, high,
         float(np.float32(p["freq_scale"])), float(np.float32(p["ext_factor"])), mscale)
     kind = {"normal": 0, "vision": 2}.get(mode, 1)
-    _fn(rt, f"rope_rotate_{FLOAT[x.dtype.name]}", "PPP" + "q" * 7 + "iiii")(
+    _fn(rt, f"rope_rotate_{kernel_dtypes(x, out)}", "PPP" + "q" * 7 + "iiii")(
         (H * L * N, 1, 1), (row_threads(D), 1, 1), x.ptr, table, out.ptr, D, H, L, *x.nb,
         n_dims, p["n_offs"], kind, pairs)

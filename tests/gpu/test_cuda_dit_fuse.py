@@ -234,7 +234,8 @@ def test_fc1_gelu_fallback(cuda, rng, gelu_spy):
     out = F.silu(F.mul_mat(quant_tensor("Q8_0", 64, 128, seed=1), h))
     want = cpu(out)["out"]
     g, runs = run3(cuda, out)
-    assert "mul_mat_add_bias_gelu" in kernel_names(cuda, g) and gelu_spy and not any(gelu_spy)
+    # (the F32 bias is not exact in the F16 output: no epilogue is even attempted)
+    assert "mul_mat_add_bias_gelu" in kernel_names(cuda, g) and not any(gelu_spy)
     for a in runs:
         assert_within_scale(a["out"], want, 3e-3, "fc1+gelu fallback vs cpu")
 

@@ -465,6 +465,21 @@ def _read_dtype(reader, i, store, gemm: bool) -> str | None:
     return None
 
 
+def _over_a_source(n, srcs, node_ptr) -> bool:
+    """Whether node n's buffer overlaps that of a computed tensor its kernel reads (`srcs`, the
+    fused kernel's where fused; the planner puts an element-wise result over its dying source):
+    written as F16/BF16 there, element i's two bytes would land on an F32 element another thread
+    has yet to read."""
+    lo = node_ptr[id(n)]
+    hi = lo + n.nbytes
+    for t in srcs:
+        o = t.owner
+        p = node_ptr.get(id(o)) if o.op is not None else None
+        if p is not None and o is not n and p < hi and lo < p + o.nbytes:
+            return True
+    return False
+
+
 def half_nodes(graph, plan, lists, node_ptr) -> dict[int, str]:
     """{id: "F16" or "BF16"} of the nodes whose F32 results are stored in half precision (see
     the module doc): every reader rounds the node to that one dtype anyway and the node's kernel
@@ -484,7 +499,8 @@ def half_nodes(graph, plan, lists, node_ptr) -> dict[int, str]:
             continue
         can = _writable(n, *entry)
         rs = readers.get(id(n), ())
-        if not can or not rs or any(node_ptr.get(id(r)) == node_ptr[id(n)] for r, _ in rs):
+        if (not can or not rs or any(node_ptr.get(id(r)) == node_ptr[id(n)] for r, _ in rs)
+                or _over_a_source(n, entry[1], node_ptr)):
             continue
         gemm = entry[0] is mul_mat or entry[0] is mul_mat_add_bias
         want = {_read_dtype(r, i, store, gemm) for r, i in rs}

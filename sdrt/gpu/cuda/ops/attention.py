@@ -34,6 +34,7 @@ rt.stream (CUDA-graph capturable); scratch comes from rt.scratch.
 from __future__ import annotations
 
 import math
+import os
 
 from ....errors import UnsupportedError
 from ....ops.dtypes import BY_NAME
@@ -54,7 +55,7 @@ FLASH_RF2_DIMS = (32, 48, 64, 80)
 FLASH_RF = {16: 1, 32: 2, 48: 2, 64: 1, 80: 1, 96: 1, 128: 1, 160: 1}
 SCORE_BYTES = 32 << 20    # gemm path: scores + probabilities of one query chunk (one size: see conv.COL_BYTES)
 FORCE_PATH: str | None = None  # tests/bench: "flash", "wmma", "gemm16" or "gemm32" (default: plan())
-USE_WGMMA = True          # tests/bench: False runs the mma.sync kernels on sm_90 too
+USE_WGMMA = os.environ.get("SDRT_CUDA_WGMMA", "1") != "0"   # False: the mma.sync kernels on sm_90 too
 
 # sm_80+ flash kernels attn_mma_d<dp>_r<rf>_w<nw> (kernels/attention.cu MMA_KERNEL lines): the
 # default (rf, nw) per padded head dim, every compiled variant (the bench times them all) and the

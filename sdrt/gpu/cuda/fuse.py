@@ -67,8 +67,9 @@ modulation's add where unfused), rope (F16, for the attention), a GEMM on dense 
 (its own dtype; bias or GELU-bias fused or not), and the attention into its cont (F16: the mma
 kernel writes F32 or F16). Each store halves the node's traffic and drops the packing pass of
 the GEMM or attention reading it (convert_f32_f16/bf16 and attn_pack); the stored bits are the
-very bits the packing would have made. No reader may write over the node's buffer (different
-element sizes at one address).
+very bits the packing would have made. No reader may write over the node's buffer, nor may the
+node be written over a buffer its own kernel reads (different element sizes at one address:
+`_over_a_source`).
 """
 from __future__ import annotations
 

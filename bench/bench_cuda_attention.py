@@ -10,8 +10,9 @@ after a warm-up), ratio = time / torch SDPA time:
 - mma rR wW f16:   sdrt's attention kernel function on contiguous fp16 q/k/v, the sm_80+ flash
                    kernel (read in place, no staging) in its variant of 16*R rows per warp and
                    W warps per block (* marks the default, MMA_VARIANT);
-- wgmma gG kK f16: on sm_90, the wgmma kernel with G warpgroups per block and K keys per
-                   tile (* marks the default, WGMMA_VARIANT);
+- wgmma gGkKpP f16: on sm_90, the wgmma kernel with G warpgroups per block, K keys per tile,
+                   P = 1 pipelined (S of the next tile with P V of this one) or 0 (one tile at a
+                   time) (* marks the default, WGMMA_VARIANT);
 - wmma rN f16:     the portable wmma flash kernel (the fallback), default rows per warp;
                    includes its three staging passes;
 - flash f32 view:  the default flash path on F32 q/k/v permuted from [N, L, H, D] (what the
@@ -116,10 +117,10 @@ def bench_shape(d: CudaDev, args, rng, name: str, N: int, H: int, Lq: int, Lk: i
             call, xs, out = kernel_call(d, node16, "flash", ("mma", rf, nw))
             mark = "*" if GA.MMA_VARIANT[dp] == (rf, nw) and not (sm90 and dp in GA.WGMMA_VARIANT) else " "
             row(f"mma r{rf}w{nw}{mark} f16", d.time_ms(call, args.repeat), out)
-        for g, bk in sorted((g, k) for dd, g, k in GA.WGMMA_KERNELS if dd == dp and sm90):
-            call, xs, out = kernel_call(d, node16, "flash", ("wgmma", g, bk))
-            mark = "*" if GA.WGMMA_VARIANT[dp] == (g, bk) else " "
-            row(f"wgmma g{g}k{bk}{mark} f16", d.time_ms(call, args.repeat), out)
+        for g, bk, pipe in sorted((g, k, p) for dd, g, k, p in GA.WGMMA_KERNELS if dd == dp and sm90):
+            call, xs, out = kernel_call(d, node16, "flash", ("wgmma", g, bk, pipe))
+            mark = "*" if GA.WGMMA_VARIANT.get(dp) == (g, bk, pipe) else " "
+            row(f"wgmma g{g}k{bk}p{pipe}{mark} f16", d.time_ms(call, args.repeat), out)
         call, xs, out = kernel_call(d, node16, "wmma")
         row(f"wmma r{GA.FLASH_RF[dp]} f16", d.time_ms(call, args.repeat), out)
         # the same inputs in F32, as permuted views of [N, L, H, D] (the UNet's layout)

@@ -221,18 +221,18 @@ def test_every_mma_variant(cuda, rng, monkeypatch, dp, rf, nw, dtype):
     _check_full_and_padded(cuda, rng, dp, "flash", Lq=300, dtype=dtype)
 
 
-def _on_sm90(cuda, monkeypatch, dp, nwg, bk):
+def _on_sm90(cuda, monkeypatch, dp, nwg, bk, pipe):
     if tuple(cuda.rt.device.capability) != (9, 0):
         pytest.skip("wgmma kernels run on sm_90 only")
     monkeypatch.setattr(GA, "FORCE_PATH", "flash")
-    monkeypatch.setitem(GA.WGMMA_VARIANT, dp, (nwg, bk))
+    monkeypatch.setitem(GA.WGMMA_VARIANT, dp, (nwg, bk, pipe))
 
 
 @pytest.mark.parametrize("dtype", ["F32", "F16"])
-@pytest.mark.parametrize("dp,nwg,bk", sorted(GA.WGMMA_KERNELS))
-def test_every_wgmma_variant(cuda, rng, monkeypatch, dp, nwg, bk, dtype):
-    """Each compiled kernel attn_wgmma_d<dp>_g<nwg>_k<bk> (sm_90), as test_every_mma_variant."""
-    _on_sm90(cuda, monkeypatch, dp, nwg, bk)
+@pytest.mark.parametrize("dp,nwg,bk,pipe", sorted(GA.WGMMA_KERNELS))
+def test_every_wgmma_variant(cuda, rng, monkeypatch, dp, nwg, bk, pipe, dtype):
+    """Each compiled kernel attn_wgmma_d<dp>_g<nwg>_k<bk>_p<pipe> (sm_90), as test_every_mma_variant."""
+    _on_sm90(cuda, monkeypatch, dp, nwg, bk, pipe)
     _check_full_and_padded(cuda, rng, dp, "flash", Lq=300, dtype=dtype)
 
 
@@ -240,7 +240,7 @@ def test_every_wgmma_variant(cuda, rng, monkeypatch, dp, nwg, bk, dtype):
 def test_wgmma_long_gqa_broadcast_mask(cuda, rng, monkeypatch, D):
     """A wgmma kernel (the default for D=128) over many key tiles (1000 keys, a ragged last one), two query
     heads per K/V head, one K/V batch for two query batches, a [Lq, Lk] mask per head."""
-    _on_sm90(cuda, monkeypatch, D, *GA.WGMMA_VARIANT.get(D, (2, 128)))
+    _on_sm90(cuda, monkeypatch, D, *GA.WGMMA_VARIANT.get(D, (2, 128, 1)))
     q, k, v = randn(rng, 2, 4, 333, D), randn(rng, 1, 2, 1000, D), randn(rng, 1, 2, 1000, D)
     m = randn(rng, 4, 333, 1000)
     m[:, 5] = -np.inf                        # a fully masked row gives zeros
@@ -304,10 +304,10 @@ def _compiled_mma() -> set:
 
 
 def _compiled_wgmma() -> dict:
-    """{(dp, warpgroups, keys per tile): stages} of attention_sm90.cu's WGMMA_KERNEL lines."""
+    """{(dp, warpgroups, keys per tile, pipelined): stages} of attention_sm90.cu's WGMMA_KERNEL lines."""
     src = (KERNELS / "attention_sm90.cu").read_text()
-    found = re.findall(r"^WGMMA_KERNEL\((\d+), (\d+), (\d+), (\d+)\)", src, re.MULTILINE)
-    return {tuple(map(int, m[:3])): int(m[3]) for m in found}
+    found = re.findall(r"^WGMMA_KERNEL\((\d+), (\d+), (\d+), (\d+), (\d)\)", src, re.MULTILINE)
+    return {(*map(int, m[:3]), int(m[4])): int(m[3]) for m in found}
 
 
 def test_flash_tables_match_the_source():
@@ -337,8 +337,8 @@ def test_fatbin_has_every_kernel():
     missing = [n for n in names if n.encode() not in data]
     assert not missing, f"not in attention.fatbin: {missing}"
     data = (KERNELS / "attention_sm90.fatbin").read_bytes()
-    missing = [f"attn_wgmma_d{d}_g{g}_k{k}" for d, g, k in _compiled_wgmma()
-               if f"attn_wgmma_d{d}_g{g}_k{k}".encode() not in data]
+    names = [f"attn_wgmma_d{d}_g{g}_k{k}_p{p}" for d, g, k, p in _compiled_wgmma()]
+    missing = [n for n in names if n.encode() not in data]
     assert not missing, f"not in attention_sm90.fatbin: {missing}"
 
 

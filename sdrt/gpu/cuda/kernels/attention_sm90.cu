@@ -19,7 +19,12 @@
 //    (lazy rescaling by MMA_LAZY, row sums per lane) is attention.cu's; P is repacked to the
 //    A operand of O += P V in registers, V from its descriptor (BK/16 wgmmas m64nDPk16);
 //  * K/V tiles are copied STAGES - 1 ahead; the warpgroups of a block run independently
-//    between the per-tile barriers, so one's softmax overlaps another's wgmmas.
+//    between the per-tile barriers, so one's softmax overlaps another's wgmmas;
+//  * PIPE (FlashAttention-3's in-warpgroup pipelining): the S wgmmas of tile t+1 go out with the
+//    P V of tile t, and the softmax of t+1 runs while that P V does; PIPE 0 does one tile at a
+//    time. The softmax only reads the S accumulators and writes P to a second register set:
+//    ptxas serializes every wgmma of a kernel (warning C7515) where other instructions write an
+//    accumulator while a wgmma is in flight, which the first pipelined version did.
 #include "attention.cuh"
 #include "mma.cuh"
 
@@ -86,7 +91,7 @@ __host__ __device__ constexpr int wg_smem_bytes(int dp, int nwg, int bk, int sta
 
 // Arguments as attention.cu's mma_body (Q/K/V half through row/head/batch strides, Q times
 // qscale in registers, mask, output F32 or half through strides).
-template <int DP, int NWG, int BK, int STAGES>
+template <int DP, int NWG, int BK, int STAGES, bool PIPE>
 __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs2, int64_t qs3,
                            const __half* __restrict__ K, int64_t ks1, int64_t ks2, int64_t ks3,
                            const __half* __restrict__ V, int64_t vs1, int64_t vs2, int64_t vs3,
@@ -105,7 +110,7 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
     constexpr int ND = DP / 8;          // 8-column blocks of O
     constexpr int TILE = BK * DP;       // halves of one K or V tile
     constexpr int LOADS = (BK * CH + NT - 1) / NT;  // 16-byte copies per thread per tile
-    static_assert(DP % 64 == 0 && BK % 16 == 0 && STAGES >= 3, "64-wide halves; tiles t, t+1 resident while t+2 loads");
+    static_assert(DP % 64 == 0 && BK % 16 == 0 && STAGES >= (PIPE ? 3 : 2), "64-wide halves; pipelined: tiles t, t+1 resident while t+2 loads");
 
     extern __shared__ __align__(128) unsigned char dsmem[];
     if (dynamic_smem_bytes() < (unsigned)wg_smem_bytes(DP, NWG, BK, STAGES)) __trap();  // launch bug
@@ -183,8 +188,8 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
 #pragma unroll
             for (int i = 0; i < ND * 4; ++i) o[i] = 0.0f;
             float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
-            float s[NS * 4];
-            unsigned pa[KS][4];
+            float s[NS * 4];        // S of a tile: written by wgmma only (see softmax)
+            unsigned pa[KS][4];     // P of the tile whose P V is issued (wgmma's A operand)
 
             // S = Q K^T of tile t into s (K-major B: k-step kk is 32 bytes into the rows of
             // head-dim half kk / 4), one wgmma group
@@ -204,110 +209,129 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                     wgmma<DP, 1>(o, pa[kb], smem_desc(Vb + kb * 16 * 128, BK * 128), 1);
                 wgmma_commit();
             };
-            // the online softmax of the scores of tile t in s: keys beyond Lk and the mask, the
-            // running max (moved only when a row of the warp grew by more than WG_LAZY), P over s,
-            // l. Whether the max moved; alpha: the factor O must then be scaled by, which the
-            // caller applies once the P V product in flight is done with O.
-            auto softmax = [&](int t, float (&alpha)[2]) -> bool {
-                const int k0 = tile_of(t) * BK;
-                if (mask != nullptr || k0 + BK > Lk) {
+            // The online softmax of tile t's scores in s into p (A-operand layout) and l: keys
+            // beyond Lk and the mask, the running max (moved only when a row of the warp grew by
+            // more than WG_LAZY). Returns whether the max moved; alpha: the factor O must then
+            // be scaled by, which the caller applies once no P V in flight accumulates into O.
+            // s is only read (a masked tile is copied first): an accumulator register written
+            // by other instructions while a wgmma is in flight makes ptxas serialize every wgmma.
+            float sm[NS * 4];
+            auto softmax = [&](int t, float (&alpha)[2], unsigned (&p)[KS][4]) -> bool {
+                auto run = [&](const float (&x)[NS * 4]) -> bool {
+                    float mx[2];
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr) {
-                        const int i = qw + g + hr * 8;
-                        const char* mrow = (mask != nullptr && i < Lq)
-                                               ? mask + (int64_t)(n % M3) * mnb3 + (int64_t)(h % M2) * mnb2 +
-                                                     (int64_t)(Mq == 1 ? 0 : i) * mnb1
-                                               : nullptr;
+                        float m = fmaxf(x[2 * hr], x[2 * hr + 1]);
 #pragma unroll
-                        for (int j = 0; j < NS; ++j)
-#pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int key = k0 + j * 8 + 2 * tq + e;
-                                float& x = s[4 * j + 2 * hr + e];
-                                if (key >= Lk) x = NEG_INF;
-                                else if (mrow) x += load_mask(mrow, (int64_t)key * mnb0, mdt) * LOG2E;
-                            }
+                        for (int j = 1; j < NS; ++j) m = fmaxf(m, fmaxf(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]));
+                        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                        mx[hr] = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
                     }
-                }
-                float mx[2];
+                    const bool grow = __any_sync(0xffffffffu, mx[0] > m_run[0] + (float)WG_LAZY ||
+                                                                  mx[1] > m_run[1] + (float)WG_LAZY);
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) {
+                        alpha[hr] = 1.0f;
+                        if (grow) {
+                            const float m_new = fmaxf(m_run[hr], mx[hr]);
+                            const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
+                            alpha[hr] = fast_exp2(m_run[hr] - m_use);
+                            m_run[hr] = m_new;
+                        }
+                        const float m_use = (m_run[hr] == NEG_INF) ? 0.0f : m_run[hr];
+                        float sum = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < NS; ++j) {
+                            const float e0 = fast_exp2(x[4 * j + 2 * hr] - m_use);
+                            const float e1 = fast_exp2(x[4 * j + 2 * hr + 1] - m_use);
+                            sum += e0 + e1;
+                            p[j >> 1][(j & 1) * 2 + hr] = pack_half2(e0, e1);
+                        }
+                        l_run[hr] = l_run[hr] * alpha[hr] + sum;
+                    }
+                    return grow;
+                };
+                const int k0 = tile_of(t) * BK;
+                if (mask == nullptr && k0 + BK <= Lk) return run(s);
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
-                    float m = fmaxf(s[2 * hr], s[2 * hr + 1]);
+                    const int i = qw + g + hr * 8;
+                    const char* mrow = (mask != nullptr && i < Lq)
+                                           ? mask + (int64_t)(n % M3) * mnb3 + (int64_t)(h % M2) * mnb2 +
+                                                 (int64_t)(Mq == 1 ? 0 : i) * mnb1
+                                           : nullptr;
 #pragma unroll
-                    for (int j = 1; j < NS; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                    mx[hr] = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                    for (int j = 0; j < NS; ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int key = k0 + j * 8 + 2 * tq + e;
+                            const int idx = 4 * j + 2 * hr + e;
+                            sm[idx] = key >= Lk ? NEG_INF
+                                      : mrow ? s[idx] + load_mask(mrow, (int64_t)key * mnb0, mdt) * LOG2E
+                                             : s[idx];
+                        }
                 }
-                const bool grow = __any_sync(0xffffffffu, mx[0] > m_run[0] + (float)WG_LAZY ||
-                                                              mx[1] > m_run[1] + (float)WG_LAZY);
-#pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    alpha[hr] = 1.0f;
-                    if (grow) {
-                        const float m_new = fmaxf(m_run[hr], mx[hr]);
-                        const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
-                        alpha[hr] = fast_exp2(m_run[hr] - m_use);
-                        m_run[hr] = m_new;
-                    }
-                    const float m_use = (m_run[hr] == NEG_INF) ? 0.0f : m_run[hr];
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < NS; ++j) {
-                        s[4 * j + 2 * hr] = fast_exp2(s[4 * j + 2 * hr] - m_use);
-                        s[4 * j + 2 * hr + 1] = fast_exp2(s[4 * j + 2 * hr + 1] - m_use);
-                        sum += s[4 * j + 2 * hr] + s[4 * j + 2 * hr + 1];
-                    }
-                    l_run[hr] = l_run[hr] * alpha[hr] + sum;
-                }
-                return grow;
+                return run(sm);
             };
-            // P (in s) -> pa, the A operand of P V; only once no P V in flight reads pa
-            auto pack_p = [&]() {
+            auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
-                for (int kb = 0; kb < KS; ++kb) {
-                    pa[kb][0] = pack_half2(s[8 * kb + 0], s[8 * kb + 1]);
-                    pa[kb][1] = pack_half2(s[8 * kb + 2], s[8 * kb + 3]);
-                    pa[kb][2] = pack_half2(s[8 * kb + 4], s[8 * kb + 5]);
-                    pa[kb][3] = pack_half2(s[8 * kb + 6], s[8 * kb + 7]);
+                for (int d = 0; d < ND; ++d) {
+                    o[4 * d] *= alpha[0];
+                    o[4 * d + 1] *= alpha[0];
+                    o[4 * d + 2] *= alpha[1];
+                    o[4 * d + 3] *= alpha[1];
                 }
             };
 
-            // FlashAttention-3's in-warpgroup pipelining: S of tile t+1 is on the tensor cores
-            // while this warpgroup's softmax of it waits, and the P V of tile t runs during that
-            // softmax. Tiles t and t+1 are resident during step t; t+STAGES-1 is being copied.
             float alpha[2];
             fence_async_smem();
             __syncthreads();
-            wgmma_fence();
-            issue_s(0);
-            wgmma_wait<0>();
-            softmax(0, alpha);   // O is zero: nothing to rescale
-            pack_p();
-            for (int t = 0; t < nkt; ++t) {
-                cp_async_wait<STAGES - 3>();  // tile t+1 has landed (this thread's part) ...
-                fence_async_smem();           // ... is visible to wgmma ...
-                __syncthreads();              // ... everyone's; stage (t-1) % STAGES is free
-                if (t + STAGES - 1 < nkt) load_kv(t + STAGES - 1);
-                cp_async_commit();
-                const bool next = t + 1 < nkt;
+            if constexpr (PIPE) {
+                // FlashAttention-3's in-warpgroup pipelining: S of tile t+1 is on the tensor
+                // cores with the P V of tile t, and this warpgroup's softmax of tile t+1 runs
+                // while that P V does. Tiles t and t+1 are resident during step t.
+                unsigned pn[KS][4];
                 wgmma_fence();
-                if (next) issue_s(t + 1);
-                issue_pv(t);
-                if (next) {
-                    wgmma_wait<1>();          // S of tile t+1 is done (P V of t may not be)
-                    const bool grow = softmax(t + 1, alpha);
-                    wgmma_wait<0>();
-                    if (grow) {
+                issue_s(0);
+                wgmma_wait<0>();
+                softmax(0, alpha, pa);   // O is zero: nothing to rescale
+                for (int t = 0; t < nkt; ++t) {
+                    cp_async_wait<STAGES - 3>();  // tile t+1 has landed (this thread's part) ...
+                    fence_async_smem();           // ... is visible to wgmma ...
+                    __syncthreads();              // ... everyone's; stage (t-1) % STAGES is free
+                    if (t + STAGES - 1 < nkt) load_kv(t + STAGES - 1);
+                    cp_async_commit();
+                    const bool next = t + 1 < nkt;
+                    wgmma_fence();
+                    if (next) issue_s(t + 1);
+                    issue_pv(t);
+                    if (next) {
+                        wgmma_wait<1>();          // S of tile t+1 is done (P V of t may not be)
+                        const bool grow = softmax(t + 1, alpha, pn);
+                        wgmma_wait<0>();
+                        if (grow) rescale_o(alpha);
 #pragma unroll
-                        for (int d = 0; d < ND; ++d) {
-                            o[4 * d] *= alpha[0];
-                            o[4 * d + 1] *= alpha[0];
-                            o[4 * d + 2] *= alpha[1];
-                            o[4 * d + 3] *= alpha[1];
-                        }
+                        for (int kb = 0; kb < KS; ++kb)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) pa[kb][e] = pn[kb][e];
+                    } else {
+                        wgmma_wait<0>();
                     }
-                    pack_p();
-                } else {
+                }
+            } else {
+                // one tile at a time: S, its softmax, P V
+                for (int t = 0; t < nkt; ++t) {
+                    cp_async_wait<STAGES - 2>();
+                    fence_async_smem();
+                    __syncthreads();
+                    if (t + STAGES - 1 < nkt) load_kv(t + STAGES - 1);
+                    cp_async_commit();
+                    wgmma_fence();
+                    issue_s(t);
+                    wgmma_wait<0>();
+                    if (softmax(t, alpha, pa)) rescale_o(alpha);
+                    wgmma_fence();
+                    issue_pv(t);
                     wgmma_wait<0>();
                 }
             }
@@ -354,9 +378,9 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
 #endif
 }
 
-#define WGMMA_KERNEL(DP, NWG, BK, STAGES)                                                          \
+#define WGMMA_KERNEL(DP, NWG, BK, STAGES, PIPE)                                                        \
     extern "C" __global__ void __launch_bounds__(NWG * 128)                                        \
-    attn_wgmma_d##DP##_g##NWG##_k##BK(const __half* Q, int64_t qs1, int64_t qs2, int64_t qs3,     \
+    attn_wgmma_d##DP##_g##NWG##_k##BK##_p##PIPE(const __half* Q, int64_t qs1, int64_t qs2, int64_t qs3,     \
                                       const __half* K, int64_t ks1, int64_t ks2, int64_t ks3,     \
                                       const __half* V, int64_t vs1, int64_t vs2, int64_t vs3,     \
                                       int Dq, int Dvv, float qscale, const char* mask, int mdt,   \
@@ -364,18 +388,19 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                                       int Mq, int M2, int M3, void* out, int64_t os1, int64_t os2, \
                                       int64_t os3, int out_half, int Dv, int Lq, int Lk, int H,   \
                                       int N, int rh, int rn) {                                    \
-        wgmma_body<DP, NWG, BK, STAGES>(Q, qs1, qs2, qs3, K, ks1, ks2, ks3, V, vs1, vs2, vs3, Dq,  \
+        wgmma_body<DP, NWG, BK, STAGES, PIPE>(Q, qs1, qs2, qs3, K, ks1, ks2, ks3, V, vs1, vs2, vs3, Dq,  \
                                         Dvv, qscale, mask, mdt, mnb0, mnb1, mnb2, mnb3, Mq, M2,   \
                                         M3, out, os1, os2, os3, out_half, Dv, Lq, Lk, H, N, rh,   \
                                         rn);                                                      \
     }
 
-// (DP, warpgroups, keys per tile, stages): ops/attention.py WGMMA_KERNELS lists them; the
+// (DP, warpgroups, keys per tile, stages, pipelined): ops/attention.py WGMMA_KERNELS lists them; the
 // bench times every one, WGMMA_VARIANT picks per head dim.
-WGMMA_KERNEL(64, 2, 64, 4)
-WGMMA_KERNEL(64, 2, 128, 3)
-WGMMA_KERNEL(64, 3, 128, 3)
-WGMMA_KERNEL(128, 1, 64, 3)
-WGMMA_KERNEL(128, 2, 64, 4)
-WGMMA_KERNEL(128, 2, 128, 3)
-WGMMA_KERNEL(128, 3, 64, 3)
+WGMMA_KERNEL(64, 2, 128, 3, 1)
+WGMMA_KERNEL(64, 2, 64, 3, 0)
+WGMMA_KERNEL(64, 3, 128, 2, 0)
+WGMMA_KERNEL(128, 2, 64, 4, 1)
+WGMMA_KERNEL(128, 3, 64, 3, 1)
+WGMMA_KERNEL(128, 2, 64, 3, 0)
+WGMMA_KERNEL(128, 3, 64, 2, 0)
+WGMMA_KERNEL(128, 1, 64, 2, 0)

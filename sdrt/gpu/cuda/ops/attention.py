@@ -68,12 +68,14 @@ MMA_STAGES = {16: 3, 32: 3, 48: 3, 64: 4, 80: 3, 96: 2, 128: 2, 160: 2}
 MMA_BK = 64               # keys per tile (MMA_BK in the .cu)
 _OFFSET_LIMIT = 1 << 31   # the mma kernel's K/V offsets within a head are 32-bit
 
-# sm_90a flash kernels attn_wgmma_d<dp>_g<warpgroups>_k<keys per tile> (kernels/attention_sm90.cu
-# WGMMA_KERNEL lines) with their K/V pipeline stages, and the default variant per head dim
+# sm_90a flash kernels attn_wgmma_d<dp>_g<warpgroups>_k<keys per tile>_p<pipelined> (kernels/
+# attention_sm90.cu WGMMA_KERNEL lines) with their K/V pipeline stages, and the default variant
+# per head dim
 WGMMA_MODULE = "attention_sm90"
-WGMMA_KERNELS = {(64, 2, 64): 4, (64, 2, 128): 3, (64, 3, 128): 3,
-                 (128, 1, 64): 3, (128, 2, 64): 4, (128, 2, 128): 3, (128, 3, 64): 3}
-WGMMA_VARIANT = {128: (3, 64)}   # head dim 64: the mma kernel is faster (bench_cuda_attention.py)
+WGMMA_KERNELS = {(64, 2, 128, 1): 3, (64, 2, 64, 0): 3, (64, 3, 128, 0): 2,
+                 (128, 2, 64, 1): 4, (128, 3, 64, 1): 3, (128, 2, 64, 0): 3, (128, 3, 64, 0): 2,
+                 (128, 1, 64, 0): 2}
+WGMMA_VARIANT = {128: (3, 64, 1)}   # head dim 64: the mma kernel is faster (bench_cuda_attention.py)
 
 _BLOCK = 256              # threads of the staging kernel's blocks
 _MAX_GRID_X = 1 << 20     # grid-stride kernels: enough blocks to fill any GPU
@@ -192,23 +194,23 @@ def _pack(rt, t, scale: float) -> tuple:
     return dst, dpad, L * dpad, Hs * L * dpad, dpad, True
 
 
-def wgmma_smem_bytes(dp: int, nwg: int, bk: int) -> int:
-    """Dynamic shared memory of attn_wgmma_d<dp>_g<nwg>_k<bk> (wg_smem_bytes in the .cu)."""
-    return 2 * (WGMMA_KERNELS[(dp, nwg, bk)] * 2 * bk * dp + nwg * 64 * (dp + 8)) + 1024
+def wgmma_smem_bytes(dp: int, nwg: int, bk: int, pipe: int) -> int:
+    """Dynamic shared memory of attn_wgmma_d<dp>_g<nwg>_k<bk>_p<pipe> (wg_smem_bytes in the .cu)."""
+    return 2 * (WGMMA_KERNELS[(dp, nwg, bk, pipe)] * 2 * bk * dp + nwg * 64 * (dp + 8)) + 1024
 
 
 def _kernel(rt, dp: int, variant=None) -> tuple:
     """(launcher, threads per block, query rows per block, shared bytes) of the flash kernel
     for padded head dim dp on this device: wgmma on sm_90 where compiled, else mma.sync.
-    variant: ("wgmma", nwg, bk) or ("mma", rf, nw) to pick one (the bench times them all)."""
+    variant: ("wgmma", nwg, bk, pipe) or ("mma", rf, nw) to pick one (the bench times them all)."""
     args = "Pqqq" * 3 + "iif" + "Pi" + "qqqq" + "iii" + "Pqqqi" + "i" * 7
     if variant is None:
         wg = USE_WGMMA and tuple(rt.device.capability) == (9, 0) and dp in WGMMA_VARIANT
         variant = ("wgmma", *WGMMA_VARIANT[dp]) if wg else ("mma", *MMA_VARIANT[dp])
     if variant[0] == "wgmma":
-        _, nwg, bk = variant
-        fn = rt.fn(WGMMA_MODULE, f"attn_wgmma_d{dp}_g{nwg}_k{bk}", args)
-        return fn, nwg * 128, nwg * 64, wgmma_smem_bytes(dp, nwg, bk)
+        _, nwg, bk, pipe = variant
+        fn = rt.fn(WGMMA_MODULE, f"attn_wgmma_d{dp}_g{nwg}_k{bk}_p{pipe}", args)
+        return fn, nwg * 128, nwg * 64, wgmma_smem_bytes(dp, nwg, bk, pipe)
     _, rf, nw = variant
     fn = rt.fn(MODULE, f"attn_mma_d{dp}_r{rf}_w{nw}", args)
     return fn, nw * 32, nw * 16 * rf, mma_smem_bytes(dp, rf, nw)

@@ -11,9 +11,9 @@
 //    one 16-byte column hit the same banks: measured 2.5x slower). One thread copies one
 //    16-byte chunk (cp.async), eight threads a row's half; K is then read K-major (the head dim
 //    is the reduction of S = Q K^T), V N-major (the head dim is P V's output columns);
-//  * S = Q K^T: Q sits in registers as the A operand (ldmatrix from a staged shared tile,
-//    the same fragment as mma.sync's m16n8k16 A), K from its descriptor: DP/16 wgmmas
-//    m64nBKk16 into the float accumulators;
+//  * S = Q K^T: Q and K both from shared memory through descriptors (Q as each warpgroup's
+//    [64][DP] tile in the same swizzle layout, copied once per (head, batch); its scale*log2(e)
+//    is applied to the scores), DP/16 wgmmas m64nBKk16 into the float accumulators;
 //  * the accumulators of one warp hold, lane for lane, mma.sync's m16n8 layout (lane l: rows
 //    l/4 and l/4 + 8, columns 2*(l%4) + {0, 1} of each 8-column block), so the online softmax
 //    (lazy rescaling by MMA_LAZY, row sums per lane) is attention.cu's; P is repacked to the
@@ -76,6 +76,32 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], const unsigned (&a)[4
         : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d), "n"(TRANS_B));
 }
+// d (64 x 64 f32) (+)= A (64 x 16 f16, K-major descriptor) * B (16 x 64 f16, K-major descriptor)
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+        "%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+        "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
+        "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
+    static_assert(N == 64 || N == 128, "wgmma widths compiled: 64, 128");
+    if constexpr (N == 64) wgmma_ss_n64(d, da, db, scale_d);
+    else wgmma_ss_n128(d, da, db, scale_d);
+}
 template <int N, int TRANS_B>
 __device__ __forceinline__ void wgmma(float (&d)[N / 2], const unsigned (&a)[4], uint64_t desc, int scale_d) {
     static_assert(N == 64 || N == 128, "wgmma widths compiled: 64, 128");
@@ -84,13 +110,14 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 2], const unsigned (&a)[4],
 }
 #endif
 
-// dynamic shared memory: the K/V stages, the staged Q tile, and 1024 bytes to align the tiles
+// dynamic shared memory: the K/V stages, the Q tile (both in the swizzle layout), and 1024 bytes
+// to align them
 __host__ __device__ constexpr int wg_smem_bytes(int dp, int nwg, int bk, int stages) {
-    return 2 * (stages * 2 * bk * dp + nwg * 64 * (dp + 8)) + 1024;
+    return 2 * (stages * 2 * bk * dp + nwg * 64 * dp) + 1024;
 }
 
 // Arguments as attention.cu's mma_body (Q/K/V half through row/head/batch strides, Q times
-// qscale in registers, mask, output F32 or half through strides).
+// qscale (applied to the scores here), mask, output F32 or half through strides).
 template <int DP, int NWG, int BK, int STAGES, bool PIPE>
 __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs2, int64_t qs3,
                            const __half* __restrict__ K, int64_t ks1, int64_t ks2, int64_t ks3,
@@ -103,7 +130,6 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
     constexpr int NT = NWG * 128;
     constexpr int BQ = NWG * 64;        // query rows per block
     constexpr int CH = DP / 8;          // 16-byte chunks per row
-    constexpr int LDQ = DP + 8;         // staged Q row stride, halves
     constexpr int KD = DP / 16;         // k-steps of Q K^T
     constexpr int NS = BK / 8;          // 8-key column blocks of S
     constexpr int KS = BK / 16;         // k-steps of P V
@@ -155,10 +181,11 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
             };
 
 #pragma unroll
-            for (int idx = tid; idx < BQ * CH; idx += NT) {
-                const int r = idx / CH, c = idx % CH;
+            for (int idx = tid; idx < BQ * CH; idx += NT) {   // warpgroup r / 64's [64][DP] tile
+                const int r = idx / CH, c = idx % CH, rr = r & 63;
                 const bool in = qb + r < Lq && c * 8 < Dq;
-                cp_async16(Qs + r * LDQ + c * 8, in ? Qg + (int64_t)(qb + r) * qs1 + c * 8 : Q, in);
+                cp_async16(Qs + (r >> 6) * 64 * DP + (c >> 3) * 64 * 64 + rr * 64 + (((c & 7) ^ (rr & 7)) << 3),
+                           in ? Qg + (int64_t)(qb + r) * qs1 + c * 8 : Q, in);
             }
             load_kv(0);
             cp_async_commit();
@@ -170,19 +197,7 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
             cp_async_wait<STAGES - 2>();  // Q and tile 0
             __syncthreads();
 
-            unsigned qf[KD][4];
-#pragma unroll
-            for (int kk = 0; kk < KD; ++kk)
-                ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDQ + kk * 16 + (lane >> 4) * 8);
-            if (qscale != 1.0f) {
-#pragma unroll
-                for (int kk = 0; kk < KD; ++kk)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float2 x = __half22float2(*reinterpret_cast<__half2*>(&qf[kk][e]));
-                        qf[kk][e] = pack_half2(x.x * qscale, x.y * qscale);
-                    }
-            }
+            const unsigned q_addr = smem_addr(Qs) + (warp >> 2) * 64 * DP * 2;   // this warpgroup's Q
 
             float o[ND * 4];
 #pragma unroll
@@ -197,7 +212,8 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                 const unsigned Kb = tiles_addr + (t % STAGES) * 4 * TILE;
 #pragma unroll
                 for (int kk = 0; kk < KD; ++kk)
-                    wgmma<BK, 0>(s, qf[kk], smem_desc(Kb + (kk >> 2) * BK * 128 + (kk & 3) * 32, 16), kk > 0);
+                    wgmma_ss<BK>(s, smem_desc(q_addr + (kk >> 2) * 64 * 128 + (kk & 3) * 32, 16),
+                                 smem_desc(Kb + (kk >> 2) * BK * 128 + (kk & 3) * 32, 16), kk > 0);
                 wgmma_commit();
             };
             // O += P V of tile t (N-major B: the 16 keys of step kb are rows 16 kb.., the two
@@ -217,7 +233,7 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
             // by other instructions while a wgmma is in flight makes ptxas serialize every wgmma.
             float sm[NS * 4];
             auto softmax = [&](int t, float (&alpha)[2], unsigned (&p)[KS][4]) -> bool {
-                auto run = [&](const float (&x)[NS * 4]) -> bool {
+                auto run = [&](const float (&x)[NS * 4], float xs) -> bool {   // scores x * xs (xs > 0)
                     float mx[2];
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr) {
@@ -225,7 +241,7 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
 #pragma unroll
                         for (int j = 1; j < NS; ++j) m = fmaxf(m, fmaxf(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]));
                         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                        mx[hr] = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                        mx[hr] = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2)) * xs;
                     }
                     const bool grow = __any_sync(0xffffffffu, mx[0] > m_run[0] + (float)WG_LAZY ||
                                                                   mx[1] > m_run[1] + (float)WG_LAZY);
@@ -242,8 +258,8 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                         float sum = 0.0f;
 #pragma unroll
                         for (int j = 0; j < NS; ++j) {
-                            const float e0 = fast_exp2(x[4 * j + 2 * hr] - m_use);
-                            const float e1 = fast_exp2(x[4 * j + 2 * hr + 1] - m_use);
+                            const float e0 = fast_exp2(fmaf(x[4 * j + 2 * hr], xs, -m_use));
+                            const float e1 = fast_exp2(fmaf(x[4 * j + 2 * hr + 1], xs, -m_use));
                             sum += e0 + e1;
                             p[j >> 1][(j & 1) * 2 + hr] = pack_half2(e0, e1);
                         }
@@ -252,7 +268,7 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                     return grow;
                 };
                 const int k0 = tile_of(t) * BK;
-                if (mask == nullptr && k0 + BK <= Lk) return run(s);
+                if (mask == nullptr && k0 + BK <= Lk) return run(s, qscale);
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
                     const int i = qw + g + hr * 8;
@@ -267,11 +283,11 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                             const int key = k0 + j * 8 + 2 * tq + e;
                             const int idx = 4 * j + 2 * hr + e;
                             sm[idx] = key >= Lk ? NEG_INF
-                                      : mrow ? s[idx] + load_mask(mrow, (int64_t)key * mnb0, mdt) * LOG2E
-                                             : s[idx];
+                                      : mrow ? s[idx] * qscale + load_mask(mrow, (int64_t)key * mnb0, mdt) * LOG2E
+                                             : s[idx] * qscale;
                         }
                 }
-                return run(sm);
+                return run(sm, 1.0f);
             };
             auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll

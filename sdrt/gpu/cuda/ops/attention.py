@@ -196,7 +196,7 @@ def _pack(rt, t, scale: float) -> tuple:
 
 def wgmma_smem_bytes(dp: int, nwg: int, bk: int, pipe: int) -> int:
     """Dynamic shared memory of attn_wgmma_d<dp>_g<nwg>_k<bk>_p<pipe> (wg_smem_bytes in the .cu)."""
-    return 2 * (WGMMA_KERNELS[(dp, nwg, bk, pipe)] * 2 * bk * dp + nwg * 64 * (dp + 8)) + 1024
+    return 2 * (WGMMA_KERNELS[(dp, nwg, bk, pipe)] * 2 * bk * dp + nwg * 64 * dp) + 1024
 
 
 def _kernel(rt, dp: int, variant=None) -> tuple:

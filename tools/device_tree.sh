@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Fit the working tree into the device tool's 64 MiB (tracked files + untracked + carry) and back:
+#   bash tools/device_tree.sh prepare   # sm_90-only fatbins (the H200's), .whl's big dirs set aside
+#   bash tools/device_tree.sh restore   # the committed fatbins and manifest, the .whl dirs back
+# The shipped fatbins hold SASS for four archs plus PTX (~50 MB together), more than the device
+# run can carry beside the wheels; the H200 only needs sm_90 (sm_90a for attention_sm90).
+# ASIDE (default ../device_aside) keeps .whl/sdcpp and .whl/vk (sd-cli's and Vulkan's sources,
+# needed only by the runs that build them) while they are out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ASIDE=${ASIDE:-../device_aside}
+case "${1:-}" in
+prepare)
+    mkdir -p "$ASIDE"
+    for d in sdcpp vk; do [ ! -e ".whl/$d" ] || mv ".whl/$d" "$ASIDE/"; done
+    python tools/build_cuda_kernels.py --arch sm_90 -j 2
+    tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+    carried=$(du -sb .whl | cut -f1)
+    echo "device tree: $(( (tracked + carried) >> 20 )) MiB (tracked $(( tracked >> 20 )), .whl $(( carried >> 20 ))); limit 64"
+    ;;
+restore)
+    git checkout -- sdrt/gpu/cuda/kernels/*.fatbin sdrt/gpu/cuda/kernels/manifest.json
+    for d in sdcpp vk; do [ ! -e "$ASIDE/$d" ] || mv "$ASIDE/$d" .whl/; done
+    python tools/build_cuda_kernels.py --check
+    ;;
+*)
+    echo "usage: $0 prepare|restore" >&2
+    exit 2
+    ;;
+esac

@@ -85,6 +85,21 @@ def test_rope_pe_strided_table(cuda, rng):
     check(cuda, F.rope(x, leaf(pe).permute(0, 1, 3, 2), interleaved=False))
 
 
+@pytest.mark.parametrize("D", [2, 16, 128, 512])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rope_pe_pairs_path(cuda, rng, monkeypatch, dtype, D):
+    # the pair-per-thread kernel (rope_pe_pairs): interleaved, every channel rotated, P = D / 2 a
+    # power of two from 1 to 256 (1, 4, 32, 128 rows a block), several heads and batches, a
+    # ragged last block of rows
+    from sdrt.gpu.cuda.ops import position as GP
+    taken = []
+    real = GP._pairs_path
+    monkeypatch.setattr(GP, "_pairs_path", lambda *a: taken.append(real(*a)) or taken[-1])
+    N, L, H = 2, 37, 3
+    check(cuda, F.rope(leaf(randn(rng, N, L, H, D), dtype), leaf(rope_pe_table(rng, L, D // 2))))
+    assert taken and all(taken)
+
+
 def test_rope_pe_flux_shape(cuda, rng):
     # Flux: head_dim 128, 24 heads, 4096+512 tokens, batch 1, interleaved pairs
     N, L, H, D = 1, 4608, 24, 128

@@ -66,6 +66,27 @@ __device__ __forceinline__ void rope_pe(const char* x, const char* pe, TO* out, 
     }
 }
 
+// The common case of the same op (Flux's rope: interleaved pairs, every channel rotated, x rows
+// contiguous along D, pe's 2x2 matrices contiguous): one thread per pair, its two values and its
+// matrix read as one vector each (the kernel above spends one block per row and reads each value
+// twice). A block takes 256 / P whole rows (P = D / 2 pairs, a power of two up to 256), rows on
+// a grid-stride loop; the products and sums are rounded as above.
+template <typename T, typename TO>
+__device__ __forceinline__ void rope_pe_pairs(const char* x, const char* pe, TO* out, int64_t H, int64_t L,
+                                              int64_t rows, int P, int64_t nb1, int64_t nb2, int64_t nb3,
+                                              int64_t pb2, int64_t pb3) {
+    const int per = blockDim.x / P, k = threadIdx.x % P;
+    for (int64_t r = (int64_t)blockIdx.x * per + threadIdx.x / P; r < rows; r += (int64_t)gridDim.x * per) {
+        const int64_t l = r % L, hn = r / L, h = hn % H, n = hn / H;
+        const T* xp = reinterpret_cast<const T*>(x + h * nb1 + l * nb2 + n * nb3) + 2 * k;
+        const float a = to_f32(xp[0]), b = to_f32(xp[1]);
+        const float4 m = *reinterpret_cast<const float4*>(pe + l * pb3 + k * pb2);   // m00 m01 m10 m11
+        TO* o = out + r * 2 * P + 2 * k;
+        o[0] = from_f32<TO>(a * m.x + b * m.y);
+        o[1] = from_f32<TO>(a * m.z + b * m.w);
+    }
+}
+
 // ---- rope_ext: the (cos, sin) table -----------------------------------------------------------
 enum { MODE_NORMAL = 0, MODE_NEOX = 2, MODE_MROPE = 8, MODE_VISION = 24, MODE_IMROPE = 40 };
 
@@ -189,6 +210,17 @@ ROPE_PE_ENTRY(f32, float, float)
 ROPE_PE_ENTRY(f16, __half, __half)
 ROPE_PE_ENTRY(bf16, bf16_t, bf16_t)
 ROPE_PE_ENTRY(f32_to_f16, float, __half)
+
+#define ROPE_PAIRS_ENTRY(t, T, TO)                                                                       \
+    extern "C" __global__ void rope_pe_pairs_##t(const char* x, const char* pe, TO* out, int64_t H,     \
+                                                 int64_t L, int64_t rows, int P, int64_t nb1, int64_t nb2, \
+                                                 int64_t nb3, int64_t pb2, int64_t pb3) {               \
+        rope_pe_pairs<T, TO>(x, pe, out, H, L, rows, P, nb1, nb2, nb3, pb2, pb3);                      \
+    }
+ROPE_PAIRS_ENTRY(f32, float, float)
+ROPE_PAIRS_ENTRY(f16, __half, __half)
+ROPE_PAIRS_ENTRY(bf16, bf16_t, bf16_t)
+ROPE_PAIRS_ENTRY(f32_to_f16, float, __half)
 
 extern "C" __global__ void rope_cache_f32(const int* pos, const float* ff, float* cache, int64_t L,
                                           int64_t nbpos, int64_t nbff, int P, int mode, int s0, int s1,

@@ -62,10 +62,31 @@ def _rope_ok(node) -> bool:
     return _float_x(node) and node.src[1].dtype.name == "F32"
 
 
+PAIR_THREADS = 256   # kernels/position.cu rope_pe_pairs: a block of whole rows
+
+
+def _pairs_path(x, pe, interleaved: bool) -> bool:
+    """Whether rope_pe_pairs takes this rope: interleaved pairs covering all of D = 2P (P a power
+    of two up to 256), x rows contiguous along D and pair-aligned, pe's 2x2 matrices contiguous
+    floats on 16-byte boundaries."""
+    D, P = x.ne[0], pe.ne[2]
+    es = x.dtype.type_size
+    return (interleaved and D == 2 * P and P & (P - 1) == 0 and P <= PAIR_THREADS and x.nb[0] == es
+            and all(v % (2 * es) == 0 for v in (x.ptr, *x.nb[1:]))
+            and pe.nb[0] == 4 and pe.nb[1] == 8 and pe.nb[2] == 16 and pe.ptr % 16 == 0 and pe.nb[3] % 16 == 0)
+
+
 @CUDA.register("rope", supports=_rope_ok)
 def _rope(node, xs, out, rt):
     x, pe = xs
     D, H, L, N = x.ne
+    if _pairs_path(x, pe, bool(node.params["interleaved"])):
+        rows, P = L * H * N, D // 2
+        per = PAIR_THREADS // P
+        grid = max(1, min(-(-rows // per), MAX_BLOCKS))
+        _fn(rt, f"rope_pe_pairs_{kernel_dtypes(x, out)}", "PPPqqqi" + "q" * 5)(
+            (grid, 1, 1), (PAIR_THREADS, 1, 1), x.ptr, pe.ptr, out.ptr, H, L, rows, P, *x.nb[1:], pe.nb[2], pe.nb[3])
+        return
     _fn(rt, f"rope_pe_{kernel_dtypes(x, out)}", "PPP" + "q" * 12 + "i")(
         (L * H * N, 1, 1), (row_threads(D), 1, 1), x.ptr, pe.ptr, out.ptr, H, L, D, *x.nb, *pe.nb,
         pe.ne[2], int(node.params["interleaved"]))

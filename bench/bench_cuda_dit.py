@@ -349,7 +349,8 @@ def run_child(a, name, engine, argv):
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=a.child_timeout)
         text, rc = p.stdout, p.returncode
     except subprocess.TimeoutExpired as e:
-        text, rc = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
+        out = e.stdout or ""
+        text, rc = out.decode(errors="replace") if isinstance(out, bytes) else out, "timeout"
     mon.stop.set()
     mon.join()
     line = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
@@ -363,7 +364,8 @@ def run_child(a, name, engine, argv):
 
 
 def bench_family(a, name, argv):
-    engines = [e for e in ("torch", "sdrt", "compile") if e in a.engines]   # torch first: it writes the file
+    engines = [e for e in ("torch", "sdrt", "compile") if e in a.engines   # torch first: it writes the file
+               and (e != "compile" or name in a.compile_for)]
     res = {}
     path = weights_path(a, name)
     if "sdrt" in engines and not os.path.exists(path) and "torch" not in engines:
@@ -423,6 +425,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", default=",".join(FAMILIES), help="any of " + ", ".join(FAMILIES))
     ap.add_argument("--engines", default="sdrt,torch,compile")
+    ap.add_argument("--compile-for", default=",".join(FAMILIES),
+                    help="families whose torch.compile run is made (it costs 1-2 min each on the H200)")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--dir", default="/tmp/dit", help="where the weights files and outputs go")
@@ -444,6 +448,9 @@ def main(argv=None):
     if a.size % 16:
         raise SystemExit("--size must be a multiple of 16")
     a.engines = [e for e in a.engines.split(",") if e]
+    a.compile_for = [f for f in a.compile_for.split(",") if f]
+    if set(a.engines) - {"sdrt", "torch", "compile", "make"}:
+        raise SystemExit(f"--engines: one or more of sdrt, torch, compile, not {a.engines}")
     if a.engine:
         return child(a)
     os.makedirs(a.dir, exist_ok=True)

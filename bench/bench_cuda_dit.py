@@ -45,7 +45,10 @@ import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
-SIGMA, GUIDANCE, SEED = 0.9, 3.5, 1234
+# diffusers' Flux / Qwen-Image cast the timestep (and Flux the guidance) to the model's bf16 and then
+# scale by 1000 in bf16: sigma 0.5 (500) and guidance 4 (4000) are exact there, so sdrt, which takes
+# them in float32, sees the same values and the cross-check compares like with like
+SIGMA, GUIDANCE, SEED = 0.5, 4.0, 1234
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,8 @@ def build_torch(name, a):
     import diffusers
     import torch
     dev, dt = ("cpu", torch.float32) if a.backend == "cpu" else ("cuda", torch.bfloat16)
+    if a.torch_dtype != "auto":
+        dt = dict(bf16=torch.bfloat16, f32=torch.float32)[a.torch_dtype]
     before = torch.get_default_dtype()
     torch.set_default_dtype(dt)      # built straight in bf16 on the device: no f32 copy of 20B params
     try:
@@ -219,20 +224,20 @@ def torch_call(name, m, dev, dt, a):
         ids[..., 1] += torch.arange(hw, device=dev)[:, None]
         ids[..., 2] += torch.arange(hw, device=dev)[None, :]
         kw = dict(hidden_states=pack(x), encoder_hidden_states=T(inp["ctx"]), pooled_projections=T(inp["y"]),
-                  timestep=torch.tensor([SIGMA], device=dev, dtype=dt),
-                  guidance=torch.tensor([GUIDANCE], device=dev, dtype=torch.float32), img_ids=ids.reshape(-1, 3),
+                  timestep=torch.tensor([SIGMA], device=dev), guidance=torch.tensor([GUIDANCE], device=dev),
+                  img_ids=ids.reshape(-1, 3),
                   txt_ids=torch.zeros(fam.txt, 3, device=dev), return_dict=False)
         return kw, lambda r: unpack(r[0])
     if name == "sd35l":
         kw = dict(hidden_states=x, encoder_hidden_states=T(inp["ctx"]), pooled_projections=T(inp["y"]),
-                  timestep=torch.tensor([SIGMA * 1000], device=dev, dtype=dt), return_dict=False)
+                  timestep=torch.tensor([SIGMA * 1000], device=dev), return_dict=False)
         return kw, lambda r: r[0].float()
     if name == "zimage":   # diffusers' t runs 0 -> 1 (1 - sigma); sd.cpp's output is the negated velocity
-        kw = dict(x=[x[0][:, None]], t=torch.tensor([1.0 - SIGMA], device=dev, dtype=dt), cap_feats=[T(inp["ctx"])[0]],
+        kw = dict(x=[x[0][:, None]], t=torch.tensor([1.0 - SIGMA], device=dev), cap_feats=[T(inp["ctx"])[0]],
                   return_dict=False)
         return kw, lambda r: -r[0][0][:, 0][None].float()
     kw = dict(hidden_states=pack(x), encoder_hidden_states=T(inp["ctx"]),
-              timestep=torch.tensor([SIGMA], device=dev, dtype=dt), img_shapes=[[(1, hw, hw)]], return_dict=False)
+              timestep=torch.tensor([SIGMA], device=dev), img_shapes=[[(1, hw, hw)]], return_dict=False)
     return kw, lambda r: unpack(r[0])
 
 
@@ -340,13 +345,17 @@ def rel_err(got, ref):
 
 
 def run_child(a, name, engine, argv):
+    left = a.deadline - time.monotonic()
+    if left < 30:
+        print(f"{name} {engine} skipped: {left:.0f} s of --budget left", flush=True)
+        return None
     base = GpuPeak.used()
     mon = GpuPeak()
     mon.start()
     t0 = time.perf_counter()
     try:
         p = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--family", name, "--engine", engine],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=a.child_timeout)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=min(a.child_timeout, left))
         text, rc = p.stdout, p.returncode
     except subprocess.TimeoutExpired as e:
         out = e.stdout or ""
@@ -433,10 +442,14 @@ def main(argv=None):
     ap.add_argument("--depth", default="", help="blocks per stack: N for all families or fam=N,... (smoke runs)")
     ap.add_argument("--depth-scale", type=float, default=1.0, help="every stack's released depth times this")
     ap.add_argument("--backend", default="cuda0", help="sdrt's backend (cpu: a smoke run without a GPU)")
+    ap.add_argument("--torch-dtype", default="auto", choices=("auto", "bf16", "f32"),
+                    help="diffusers' dtype (auto: bf16 on the GPU, f32 on the CPU)")
     ap.add_argument("--sdrt-type", default=None, help="sdrt's weight type (--type; default: the file's BF16)")
     ap.add_argument("--keep", action="store_true", help="keep the weights files")
     ap.add_argument("--no-write", dest="write", action="store_false", help=argparse.SUPPRESS)
-    ap.add_argument("--child-timeout", type=float, default=600)
+    ap.add_argument("--child-timeout", type=float, default=600, help="seconds one engine's child may run")
+    ap.add_argument("--budget", type=float, default=0, help="seconds for the whole run (0: none); children "
+                    "are cut at it and the table is printed with what finished")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--engine", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -454,18 +467,19 @@ def main(argv=None):
     if a.engine:
         return child(a)
     os.makedirs(a.dir, exist_ok=True)
+    a.deadline = time.monotonic() + (a.budget or float("inf"))
     argv = ["--size", str(a.size), "--steps", str(a.steps), "--dir", a.dir, "--depth", a.depth,
-            "--depth-scale", str(a.depth_scale), "--backend", a.backend] + (
+            "--depth-scale", str(a.depth_scale), "--backend", a.backend, "--torch-dtype", a.torch_dtype] + (
         ["--sdrt-type", a.sdrt_type] if a.sdrt_type else [])
     results = {}
     for name in fams:
         t0 = time.perf_counter()
         results[name] = bench_family(a, name, argv)
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
     print(table(a, results), flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
     return results
 
 

@@ -354,8 +354,9 @@ def run_child(a, name, engine, argv):
     mon.start()
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--family", name, "--engine", engine],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=min(a.child_timeout, left))
+        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--family", name, "--engine", engine]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=min(a.child_timeout, left))
         text, rc = p.stdout, p.returncode
     except subprocess.TimeoutExpired as e:
         out = e.stdout or ""
@@ -402,8 +403,10 @@ def bench_family(a, name, argv):
 
 def table(a, results):
     lines = [f"\nDiT step, {a.size}x{a.size} (batch 1, one forward), {a.steps} timed steps after 3 warm-up calls, "
-             f"backend {a.backend}; peak = nvidia-smi memory.used above idle; rel err = max|out - torch| / max|torch|\n",
-             "| family | engine | s/step | it/s | first call s | peak GPU MiB | rel err vs torch | sdrt it/s / engine it/s |",
+             f"backend {a.backend}; peak = nvidia-smi memory.used above idle; "
+             "rel err = max|out - torch| / max|torch|\n",
+             "| family | engine | s/step | it/s | first call s | peak GPU MiB | rel err vs torch "
+             "| sdrt it/s / engine it/s |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, res in results.items():
         sd = res.get("sdrt", {}).get("step_s")

@@ -3,9 +3,15 @@
 # eval "$(bash tools/device_setup.sh)" is done here; carry .whl.
 #   bash tools/h200_dit.sh                 # attention tests + bench, Flux 4+8-block kernel profile vs
 #                                          # diffusers, then the GPU tests ($TESTS, default the suite)
-#   PARTS="attn flux" bash tools/h200_dit.sh   # a subset of: attn, flux, fluxfull, tests
+#   PARTS="attn flux" bash tools/h200_dit.sh   # a subset of: attn, flux, fluxfull, dit, tests
+#   PARTS=dit bash tools/h200_dit.sh          # the full-size DiT step of every family (~8 min)
 # fluxfull: bench_cuda_flux.py on full-size random Flux.1-dev (bf16, written here, ~4 min) against
-# diffusers eager and torch.compile ($FLUX_ENGINES). Logs go to $OUT (the device tool's folder), else ./h200_out:
+# diffusers eager and torch.compile ($FLUX_ENGINES).
+# dit: bench_cuda_dit.py, full-size random bf16 Z-Image-Turbo, SD3.5 Large, Qwen-Image (41 GB) and
+# Flux.1-dev at 1024x1024, sdrt vs diffusers eager and torch.compile on the same weights, each family's
+# file written once in /tmp/dit and deleted after it; $DIT_FAMILIES, $DIT_COMPILE (families with a
+# compile run: Flux's, 0.134 s/step, was measured in the fifth session), $DIT_STEPS, $DIT_BUDGET (s).
+# Logs go to $OUT (the device tool's folder), else ./h200_out:
 # bench.log and tests.log.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -27,6 +33,12 @@ fi
 if has fluxfull; then
     timeout ${FLUX_TIMEOUT:-400} python3 bench/bench_cuda_flux.py --dir /tmp/flux --jobs 16 \
         --engines ${FLUX_ENGINES:-sdrt,torch,compile} 2>&1 | tail -30
+fi
+if has dit; then
+    timeout $(( ${DIT_BUDGET:-510} + 40 )) python3 bench/bench_cuda_dit.py --dir /tmp/dit --steps ${DIT_STEPS:-10} \
+        --family ${DIT_FAMILIES:-zimage,sd35l,qwen,flux} --compile-for ${DIT_COMPILE:-zimage,sd35l,qwen} \
+        --budget ${DIT_BUDGET:-510} --child-timeout 200 --json "$OUT/dit.json" 2>&1 | cut -c1-700 | tail -45
+    rm -rf /tmp/dit
 fi
 } 2>&1 | tee "$OUT/bench.log"
 if has tests; then

@@ -1,8 +1,13 @@
-"""Device buffers and CUDA-event timing shared by the CUDA kernel benchmarks (bench_cuda_*.py)."""
+"""Device buffers and CUDA-event timing shared by the CUDA kernel benchmarks (bench_cuda_*.py), and
+the whole-process pieces of the model benches (bench_cuda_flux.py, bench_cuda_dit.py): warm-up +
+timed calls, and a child process's peak GPU memory by nvidia-smi."""
 from __future__ import annotations
 
 import statistics
+import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 
@@ -84,3 +89,40 @@ def torch_time_ms(fn, repeat: int) -> float:
         b.synchronize()
         runs.append(a.elapsed_time(b) / repeat)
     return statistics.median(runs)
+
+
+def time_calls(fn, steps, sync=lambda: None):
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    first = time.perf_counter() - t0
+    for _ in range(2):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    sync()
+    return dict(step_s=(time.perf_counter() - t0) / steps, first_call_s=first)
+
+
+class GpuPeak(threading.Thread):
+    """Peak of nvidia-smi's memory.used (MiB) while a child runs (0 without nvidia-smi)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak, self.stop = 0, threading.Event()
+
+    @staticmethod
+    def used():
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                                 capture_output=True, text=True, timeout=5).stdout
+            return int(out.split()[0])
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            return 0
+
+    def run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, self.used())
+            self.stop.wait(0.1)

@@ -37,7 +37,6 @@ import math
 import os
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -45,6 +44,8 @@ import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cuda_timing import GpuPeak, time_calls  # noqa: E402
 # diffusers' Flux / Qwen-Image cast the timestep (and Flux the guidance) to the model's bf16 and then
 # scale by 1000 in bf16: sigma 0.5 (500) and guidance 4 (4000) are exact there, so sdrt, which takes
 # them in float32, sees the same values and the cross-check compares like with like
@@ -121,21 +122,6 @@ def qwen_ids(h: int, w: int, txt: int) -> np.ndarray:
     img[..., 1], img[..., 2] = r[:, None], c[None, :]
     t = np.repeat((max(h // 2, w // 2) + np.arange(txt, dtype=np.float32))[:, None], 3, axis=1)
     return np.concatenate([t, img.reshape(-1, 3)]).astype(np.float32)
-
-
-def time_calls(fn, steps, sync=lambda: None):
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    first = time.perf_counter() - t0
-    for _ in range(2):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    sync()
-    return dict(step_s=(time.perf_counter() - t0) / steps, first_call_s=first)
 
 
 def weights_path(a, name):
@@ -317,28 +303,6 @@ def child(a):
 
 
 # ---- the parent ----------------------------------------------------------------------------------
-
-class GpuPeak(threading.Thread):
-    """Peak of nvidia-smi's memory.used (MiB) while a child runs (0 without nvidia-smi)."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.peak, self.stop = 0, threading.Event()
-
-    @staticmethod
-    def used():
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                                 capture_output=True, text=True, timeout=5).stdout
-            return int(out.split()[0])
-        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-            return 0
-
-    def run(self):
-        while not self.stop.is_set():
-            self.peak = max(self.peak, self.used())
-            self.stop.wait(0.1)
-
 
 def rel_err(got, ref):
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))

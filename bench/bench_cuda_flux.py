@@ -28,13 +28,14 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cuda_timing import GpuPeak, time_calls  # noqa: E402
 MAKE = os.path.join(ROOT, "tools", "make_flux_checkpoint.py")
 LAST_TORCH_STEP = None   # bench/profile_cuda_kernels.py profiles the step run_torch timed
 PROMPT = "a photograph of a red fox in fresh snow, morning light"
@@ -62,21 +63,6 @@ def inputs(size, txt):
     return (rng.standard_normal((1, 16, lat, lat), dtype=np.float32), np.array([0.9], np.float32),
             rng.standard_normal((1, txt, 4096), dtype=np.float32), rng.standard_normal((1, 768), dtype=np.float32),
             np.array([3.5], np.float32))
-
-
-def time_calls(fn, steps, sync=lambda: None):
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    first = time.perf_counter() - t0
-    for _ in range(2):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    sync()
-    return dict(step_s=(time.perf_counter() - t0) / steps, first_call_s=first)
 
 
 def run_sdrt(a, path):
@@ -170,28 +156,6 @@ def child(a):
     else:
         r = run_sdcli(a, fs)
     print("RESULT " + json.dumps(r), flush=True)
-
-
-class GpuPeak(threading.Thread):
-    """Peak of nvidia-smi's memory.used (MiB) while a child runs."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.peak, self.stop = 0, threading.Event()
-
-    @staticmethod
-    def used():
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                                 capture_output=True, text=True, timeout=5).stdout
-            return int(out.split()[0])
-        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-            return 0
-
-    def run(self):
-        while not self.stop.is_set():
-            self.peak = max(self.peak, self.used())
-            self.stop.wait(0.1)
 
 
 def psnr(p, q):

@@ -719,39 +719,7 @@ __device__ void mma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs2,
             // out = O / l; a fully masked row (l = 0) gives zeros
 #pragma unroll
             for (int f = 0; f < RF; ++f)
-#pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    float l = l_run[f][hr];
-                    l += __shfl_xor_sync(0xffffffffu, l, 1);
-                    l += __shfl_xor_sync(0xffffffffu, l, 2);
-                    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-                    const int i = qw + f * 16 + g + hr * 8;
-                    if (i >= Lq) continue;
-                    const int64_t orow = (int64_t)n * os3 + (int64_t)h * os2 + (int64_t)i * os1;
-                    const bool pairs = ((orow | Dv) & 1) == 0;  // 8/4-byte aligned column pairs
-#pragma unroll
-                    for (int d = 0; d < ND; ++d) {
-                        const int c = d * 8 + 2 * tq;
-                        const float v0 = o[f][d][2 * hr] * inv, v1 = o[f][d][2 * hr + 1] * inv;
-                        if (out_half) {
-                            __half* oh = static_cast<__half*>(out) + orow;
-                            if (c + 1 < Dv && pairs) {
-                                *reinterpret_cast<__half2*>(oh + c) = __floats2half2_rn(v0, v1);
-                            } else {
-                                if (c < Dv) oh[c] = __float2half_rn(v0);
-                                if (c + 1 < Dv) oh[c + 1] = __float2half_rn(v1);
-                            }
-                        } else {
-                            float* of = static_cast<float*>(out) + orow;
-                            if (c + 1 < Dv && pairs) {
-                                *reinterpret_cast<float2*>(of + c) = make_float2(v0, v1);
-                            } else {
-                                if (c < Dv) of[c] = v0;
-                                if (c + 1 < Dv) of[c + 1] = v1;
-                            }
-                        }
-                    }
-                }
+                store_rows<ND>(o[f], l_run[f], qw + f * 16 + g, tq, Lq, Dv, out, os1, os2, os3, n, h, out_half);
         }
     }
 #endif  // SDRT_HAVE_MMA

@@ -18,3 +18,47 @@ __device__ __forceinline__ float load_mask(const char* base, int64_t off, int dt
     if (dt == DT_F16) return __half2float(*reinterpret_cast<const __half*>(p));
     return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
 }
+
+// The output rows of one 16-row m16n8 accumulator tile (o[d][e], lane l holding rows l/4 (e 0, 1)
+// and l/4 + 8 (e 2, 3), columns d*8 + 2*(l%4) + {0, 1}), divided by their row sums (l_run: this
+// lane's partial sums, reduced over the 4 lanes of a row here; a fully masked row, sum 0, gives
+// zeros): row i = row0 + 8*hr at out + n*os3 + h*os2 + i*os1 elements, float or half (out_half),
+// in column pairs where they are aligned. The mma.sync and wgmma flash kernels' epilogue.
+template <int ND>
+__device__ __forceinline__ void store_rows(const float (&o)[ND][4], const float (&l_run)[2], int row0, int tq,
+                                           int Lq, int Dv, void* __restrict__ out, int64_t os1, int64_t os2,
+                                           int64_t os3, int n, int h, int out_half) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        float l = l_run[hr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const int i = row0 + hr * 8;
+        if (i >= Lq) continue;
+        const int64_t orow = (int64_t)n * os3 + (int64_t)h * os2 + (int64_t)i * os1;
+        const bool pairs = ((orow | Dv) & 1) == 0;  // 8/4-byte aligned column pairs
+#pragma unroll
+        for (int d = 0; d < ND; ++d) {
+            const int c = d * 8 + 2 * tq;
+            const float v0 = o[d][2 * hr] * inv, v1 = o[d][2 * hr + 1] * inv;
+            if (out_half) {
+                __half* oh = static_cast<__half*>(out) + orow;
+                if (c + 1 < Dv && pairs) {
+                    *reinterpret_cast<__half2*>(oh + c) = __floats2half2_rn(v0, v1);
+                } else {
+                    if (c < Dv) oh[c] = __float2half_rn(v0);
+                    if (c + 1 < Dv) oh[c + 1] = __float2half_rn(v1);
+                }
+            } else {
+                float* of = static_cast<float*>(out) + orow;
+                if (c + 1 < Dv && pairs) {
+                    *reinterpret_cast<float2*>(of + c) = make_float2(v0, v1);
+                } else {
+                    if (c < Dv) of[c] = v0;
+                    if (c + 1 < Dv) of[c + 1] = v1;
+                }
+            }
+        }
+    }
+}

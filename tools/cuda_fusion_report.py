@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from sdrt.gpu.cuda import fuse  # noqa: E402
 from sdrt.gpu.cuda import ops as cuda_ops  # noqa: E402
 from sdrt.gpu.cuda.table import CUDA  # noqa: E402
-from sdrt.gpu.device_backend import import_families  # noqa: E402
+from sdrt.gpu.device_backend import import_families, node_addresses  # noqa: E402
 from sdrt.ops.graph import Graph  # noqa: E402
 from sdrt.ops.tensor import Tensor  # noqa: E402
 
@@ -66,21 +66,9 @@ FAMILIES = {
 }
 
 
-def _addresses(plan):
-    """Node addresses laid out as the backend lays them out (outputs apart, segment arenas)."""
-    ptr = {id(n): (1 << 40) + i * (1 << 30) for i, n in enumerate(plan.outputs)}
-    for seg in plan.segments:
-        for n in seg.nodes:
-            if id(n) in seg.offsets:
-                ptr[id(n)] = seg.offsets[id(n)]
-            elif id(n) in plan.cross_offsets:
-                ptr[id(n)] = (1 << 36) + plan.cross_offsets[id(n)]
-    return ptr
-
-
 def report(graph) -> tuple[Counter, Counter, Counter]:
     plan = graph.plan()
-    ptr = _addresses(plan)
+    ptr = node_addresses(plan, 0, 1 << 36, [(1 << 40) + i * (1 << 30) for i in range(len(plan.outputs))])
     kernels = [[CUDA.find(n).fn for n in seg.nodes] for seg in plan.segments]
     lists = fuse.launch_lists(graph, plan, kernels, ptr)
     stored = fuse.half_nodes(graph, plan, lists, ptr)

@@ -149,12 +149,7 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                 }
             };
 
-#pragma unroll
-            for (int idx = tid; idx < BQ * CH; idx += NT) {
-                const int r = idx / CH, c = idx % CH;
-                const bool in = qb + r < Lq && c * 8 < Dq;
-                cp_async16(Qs + r * LDQ + c * 8, in ? Qg + (int64_t)(qb + r) * qs1 + c * 8 : Q, in);
-            }
+            stage_q_rows<NT, BQ, CH>(Qs, LDQ, Qg, qs1, qb, Lq, Dq, Q, tid);
             load_kv(0);
             cp_async_commit();
 #pragma unroll
@@ -166,18 +161,8 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
             __syncthreads();
 
             unsigned qf[KD][4];
-#pragma unroll
-            for (int kk = 0; kk < KD; ++kk)
-                ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDQ + kk * 16 + (lane >> 4) * 8);
-            if (qscale != 1.0f) {
-#pragma unroll
-                for (int kk = 0; kk < KD; ++kk)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float2 x = __half22float2(*reinterpret_cast<__half2*>(&qf[kk][e]));
-                        qf[kk][e] = pack_half2(x.x * qscale, x.y * qscale);
-                    }
-            }
+            load_q_frags<KD>(qf, Qs + warp * 16 * LDQ, LDQ, lane);
+            if (qscale != 1.0f) scale_q_frags<KD>(qf, qscale);
 
             float o[ND * 4];
 #pragma unroll
@@ -210,25 +195,9 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
             // caller applies once the P V product in flight is done with O.
             auto softmax = [&](int t, float (&alpha)[2]) -> bool {
                 const int k0 = tile_of(t) * BK;
-                if (mask != nullptr || k0 + BK > Lk) {
-#pragma unroll
-                    for (int hr = 0; hr < 2; ++hr) {
-                        const int i = qw + g + hr * 8;
-                        const char* mrow = (mask != nullptr && i < Lq)
-                                               ? mask + (int64_t)(n % M3) * mnb3 + (int64_t)(h % M2) * mnb2 +
-                                                     (int64_t)(Mq == 1 ? 0 : i) * mnb1
-                                               : nullptr;
-#pragma unroll
-                        for (int j = 0; j < NS; ++j)
-#pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int key = k0 + j * 8 + 2 * tq + e;
-                                float& x = s[4 * j + 2 * hr + e];
-                                if (key >= Lk) x = NEG_INF;
-                                else if (mrow) x += load_mask(mrow, (int64_t)key * mnb0, mdt) * LOG2E;
-                            }
-                    }
-                }
+                if (mask != nullptr || k0 + BK > Lk)
+                    mask_scores<NS>(reinterpret_cast<float(&)[NS][4]>(s), qw + g, tq, k0, Lk, Lq, mask, mdt, mnb0,
+                                    mnb1, mnb2, mnb3, Mq, M2, M3, n, h);
                 float mx[2];
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {

@@ -539,13 +539,7 @@ __device__ void mma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs2,
             };
 
             stage_q_rows<NT, BQ, CH>(Qs, LD, Qg, qs1, qb, Lq, Dq, Q, tid);
-            load_kv(0);
-            cp_async_commit();
-#pragma unroll
-            for (int t = 1; t < STAGES - 1; ++t) {
-                if (t < nkt) load_kv(t);
-                cp_async_commit();
-            }
+            prime_tiles<STAGES>(load_kv, nkt);
             cp_async_wait<STAGES - 2>();  // Q and tile 0
             __syncthreads();
 

@@ -81,6 +81,19 @@ __device__ __forceinline__ void stage_q_rows(__half* Qs, int LD, const __half* Q
     }
 }
 
+// The first STAGES - 1 K/V tiles of a cp.async pipeline (load_kv(t) copies tile t, not
+// committing), one commit group each (empty ones beyond nkt keep the group count fixed).
+template <int STAGES, typename LoadKV>
+__device__ __forceinline__ void prime_tiles(LoadKV& load_kv, int nkt) {
+    load_kv(0);
+    cp_async_commit();
+#pragma unroll
+    for (int t = 1; t < STAGES - 1; ++t) {
+        if (t < nkt) load_kv(t);
+        cp_async_commit();
+    }
+}
+
 // The m16n8k16 A fragments of a 16-row Q tile starting at shared row `tile` (LD halves a row),
 // one per 16 columns; and their scaling by qscale in registers.
 template <int KD>

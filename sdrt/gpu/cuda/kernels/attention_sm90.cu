@@ -150,13 +150,7 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
             };
 
             stage_q_rows<NT, BQ, CH>(Qs, LDQ, Qg, qs1, qb, Lq, Dq, Q, tid);
-            load_kv(0);
-            cp_async_commit();
-#pragma unroll
-            for (int t = 1; t < STAGES - 1; ++t) {
-                if (t < nkt) load_kv(t);
-                cp_async_commit();
-            }
+            prime_tiles<STAGES>(load_kv, nkt);
             cp_async_wait<STAGES - 2>();  // Q and tile 0
             __syncthreads();
 

@@ -21,6 +21,18 @@ if ROOT not in sys.path:
 LOCK = "/work/heavy.lock"
 
 
+def add_run_args(ap, out: str) -> None:
+    """The arguments every full-size CPU bench takes: steps, engines, where images and logs go,
+    a tag for repeated runs, a results file, and --no-lock."""
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--engines", default="sdcli,sdrt")
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--tag", default="", help="suffix of the image/log names (several runs of one engine)")
+    ap.add_argument("--results", default=None, help="append each run's figures to this JSON-lines file")
+    ap.add_argument("--no-lock", action="store_true",
+                    help="the caller holds /work/heavy.lock (both engines in one hold: `flock /work/heavy.lock python ...`)")
+
+
 def run(cmd: list[str], env: dict, lock_path: str | None = LOCK) -> tuple[str, float, float]:
     """(stdout + stderr, peak RSS GiB, wall s) of one run under /usr/bin/time -v and the heavy lock
     (lock_path None: the caller holds it)."""

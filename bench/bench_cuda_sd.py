@@ -30,6 +30,8 @@ import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cuda_timing import time_calls  # noqa: E402
 
 ARCH = {
     "sd15": dict(size=512, ctx=768, adm=0, tflop=1.354),
@@ -49,17 +51,6 @@ def inputs(arch):
     return x, t, ctx, y, z
 
 
-def time_calls(fn, steps, sync=lambda: None):
-    for _ in range(3):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / steps
-
-
 def run_sdrt(arch, ckpt, steps):
     import sdrt.gpu  # noqa: F401  (registers cuda0: the models alone do not)
     from sdrt.io import open_model
@@ -73,10 +64,10 @@ def run_sdrt(arch, ckpt, steps):
     t0 = time.perf_counter()
     unet(x, t, ctx, y, backend="cuda0")
     first = time.perf_counter() - t0
-    step = time_calls(lambda: unet(x, t, ctx, y, backend="cuda0"), steps)
+    step = time_calls(lambda: unet(x, t, ctx, y, backend="cuda0"), steps)["step_s"]
     vae = AutoencoderKL(mf.tensors)
     graph = F.Graph({"img": vae.decode_graph(Tensor.from_numpy(z))})  # built once: replayed
-    dec = time_calls(lambda: graph.run("cuda0"), 5)
+    dec = time_calls(lambda: graph.run("cuda0"), 5)["step_s"]
     return dict(step_s=step, first_call_s=first, decode_s=dec)
 
 
@@ -108,8 +99,8 @@ def run_torch(arch, steps):
     def dec():
         vae.decode(z)
 
-    return dict(step_s=time_calls(step, steps, torch.cuda.synchronize),
-                decode_s=time_calls(dec, 5, torch.cuda.synchronize), torch=torch.__version__)
+    return dict(step_s=time_calls(step, steps, torch.cuda.synchronize)["step_s"],
+                decode_s=time_calls(dec, 5, torch.cuda.synchronize)["step_s"], torch=torch.__version__)
 
 
 def run_sdcli(arch, ckpt, steps, sdcli):

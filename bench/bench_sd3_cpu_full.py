@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cpu_full import LOCK, ROOT, after_first, record, run, stage, summary_lines  # noqa: E402
+from _cpu_full import LOCK, ROOT, add_run_args, after_first, record, run, stage, summary_lines  # noqa: E402
 
 PROMPT = ("a lovely cat sitting on a wooden windowsill at golden hour, soft light, detailed fur, "
           "(green eyes:1.2), film grain")
@@ -44,13 +44,7 @@ def main() -> None:
     ap.add_argument("--dir", default="/work/cache/sd3_full")
     ap.add_argument("--te-dir", default="/work/cache/flux_full")
     ap.add_argument("--sdcli", default="/work/sdcli/sd-cli")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--engines", default="sdcli,sdrt")
-    ap.add_argument("--out", default="/work/cache/sd3_full/out")
-    ap.add_argument("--tag", default="", help="suffix of the image/log names (several runs of one engine)")
-    ap.add_argument("--results", default=None, help="append each run's figures to this JSON-lines file")
-    ap.add_argument("--no-lock", action="store_true",
-                    help="the caller holds /work/heavy.lock (both engines in one hold: `flock /work/heavy.lock python ...`)")
+    add_run_args(ap, "/work/cache/sd3_full/out")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     d, te = (lambda f: os.path.join(a.dir, f)), (lambda f: os.path.join(a.te_dir, f))  # noqa: E731

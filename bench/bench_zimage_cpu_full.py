@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cpu_full import (LOCK, ROOT, after_first, disk_read_gib, evict, record, run, stage,  # noqa: E402
+from _cpu_full import (LOCK, ROOT, add_run_args, after_first, disk_read_gib, evict, record, run, stage,  # noqa: E402
                        summary_lines)
 
 WORDS = ("a lovely cat sitting on a wooden windowsill at golden hour, soft light through lace curtains, "
@@ -63,16 +63,10 @@ def main() -> None:
     ap.add_argument("--sdcli", default="/work/sdcli_zimage/out/sd-cli")
     ap.add_argument("--dit", default="zimage-q4_K.gguf")
     ap.add_argument("--llm", default="qwen3-q8_0.gguf")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--engines", default="sdcli,sdrt")
-    ap.add_argument("--out", default="/work/cache/zimage_full/out")
-    ap.add_argument("--tag", default="", help="suffix of the image/log names (several runs of one engine)")
-    ap.add_argument("--results", default=None, help="append each run's figures to this JSON-lines file")
+    add_run_args(ap, "/work/cache/zimage_full/out")
     ap.add_argument("--cold", action="store_true",
                     help="drop the three files' pages from the page cache before each engine (a cold start: "
                          "sd-cli reads them before its timed stages, sdrt inside them)")
-    ap.add_argument("--no-lock", action="store_true",
-                    help="the caller holds /work/heavy.lock (`flock /work/heavy.lock python ...`)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     d = lambda f: os.path.join(a.dir, f)  # noqa: E731

@@ -9,7 +9,7 @@ from opcheck import leaf
 
 from sdrt.gpu.cuda import fuse
 from sdrt.gpu.cuda import ops as cuda_ops
-from sdrt.gpu.device_backend import import_families
+from sdrt.gpu.device_backend import import_families, node_addresses
 from sdrt.gpu.cuda.table import CUDA
 from sdrt.ops import api as F
 from sdrt.ops.graph import Graph
@@ -21,15 +21,8 @@ def own(node, xs, out, rt):
 
 
 def _addresses(plan):
-    """Node addresses laid out as the backend lays them out."""
-    ptr = {id(n): (1 << 40) + i * (1 << 30) for i, n in enumerate(plan.outputs)}
-    for seg in plan.segments:
-        for n in seg.nodes:
-            if id(n) in seg.offsets:
-                ptr[id(n)] = seg.offsets[id(n)]
-            elif id(n) in plan.cross_offsets:
-                ptr[id(n)] = (1 << 36) + plan.cross_offsets[id(n)]
-    return ptr
+    """Node addresses laid out as the backend lays them out (outputs apart, arena from 0)."""
+    return node_addresses(plan, 0, 1 << 36, [(1 << 40) + i * (1 << 30) for i in range(len(plan.outputs))])
 
 
 def launches(graph):

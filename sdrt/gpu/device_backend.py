@@ -26,6 +26,20 @@ def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def node_addresses(plan, arena: int, cross: int, outputs) -> dict[int, int]:
+    """{id(node): address} of every computed node as a device backend lays out a plan: the graph
+    outputs at `outputs` (their own allocations, in plan.outputs order), each segment's nodes at
+    their offsets in the arena, the nodes living across segments in the cross buffer."""
+    ptr = {id(n): p for n, p in zip(plan.outputs, outputs)}
+    for seg in plan.segments:
+        for n in seg.nodes:
+            if id(n) in seg.offsets:
+                ptr[id(n)] = arena + seg.offsets[id(n)]
+            elif id(n) in plan.cross_offsets:
+                ptr[id(n)] = cross + plan.cross_offsets[id(n)]
+    return ptr
+
+
 class GraphStates:
     """The graph-state bookkeeping of a device backend (a mixin: call `_init_states()`)."""
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ...errors import DeviceOutOfMemoryError, UnsupportedError
 from ...ops.backend import Residency
-from ..device_backend import GraphStates, align as _align, import_families
+from ..device_backend import GraphStates, align as _align, import_families, node_addresses
 from . import cudagraph, fuse, ops
 from .devtensor import DevTensor
 from .driver import CudaDevice, PinnedBuffer
@@ -94,13 +94,8 @@ class _GraphState:
         self._residency = residency      # asked to make room when an allocation fails
         self.arena = self._alloc(plan.arena_bytes)
         self.cross = self._alloc(plan.cross_bytes)
-        self.node_ptr: dict[int, int] = {id(n): self._alloc(_align(n.nbytes)) for n in plan.outputs}
-        for seg in plan.segments:
-            for n in seg.nodes:
-                if id(n) in seg.offsets:
-                    self.node_ptr[id(n)] = self.arena + seg.offsets[id(n)]
-                elif id(n) in plan.cross_offsets:
-                    self.node_ptr[id(n)] = self.cross + plan.cross_offsets[id(n)]
+        self.node_ptr = node_addresses(plan, self.arena, self.cross,
+                                       [self._alloc(_align(n.nbytes)) for n in plan.outputs])
         # leaves: owners in first-use order, split into inputs and weights
         self.leaves: dict[int, object] = {}
         for n in graph.nodes:

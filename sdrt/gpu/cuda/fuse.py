@@ -260,18 +260,21 @@ def _fuse_modulation(nodes, out, j, uses, outputs, node_ptr) -> None:
     if not _chain_reads_safe(nodes, out, j, ka, skipped, (x, scale, shift), node_ptr):
         return
     out[j], out[km] = (_skip, ()), (_skip, ())
-    out[ka] = (_modulated(ln), (x, scale, shift))
+    out[ka] = (_norm_slot(layer_norm_modulated, ln, modulation=ln), (x, scale, shift))
 
 
-def _modulated(ln):
-    """The kernel function of a fused modulation's slot: layer_norm_modulated of `ln`'s eps."""
-    eps = float(ln.params["eps"])
+def _norm_slot(kernel, norm, **marks):
+    """The kernel function of a fused norm chain's last slot: `kernel(rt, *xs, out, eps)` with the
+    eps of norm node `norm` (layer_norm_modulated, rms_norm_scaled); `marks` are attributes other
+    passes read (`modulation`: _writable)."""
+    eps = float(norm.params["eps"])
 
-    def layer_norm_modulated_(node, xs, out, rt):
-        layer_norm_modulated(rt, xs[0], xs[1], xs[2], out, eps)
-    layer_norm_modulated_.__name__ = "layer_norm_modulated"
-    layer_norm_modulated_.modulation = ln
-    return layer_norm_modulated_
+    def slot(node, xs, out, rt):
+        kernel(rt, *xs, out, eps)
+    slot.__name__ = kernel.__name__
+    for k, v in marks.items():
+        setattr(slot, k, v)
+    return slot
 
 
 def _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr) -> None:
@@ -292,16 +295,7 @@ def _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr) -> None:
     if not _chain_reads_safe(nodes, out, j, km, {id(rn)}, (x, w), node_ptr):
         return
     out[j] = (_skip, ())
-    out[km] = (_rms_scaled(rn), (x, w))
-
-
-def _rms_scaled(rn):
-    eps = float(rn.params["eps"])
-
-    def rms_norm_scaled_(node, xs, out, rt):
-        rms_norm_scaled(rt, xs[0], xs[1], out, eps)
-    rms_norm_scaled_.__name__ = "rms_norm_scaled"
-    return rms_norm_scaled_
+    out[km] = (_norm_slot(rms_norm_scaled, rn), (x, w))
 
 
 def _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr) -> None:

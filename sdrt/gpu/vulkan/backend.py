@@ -43,7 +43,7 @@ from ...errors import DeviceOutOfMemoryError, UnsupportedError
 from ...ops.backend import Residency
 from ...ops.dtypes import DType
 from ...ops.tensor import Tensor
-from ..device_backend import GraphStates, align as _align, import_families
+from ..device_backend import GraphStates, align as _align, import_families, node_addresses
 from . import ops
 from .device import BINDINGS, VulkanDevice
 from .table import VULKAN
@@ -168,17 +168,9 @@ class _GraphState:
         self.residency = residency
         self.nbytes = 0                  # device bytes held (a residency manager counts idle graphs')
         self.blocks: list[int] = []
-        self.node_ptr: dict[int, int] = {}
         arena = self._alloc(plan.arena_bytes) if plan.arena_bytes else 0
         cross = self._alloc(plan.cross_bytes) if plan.cross_bytes else 0
-        for n in plan.outputs:
-            self.node_ptr[id(n)] = self._alloc(_align(n.nbytes))
-        for seg in plan.segments:
-            for n in seg.nodes:
-                if id(n) in seg.offsets:
-                    self.node_ptr[id(n)] = arena + seg.offsets[id(n)]
-                elif id(n) in plan.cross_offsets:
-                    self.node_ptr[id(n)] = cross + plan.cross_offsets[id(n)]
+        self.node_ptr = node_addresses(plan, arena, cross, [self._alloc(_align(n.nbytes)) for n in plan.outputs])
         self.leaves: dict[int, Tensor] = {}
         for n in graph.nodes:
             for s in n.src:

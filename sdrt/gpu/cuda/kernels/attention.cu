@@ -538,39 +538,17 @@ __device__ void mma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs2,
                 }
             };
 
-#pragma unroll
-            for (int idx = tid; idx < BQ * CH; idx += NT) {
-                const int r = idx / CH, c = idx % CH;
-                const bool in = qb + r < Lq && c * 8 < Dq;
-                cp_async16(Qs + r * LD + c * 8, in ? Qg + (int64_t)(qb + r) * qs1 + c * 8 : Q, in);
-            }
-            load_kv(0);
-            cp_async_commit();
-#pragma unroll
-            for (int t = 1; t < STAGES - 1; ++t) {
-                if (t < nkt) load_kv(t);
-                cp_async_commit();
-            }
+            stage_q_rows<NT, BQ, CH>(Qs, LD, Qg, qs1, qb, Lq, Dq, Q, tid);
+            prime_tiles<STAGES>(load_kv, nkt);
             cp_async_wait<STAGES - 2>();  // Q and tile 0
             __syncthreads();
 
             unsigned qf[RF][KD][4];
 #pragma unroll
-            for (int f = 0; f < RF; ++f)
-#pragma unroll
-                for (int kk = 0; kk < KD; ++kk)
-                    ldsm_x4(qf[f][kk], Qs + (warp * ROWS + f * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
-                                           kk * 16 + (lane >> 4) * 8);
+            for (int f = 0; f < RF; ++f) load_q_frags<KD>(qf[f], Qs + (warp * ROWS + f * 16) * LD, LD, lane);
             if (qscale != 1.0f) {
 #pragma unroll
-                for (int f = 0; f < RF; ++f)
-#pragma unroll
-                    for (int kk = 0; kk < KD; ++kk)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const float2 x = __half22float2(*reinterpret_cast<__half2*>(&qf[f][kk][e]));
-                            qf[f][kk][e] = pack_half2(x.x * qscale, x.y * qscale);
-                        }
+                for (int f = 0; f < RF; ++f) scale_q_frags<KD>(qf[f], qscale);
             }
 
             float o[RF][ND][4];
@@ -620,23 +598,8 @@ __device__ void mma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs2,
                 if (mask != nullptr || k0 + BK > Lk) {
 #pragma unroll
                     for (int f = 0; f < RF; ++f)
-#pragma unroll
-                        for (int hr = 0; hr < 2; ++hr) {
-                            const int i = qw + f * 16 + g + hr * 8;
-                            const char* mrow = (mask != nullptr && i < Lq)
-                                                   ? mask + (int64_t)(n % M3) * mnb3 + (int64_t)(h % M2) * mnb2 +
-                                                         (int64_t)(Mq == 1 ? 0 : i) * mnb1
-                                                   : nullptr;
-#pragma unroll
-                            for (int j = 0; j < NS; ++j)
-#pragma unroll
-                                for (int e = 0; e < 2; ++e) {
-                                    const int key = k0 + j * 8 + 2 * tq + e;
-                                    float& x = s[f][j][2 * hr + e];
-                                    if (key >= Lk) x = NEG_INF;
-                                    else if (mrow) x += load_mask(mrow, (int64_t)key * mnb0, mdt) * LOG2E;
-                                }
-                        }
+                        mask_scores<NS>(s[f], qw + f * 16 + g, tq, k0, Lk, Lq, mask, mdt, mnb0, mnb1, mnb2, mnb3,
+                                        Mq, M2, M3, n, h);
                 }
 
                 // online softmax on the registers: the tile's row maxima ...

@@ -1,7 +1,11 @@
 // Pieces shared by the attention kernel families (attention.cu, attention_sm90.cu): the mask
-// dtype codes, log2(e) and -inf of the exp2 softmax, one mask element as float.
+// dtype codes, log2(e) and -inf of the exp2 softmax, one mask element as float; and the parts
+// of the sm_80+ flash kernels (mma.sync and wgmma) that work on one warp's 16-row tile in the
+// m16n8 accumulator layout: the Q tile's staging and fragments, the masking of scores, the
+// output rows.
 #pragma once
 #include "common.cuh"
+#include "mma.cuh"
 
 // dtype codes passed from Python (sdrt/gpu/cuda/attention.py DTYPE_CODE)
 #define DT_F32 0
@@ -60,5 +64,78 @@ __device__ __forceinline__ void store_rows(const float (&o)[ND][4], const float 
                 }
             }
         }
+    }
+}
+
+#ifdef SDRT_HAVE_MMA
+// Rows qb .. qb+BQ-1 of Q (row i at Qg + i*qs1, Dq valid halves, rows >= Lq and columns >= Dq
+// zero-filled) into shared memory rows of LD halves, 16 bytes a copy (cp.async, not committed).
+template <int NT, int BQ, int CH>
+__device__ __forceinline__ void stage_q_rows(__half* Qs, int LD, const __half* Qg, int64_t qs1, int qb, int Lq,
+                                             int Dq, const __half* Q, int tid) {
+#pragma unroll
+    for (int idx = tid; idx < BQ * CH; idx += NT) {
+        const int r = idx / CH, c = idx % CH;
+        const bool in = qb + r < Lq && c * 8 < Dq;
+        cp_async16(Qs + r * LD + c * 8, in ? Qg + (int64_t)(qb + r) * qs1 + c * 8 : Q, in);
+    }
+}
+
+// The first STAGES - 1 K/V tiles of a cp.async pipeline (load_kv(t) copies tile t, not
+// committing), one commit group each (empty ones beyond nkt keep the group count fixed).
+template <int STAGES, typename LoadKV>
+__device__ __forceinline__ void prime_tiles(LoadKV& load_kv, int nkt) {
+    load_kv(0);
+    cp_async_commit();
+#pragma unroll
+    for (int t = 1; t < STAGES - 1; ++t) {
+        if (t < nkt) load_kv(t);
+        cp_async_commit();
+    }
+}
+
+// The m16n8k16 A fragments of a 16-row Q tile starting at shared row `tile` (LD halves a row),
+// one per 16 columns; and their scaling by qscale in registers.
+template <int KD>
+__device__ __forceinline__ void load_q_frags(unsigned (&qf)[KD][4], const __half* tile, int LD, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk)
+        ldsm_x4(qf[kk], tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 + (lane >> 4) * 8);
+}
+template <int KD>
+__device__ __forceinline__ void scale_q_frags(unsigned (&qf)[KD][4], float qscale) {
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 x = __half22float2(*reinterpret_cast<__half2*>(&qf[kk][e]));
+            qf[kk][e] = pack_half2(x.x * qscale, x.y * qscale);
+        }
+}
+#endif
+
+// The scores of a 16-row tile (s[j][e] as store_rows' o, rows row0 and row0 + 8, keys
+// k0 + 8 j + 2 (lane % 4) + {0, 1}): keys at or beyond Lk to -inf, the mask (natural-log units,
+// so times log2(e)) added; mask plane (h % M2, n % M3), its row i (or 0 when it has one, Mq 1).
+template <int NS>
+__device__ __forceinline__ void mask_scores(float (&s)[NS][4], int row0, int tq, int k0, int Lk, int Lq,
+                                            const char* mask, int mdt, int64_t mnb0, int64_t mnb1, int64_t mnb2,
+                                            int64_t mnb3, int Mq, int M2, int M3, int n, int h) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int i = row0 + hr * 8;
+        const char* mrow = (mask != nullptr && i < Lq)
+                               ? mask + (int64_t)(n % M3) * mnb3 + (int64_t)(h % M2) * mnb2 +
+                                     (int64_t)(Mq == 1 ? 0 : i) * mnb1
+                               : nullptr;
+#pragma unroll
+        for (int j = 0; j < NS; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int key = k0 + j * 8 + 2 * tq + e;
+                float& x = s[j][2 * hr + e];
+                if (key >= Lk) x = NEG_INF;
+                else if (mrow) x += load_mask(mrow, (int64_t)key * mnb0, mdt) * LOG2E;
+            }
     }
 }

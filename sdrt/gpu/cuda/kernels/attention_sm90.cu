@@ -187,13 +187,7 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                 cp_async16(Qs + (r >> 6) * 64 * DP + (c >> 3) * 64 * 64 + rr * 64 + (((c & 7) ^ (rr & 7)) << 3),
                            in ? Qg + (int64_t)(qb + r) * qs1 + c * 8 : Q, in);
             }
-            load_kv(0);
-            cp_async_commit();
-#pragma unroll
-            for (int t = 1; t < STAGES - 1; ++t) {
-                if (t < nkt) load_kv(t);
-                cp_async_commit();
-            }
+            prime_tiles<STAGES>(load_kv, nkt);
             cp_async_wait<STAGES - 2>();  // Q and tile 0
             __syncthreads();
 
@@ -269,6 +263,8 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                 };
                 const int k0 = tile_of(t) * BK;
                 if (mask == nullptr && k0 + BK <= Lk) return run(s, qscale);
+                // (written in one pass, not as a copy followed by attention.cuh's mask_scores: the
+                // two passes cost registers, spilling at 3 warpgroups)
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
                     const int i = qw + g + hr * 8;

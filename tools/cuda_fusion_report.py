@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Which CUDA fusions and half-precision stores the backend would use on each DiT family's graph,
+without a GPU: fuse.launch_lists and fuse.half_nodes over the planned graph of the tiny golden
+models in tests/fixtures, with the CUDA kernel table (the same decision pass the backend runs).
+
+    python tools/cuda_fusion_report.py [--family flux,sd3m,sd35l,zimage] [--dtype BF16]
+
+Per family: the fused kernels and how often they fire, the element-wise kernels left unfused,
+and the nodes stored as F16/BF16 by op. A family whose modulations or MLP gates show up as
+unfused `binary`/`unary` slots is where the next fusion pays (docs/cuda.md, "Fusion and the
+element-wise walk").
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from sdrt.gpu.cuda import fuse  # noqa: E402
+from sdrt.gpu.cuda import ops as cuda_ops  # noqa: E402
+from sdrt.gpu.cuda.table import CUDA  # noqa: E402
+from sdrt.gpu.device_backend import import_families, node_addresses  # noqa: E402
+from sdrt.ops.graph import Graph  # noqa: E402
+from sdrt.ops.tensor import Tensor  # noqa: E402
+
+FUSED = ("mul_mat_add_bias", "mul_mat_add_bias_residual", "mul_mat_add_bias_gelu", "layer_norm_modulated",
+         "rms_norm_scaled", "gated_add", "attention_into_cont", "conv3x3_epilogue")
+ELEMENTWISE = ("binary", "unary")
+
+
+def _leaves(*arrays):
+    return [None if a is None else Tensor.from_numpy(np.asarray(a, np.float32)) for a in arrays]
+
+
+def flux_graph(dtype):
+    from flux_block_graph import flux_blocks_graph
+    return flux_blocks_graph(dtype, n=1)
+
+
+def mmdit_graph(case, dtype):
+    import test_mmdit as tm
+    args, _, _ = tm.inputs(case)
+    m = tm.MMDiTModel(tm.table(case, None if dtype != "F32" else "F32"))
+    return Graph(m.forward(*_leaves(*args), skip_layers=frozenset()))
+
+
+def zimage_graph(dtype):
+    import test_zimage as tz
+    gold = dict(np.load(os.path.join(ROOT, "tests", "fixtures", "zimage_transformer.npz")))
+    m = tz.ZImageModel(tz.table(gold, dtype))
+    return Graph(m.forward(*_leaves(gold["x/even"], gold["t/even"].reshape(1), gold["ctx/even"])))
+
+
+FAMILIES = {
+    "flux": flux_graph,
+    "sd3m": lambda dt: mmdit_graph("sd3m", dt),
+    "sd35l": lambda dt: mmdit_graph("sd35l", dt),
+    "zimage": zimage_graph,
+}
+
+
+def report(graph) -> tuple[Counter, Counter, Counter]:
+    plan = graph.plan()
+    ptr = node_addresses(plan, 0, 1 << 36, [(1 << 40) + i * (1 << 30) for i in range(len(plan.outputs))])
+    kernels = [[CUDA.find(n).fn for n in seg.nodes] for seg in plan.segments]
+    lists = fuse.launch_lists(graph, plan, kernels, ptr)
+    stored = fuse.half_nodes(graph, plan, lists, ptr)
+    slots = Counter(fn.__name__ for lst in lists for fn, _ in lst)
+    unfused = Counter()
+    for seg, lst in zip(plan.segments, lists):
+        for n, (fn, _) in zip(seg.nodes, lst):
+            if fn.__name__ in ELEMENTWISE:
+                unfused[n.op] += 1
+    return (Counter({k: v for k, v in slots.items() if k in FUSED}), unfused,
+            Counter(f"{n.op}->{stored[id(n)]}" for n in graph.nodes if id(n) in stored))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", default=",".join(FAMILIES))
+    ap.add_argument("--dtype", default="BF16", help="weights' dtype where the fixture allows (BF16, F16, F32)")
+    a = ap.parse_args(argv)
+    import_families(cuda_ops)
+    for name in a.family.split(","):
+        fused, unfused, stored = report(FAMILIES[name](a.dtype))
+        print(f"{name}:")
+        print("  fused:   " + ", ".join(f"{k} x{v}" for k, v in sorted(fused.items())))
+        print("  unfused element-wise: " + ", ".join(f"{k} x{v}" for k, v in sorted(unfused.items())))
+        print("  stored:  " + ", ".join(f"{k} x{v}" for k, v in sorted(stored.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -378,6 +378,8 @@ def test_diffusers_file_matches_golden(tmp_path, dtype):
     m = FluxModel(tab, config=FluxConfig.detect_from_weights(tab, axes_dim=AXES))
     args, ref = inputs("dev")
     assert rel_err(m(*args), ref) <= (1e-4 if dtype == "f16" else 2e-2)
+    joined = tab[DM + "double_blocks.0.img_attn.qkv.weight"]
+    assert not joined.storage.flags.writeable   # a weight to device backends, not a per-run input
     bfl = load_models(ModelParams(diffusion_model=path))
     plain = {k: v for k, v in bfl.tensors.items() if not k.endswith((".1", ".2", ".3"))}
     assert join_diffusers_parts(plain) is plain                # BFL tables pass through untouched

@@ -6,7 +6,7 @@
 #   PARTS="attn flux" bash tools/h200_dit.sh   # a subset of: attn, flux, fluxfull, dit, tests
 #   PARTS=dit bash tools/h200_dit.sh          # the full-size DiT step of every family (~8 min)
 # fluxfull: bench_cuda_flux.py on full-size random Flux.1-dev (bf16, written here, ~4 min) against
-# diffusers eager and torch.compile ($FLUX_ENGINES).
+# diffusers eager and torch.compile ($FLUX_ENGINES, $FLUX_STEPS timed steps).
 # dit: bench_cuda_dit.py, full-size random bf16 Z-Image-Turbo, SD3.5 Large, Qwen-Image (41 GB) and
 # Flux.1-dev at 1024x1024, sdrt vs diffusers eager and torch.compile on the same weights, each family's
 # file written once in /tmp/dit and deleted after it; $DIT_FAMILIES, $DIT_COMPILE (families with a
@@ -32,7 +32,7 @@ if has flux; then
 fi
 if has fluxfull; then
     timeout ${FLUX_TIMEOUT:-400} python3 bench/bench_cuda_flux.py --dir /tmp/flux --jobs 16 \
-        --engines ${FLUX_ENGINES:-sdrt,torch,compile} 2>&1 | tail -30
+        --engines ${FLUX_ENGINES:-sdrt,torch,compile} --steps ${FLUX_STEPS:-20} 2>&1 | tail -30
 fi
 if has dit; then
     timeout $(( ${DIT_BUDGET:-510} + 40 )) python3 bench/bench_cuda_dit.py --dir /tmp/dit --steps ${DIT_STEPS:-10} \

@@ -233,6 +233,9 @@ class _JoinedLeaf(Tensor):
             if self._swap:
                 half = s.nbytes // 2
                 s = np.concatenate([s[half:], s[:half]])
+            # read-only as the file it was joined from: device backends cache a read-only
+            # storage as a weight, a writeable one is an input copied in on every run
+            s.flags.writeable = False
             Tensor.storage.__set__(self, s)
         return s
 

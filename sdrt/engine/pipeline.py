@@ -315,6 +315,7 @@ class Pipeline:
                                  latents)                                   # 5. conditioning
         log.info("get_learned_condition completed, taking %.2fs", time.time() - t_cond)
         self.release_weight_pages("te", "vae")
+        self.upload_device_weights("diffusion", "controlnet")
         bar = ProgressBar(progress, enabled=show_progress and log.isEnabledFor(logging.INFO))
         results, t_denoise = [], time.time()
         for b in range(gp.batch_count):                                     # 6. sampling, one image per seed
@@ -492,6 +493,32 @@ class Pipeline:
             if c in groups and not read_by_rows(name):
                 groups[c].append(t)
         return start_read_ahead([(c, ts) for c, ts in groups.items() if ts])
+
+    def upload_device_weights(self, *components: str) -> int:
+        """Upload the weights of `components` that compute on a GPU keeping its weights there (no
+        residency manager) before their model first runs, as sd-cli does at load: the first step
+        of the sampling loop then costs what the others do. The parts of split diffusers tensors
+        are left out (the model joins them into new tensors). Returns the bytes uploaded."""
+        if self.models is None:
+            return 0
+        from ..models.names import split_part_names
+        from ..ops.backend import get_backend
+        from .placement import classify_tensor
+        groups: dict[str, list] = {}
+        for c in components:
+            dev = self.executors.get(c, "cpu")
+            if isinstance(dev, str) and dev != "cpu":
+                groups.setdefault(dev, []).append(c)
+        total, skip = 0, split_part_names(self.models.tensors) if groups else set()
+        for dev, comps in groups.items():
+            ts = [t for n, t in self.models.tensors.items() if classify_tensor(n) in comps and n not in skip]
+            t0 = time.time()
+            n = get_backend(dev).preload_weights(ts)
+            if n:
+                log.info("%s weights uploaded to %s: %.1f MB in %.2fs", "/".join(comps), dev, n / 2**20,
+                         time.time() - t0)
+            total += n
+        return total
 
     def release_weight_pages(self, *components: str) -> int:
         """Drop this process's pages of the memory-mapped weights of `components` ("te",

@@ -50,6 +50,26 @@ class GraphStates:
     def _after_release(self) -> None:
         pass
 
+    def _activate(self) -> None:
+        """Make this backend's device current for the calling thread (CUDA contexts)."""
+
+    def _finish_uploads(self) -> None:
+        """Block until the weight uploads enqueued so far have landed."""
+
+    def preload_weights(self, tensors) -> int:
+        """Upload the weights among `tensors` now, into the same cache a graph's first run fills
+        on first use (the backend's weight_ptr), so that the first sampling step does not pay for
+        them, as sd-cli loads its weights before sampling; returns the bytes uploaded."""
+        with self._lock:
+            self._activate()
+            before = self.weight_bytes()
+            for t in tensors:
+                o = t.owner
+                if o.op is None and o.storage is not None and not self.is_input(o):
+                    self.weight_ptr(o)
+            self._finish_uploads()
+            return self.weight_bytes() - before
+
     def graph_bytes(self, plan=None) -> tuple[int, int]:
         """(device bytes kept for the graph planned as `plan`, for every other graph): arenas,
         input and output buffers held between runs."""

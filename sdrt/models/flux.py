@@ -19,7 +19,6 @@ record (docs/adding-a-family.md).
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -27,6 +26,7 @@ import numpy as np
 from ..errors import ModelFileError, UsageError
 from ..ops.tensor import Tensor
 from .facts import Facts, dim
+from .names import SPLIT_PART
 from .families import Component, Cond, Family, Variant, register_component, register_family
 from .recognized import FLUX2, FLUX2_KLEIN, LONGCAT, OVIS_IMAGE, marker
 from .sd import ConcatLatents
@@ -244,7 +244,6 @@ class _JoinedLeaf(Tensor):
         Tensor.storage.__set__(self, value)
 
 
-_PART = re.compile(r"(.+\.(?:weight|bias))\.([1-9])$")
 ADALN_FINAL = "final_layer.adaLN_modulation.1."
 
 
@@ -254,12 +253,12 @@ def join_split_parts(tensors: Mapping, prefix: str, parts_per_tensor: int | None
     `parts_per_tensor`, each X must have exactly that many. A table without parts is returned as is."""
     parts: dict = {}
     for name in tensors:
-        m = _PART.match(name) if name.startswith(prefix) else None
+        m = SPLIT_PART.match(name) if name.startswith(prefix) else None
         if m:
             parts.setdefault(m.group(1), {})[int(m.group(2))] = tensors[name]
     if not parts:
         return tensors
-    out = {k: v for k, v in tensors.items() if not (k.startswith(prefix) and _PART.match(k))}
+    out = {k: v for k, v in tensors.items() if not (k.startswith(prefix) and SPLIT_PART.match(k))}
     for base, more in parts.items():
         n = len(more) if parts_per_tensor is None else parts_per_tensor - 1
         if base not in tensors or sorted(more) != list(range(1, n + 1)):

@@ -32,10 +32,21 @@ from ..errors import ModelFileError
 from .families import UNKNOWN, family_of
 
 
+SPLIT_PART = re.compile(r"(.+\.(?:weight|bias))\.([1-9])$")   # `X.k`: part k of fused tensor X
+
+
+def split_part_names(names) -> set[str]:
+    """The names among `names` that are parts of a split fused tensor (`X`, `X.1`, `X.2`, ...):
+    the model joins them into a new tensor on first use and never reads them as they are."""
+    names = set(names)
+    parts = {n for n in names if SPLIT_PART.match(n)}
+    return parts | {SPLIT_PART.match(n).group(1) for n in parts} & names
+
+
 def _family(version):
     return family_of(version)   # each family says how its names convert
 
-__all__ = ["convert_tensor_name", "convert_names", "convert_unet_name", "dit_to_original", "diffusers_unet_to_ldm", "diffusers_vae_to_ldm",
+__all__ = ["SPLIT_PART", "split_part_names", "convert_tensor_name", "convert_names", "convert_unet_name", "dit_to_original", "diffusers_unet_to_ldm", "diffusers_vae_to_ldm",
            "open_clip_to_hf_clip", "lora_target", "kohya_to_dotted", "UnetLayout", "LORA_ROLES"]
 
 DM, VAE = "model.diffusion_model.", "first_stage_model."

@@ -267,6 +267,13 @@ class CudaBackend(GraphStates):
             self._wait_uploads()
             return done
 
+    def _activate(self) -> None:
+        self.device.activate()
+
+    def _finish_uploads(self) -> None:
+        if self._pending_upload is not None:
+            self._pending_upload.synchronize()
+
     def _wait_uploads(self) -> None:
         if self._pending_upload is not None:
             self.device.compute.wait_for_event(self._pending_upload)

@@ -1,0 +1,113 @@
+"""Weight uploads, without a GPU: fill_pinned (the threaded copy into pinned memory),
+StagingRing.upload's chunking with a stand-in device whose "DMA" is a memmove into a numpy array,
+the device backends' preload_weights and the pipeline's upload before sampling."""
+from __future__ import annotations
+
+import ctypes
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from sdrt.gpu.cuda import driver
+from sdrt.gpu.device_backend import GraphStates
+from sdrt.ops import backend as backends
+from sdrt.ops.tensor import Tensor
+
+
+@pytest.mark.parametrize("n", [0, 1, 4 << 20, (4 << 20) + 1, (8 << 20) - 3, 33 << 20])
+def test_fill_pinned_copies_every_byte(n, monkeypatch):
+    monkeypatch.setattr(driver, "COPY_THREADS", 3)     # uneven split across the threads
+    src = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+    dst = np.zeros(n + 16, np.uint8)
+    driver.fill_pinned(dst, src)
+    assert np.array_equal(dst[:n], src) and not dst[n:].any()
+
+
+class _Event:
+    def synchronize(self):
+        pass
+
+
+class _Buffer:
+    def __init__(self, n):
+        self.array = np.zeros(n, np.uint8)
+        self.ptr = self.array.ctypes.data
+
+
+class _Device:
+    """htod_async as a synchronous memmove into `self.mem` (device address = offset into it)."""
+
+    def __init__(self, n):
+        self.mem = np.zeros(n, np.uint8)
+        self.copies = 0
+
+    def htod_async(self, dst, src_ptr, nbytes, stream):
+        ctypes.memmove(self.mem.ctypes.data + dst, src_ptr, nbytes)
+        self.copies += 1
+
+    def event(self, stream):
+        return _Event()
+
+
+def test_staging_ring_upload_in_chunks(monkeypatch):
+    monkeypatch.setattr(driver.StagingRing, "CHUNK", 5 << 20)
+    n = (23 << 20) + 7
+    ring = driver.StagingRing.__new__(driver.StagingRing)
+    ring.device, ring.stream = _Device(n + 100), None
+    ring.bufs = [_Buffer(5 << 20) for _ in range(2)]
+    ring.events, ring.turn = [None, None], 0
+    src = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
+    ring.upload(100, src)
+    assert np.array_equal(ring.device.mem[100:], src) and not ring.device.mem[:100].any()
+    assert ring.device.copies == 5
+
+
+class _Cache(GraphStates):
+    """GraphStates with the weight cache of a device backend: (storage, offset, span) -> upload."""
+
+    def __init__(self):
+        self._init_states()
+        self.uploads = {}
+
+    def is_input(self, leaf):
+        return bool(leaf.storage.flags.writeable)
+
+    def weight_ptr(self, leaf):
+        key = (id(leaf.storage), leaf.offset, leaf.span_bytes())
+        return self.uploads.setdefault(key, len(self.uploads))
+
+    def weight_bytes(self):
+        return sum(k[2] for k in self.uploads)
+
+
+def _weight(n, writeable=False):
+    a = np.arange(n, dtype=np.float32)
+    a.flags.writeable = writeable
+    return Tensor.from_numpy(a)
+
+
+def test_preload_weights_fills_the_first_run_cache():
+    be = _Cache()
+    w, x = _weight(64), _weight(8, writeable=True)   # a weight, and an input (writeable, unregistered)
+    assert be.preload_weights([w, x, w]) == 64 * 4
+    assert be.preload_weights([w]) == 0                 # cached: a second preload uploads nothing
+    assert list(be.uploads) == [(id(w.storage), w.offset, w.span_bytes())]
+
+
+def test_pipeline_uploads_device_weights_before_sampling(monkeypatch):
+    from sdrt.engine.pipeline import Pipeline
+    DM, TE = "model.diffusion_model.", "text_encoders.t5xxl.transformer."
+    tab = {DM + "img_in.weight": _weight(16), DM + "qkv.weight": _weight(8), DM + "qkv.weight.1": _weight(8),
+           TE + "shared.weight": _weight(32), "first_stage_model.conv.weight": _weight(4)}
+    seen = []
+    fake = SimpleNamespace(preload_weights=lambda ts: seen.extend(ts) or sum(t.nbytes for t in ts))
+    monkeypatch.setitem(backends._BACKENDS, "cuda9", fake)
+    pipe = Pipeline.__new__(Pipeline)
+    pipe.models = SimpleNamespace(tensors=tab)
+    pipe.executors = {"diffusion": "cuda9", "te": "cuda9", "vae": "cpu"}
+    assert pipe.upload_device_weights("diffusion", "controlnet") == 16 * 4
+    assert seen == [tab[DM + "img_in.weight"]]          # split diffusers parts are joined later, not sent
+    pipe.executors["diffusion"] = SimpleNamespace(name="cuda9")   # a residency manager streams them
+    assert pipe.upload_device_weights("diffusion") == 0

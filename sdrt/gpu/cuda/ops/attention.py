@@ -74,7 +74,7 @@ _OFFSET_LIMIT = 1 << 31   # the mma kernel's K/V offsets within a head are 32-bi
 WGMMA_MODULE = "attention_sm90"
 WGMMA_KERNELS = {(64, 2, 128, 1): 3, (64, 2, 64, 0): 3, (64, 3, 128, 0): 2,
                  (128, 2, 64, 1): 4, (128, 3, 64, 1): 3, (128, 2, 64, 0): 3, (128, 3, 64, 0): 2,
-                 (128, 1, 64, 0): 2}
+                 (128, 1, 64, 0): 2, (128, 2, 128, 0): 2}
 WGMMA_VARIANT = {128: (3, 64, 0)}   # head dim 64: the mma kernel is faster (bench_cuda_attention.py)
 
 _BLOCK = 256              # threads of the staging kernel's blocks

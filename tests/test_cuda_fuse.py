@@ -307,7 +307,8 @@ def test_flux_blocks_fuse_the_dit_chains():
 def test_flux_blocks_store_gemm_inputs_in_the_gemm_dtype():
     """BF16 weights: every GEMM input the block makes (the modulations' outputs, the MLPs' gelu,
     the single block's concat and the gelu it joins, the modulation linears' silu) is stored BF16;
-    the attention's inputs (rope'd q/k, the joined v) F16, the attention's own dtype; with F16
+    the attention's inputs (rope'd q/k per stream, their joins, the joined v) F16, the attention's
+    own dtype; with F16
     weights all of them F16, and the attention outputs' conts too (the mma kernel writes F16,
     not BF16). Nothing read in F32 (residual stream, norms' inputs, the qkv projections read by
     rms_norm) is stored."""
@@ -316,8 +317,9 @@ def test_flux_blocks_store_gemm_inputs_in_the_gemm_dtype():
         g = flux_blocks_graph(dtype)
         st = stored(g)
         got = Counter((n.op, st[id(n)]) for n in g.nodes if id(n) in st)
-        want = Counter({("add", dtype): 5, ("gelu_tanh", dtype): 3, ("silu", dtype): 1, ("rope", "F16"): 4})
-        want.update([("concat", "F16"), ("concat", dtype)])     # the double block's v, the single's join
+        want = Counter({("add", dtype): 5, ("gelu_tanh", dtype): 3, ("silu", dtype): 1, ("rope", "F16"): 6})
+        # the double block's q, k and v joins, the single's join of attention and MLP
+        want.update([("concat", "F16")] * 3 + [("concat", dtype)])
         if dtype == "F16":
             want[("cont", "F16")] = 2
         assert got == want, dtype

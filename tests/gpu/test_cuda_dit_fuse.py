@@ -157,6 +157,33 @@ def test_rms_norm_scaled_exact(cuda, rng, monkeypatch, wdt):
         assert_within_scale(a["out"], want, 1e-5, "rms_norm_scaled vs cpu")
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("wdt", ["F32", "BF16"])
+def test_rms_norm_rope_fused(cuda, rng, monkeypatch, D, wdt):
+    """rope(rms_norm(q) * scale, pe) over strided q views of one qkv projection, two streams roped
+    with their slices of pe and joined (flux_blocks.roped, as Flux's and Qwen-Image's joint
+    attention): one rms_norm_rope per stream, against the unfused kernels and the CPU, with the
+    rope output stored F16 for the attention and kept F32."""
+    from sdrt.models.diffusion.flux import flux_ids, flux_pe
+    from sdrt.models.diffusion.flux_blocks import roped
+    H, N, lens = 3, 2, (20, 70)
+    axes = (D // 4, 3 * D // 8, 3 * D // 8)
+    pe = leaf(flux_pe(flux_ids(14, 20, lens[0]), axes))               # 20 + 7 * 10 tokens
+    qs = []
+    for L in lens:
+        t = leaf(randn(rng, N, L, 3 * H * D) * 2)
+        q = t.view((D, H, L, N), (4, 4 * D, t.nb[1], t.nb[2]), offset=4 * H * D)   # the k third
+        qs.append(F.mul(F.rms_norm(q, 1e-6), leaf(randn(rng, D), wdt)))
+    r = roped(qs, pe).reshape(D, sum(lens), H, N)
+    for out in (F.silu(r), F.silu(F.attention(r, r, r))):
+        want = cpu(out)["out"]
+        g, on, off = on_off(cuda, monkeypatch, out, "fuse")
+        assert kernel_names(cuda, g).count("rms_norm_rope") == 2
+        for a, b in zip(on, off):
+            assert_within_scale(a["out"], b["out"], 3e-3 if out.src[0].op == "attention" else 1e-6, "fused vs not")
+            assert_within_scale(a["out"], want, 3e-3, "rms_norm_rope vs cpu")
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_gated_residual_fused_exact(cuda, rng, monkeypatch, n):
     C = 192

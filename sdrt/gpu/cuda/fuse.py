@@ -28,7 +28,9 @@ to call and the tensors it reads (`kernels`: each segment's kernel functions in 
 
 - `mul(rms_norm(x), w)`, w a vector of x's ne[0] values (the DiT blocks' QK RMSNorm, the mul
   the norm's only reader): `norm.rms_norm_scaled`, the rms kernel with w as its weight, in the
-  mul's slot (bit for bit: the product is rounded as the mul's).
+  mul's slot (bit for bit: the product is rounded as the mul's). When the mul's only reader is
+  `rope(., pe)` with interleaved pairs over a whole head of 64, 128 or 256 (`norm.takes_rms_rope`):
+  `norm.rms_norm_rope` in the rope's slot instead, norm, weight and rotation in one pass.
 
 - the gated residual `add(x, mul(y, g))` (either operand order of either op; x, y of the
   output's shape, g broadcasting, all F32, the mul read only by the add): `elementwise.gated_add`
@@ -83,7 +85,7 @@ from .ops.layout import concat
 from .devtensor import padded_nb
 from .ops.matmul import (gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_gelu,
                          mul_mat_add_bias_residual)
-from .ops.norm import layer_norm_modulated, rms_norm_scaled
+from .ops.norm import layer_norm_modulated, rms_norm_rope, rms_norm_scaled, takes_rms_rope
 
 
 def _skip(node, xs, out, rt) -> None:
@@ -296,6 +298,25 @@ def _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr) -> None:
         return
     out[j] = (_skip, ())
     out[km] = (_norm_slot(rms_norm_scaled, rn), (x, w))
+    _fuse_rms_rope(nodes, out, j, km, uses, outputs, node_ptr)
+
+
+def _fuse_rms_rope(nodes, out, j, km, uses, outputs, node_ptr) -> None:
+    """The fused QK norm rms_norm(x) * w at km read only by rope(., pe) (a DiT block's attention
+    input): rms_norm_rope in the rope's slot, one warp per row reading x once."""
+    rn, mul = nodes[j], nodes[km]
+    kr = _next_reader(nodes, km, mul, uses) if id(mul) not in outputs else None
+    if kr is None or nodes[kr].op != "rope" or out[kr][0] is _skip:
+        return
+    rope = nodes[kr]
+    x, w = out[km][1]
+    pe = rope.src[1]
+    if (not _is_whole(rope.src[0], mul) or rope.dtype.name != "F32"
+            or not takes_rms_rope(x, w, pe, bool(rope.params["interleaved"]))
+            or not _chain_reads_safe(nodes, out, j, kr, {id(rn), id(mul)}, (x, w, pe), node_ptr)):
+        return
+    out[km] = (_skip, ())
+    out[kr] = (_norm_slot(rms_norm_rope, rn), (x, w, pe))
 
 
 def _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr) -> None:

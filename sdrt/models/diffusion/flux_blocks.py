@@ -68,14 +68,27 @@ def qkv_heads(t: Tensor, n_head: int, hidden: int, offset: int = 0) -> tuple[Ten
     return tuple(t.view((D, n_head, L, N), nb, offset=(offset + j * hidden) * es) for j in range(3))
 
 
+def roped(ts, pe: Tensor) -> Tensor:
+    """RoPE of the joined tokens of streams ts [D, heads, L_s, N] (in pe's token order) ->
+    [D, L, heads*N]: each stream roped with its slice of pe, then joined. Rope is per token, so
+    this is rope(concat(ts)); roped first, the QK norm before it and the rope fuse on a GPU
+    (cuda/fuse.py) and the join copies the rope's F16 output instead of F32."""
+    out, start = [], 0
+    for t in ts:
+        L = t.ne[2]
+        out.append(F.rope(t, pe if len(ts) == 1 else pe.slice(3, start, start + L)))
+        start += L
+    return F.concat_many(out, 1)
+
+
 def attention(qs, ks, vs, pe: Tensor, n_head: int, mask: Tensor | None = None) -> Tensor:
     """Joint attention over streams (txt then img): q/k/v per stream [D, heads, L_s, N] -> RoPE on
     q and k over the joined tokens, softmax(q k^T / sqrt(D) + mask) v -> [heads*D, L, N].
     mask: additive per key, [L, 1, 1, N or 1] (Chroma's T5 padding mask)."""
-    q, k, v = (F.concat_many(t, 2) for t in (qs, ks, vs))        # [D, heads, L, N]
-    D, _, L, N = q.ne4
-    q = F.rope(q, pe).reshape(D, L, n_head, N)                    # [D, L, heads, N]
-    k = F.rope(k, pe).reshape(D, L, n_head, N)
+    v = F.concat_many(vs, 2)                                      # [D, heads, L, N]
+    D, _, L, N = v.ne4
+    q = roped(qs, pe).reshape(D, L, n_head, N)                    # [D, L, heads, N]
+    k = roped(ks, pe).reshape(D, L, n_head, N)
     v = v.permute(0, 2, 1, 3)                                     # view [D, L, heads, N]
     out = F.attention(q, k, v, mask=mask)                         # [D, L, heads, N]
     return F.cont(out.permute(0, 2, 1, 3)).reshape(D * n_head, L, N)

@@ -6,7 +6,8 @@ rt.scratch, then merge-and-apply) so a large group is spread over several blocks
 weights, biases and masks may each be F32, F16 or BF16; the output has x's dtype, as on the CPU
 (layer and group norms also write F16/BF16 from F32, and layer norms F32 from F16, for the F32
 results fuse.py stores as F16/BF16). `layer_norm_modulated` is fuse.py's DiT modulation
-(layer_norm -> mul -> add) in one kernel, `rms_norm_scaled` its rms_norm -> mul(., weight).
+(layer_norm -> mul -> add) in one kernel, `rms_norm_scaled` its rms_norm -> mul(., weight),
+`rms_norm_rope` that followed by the rope of the attention (one warp per row).
 Each function only enqueues work on rt.stream.
 """
 from __future__ import annotations
@@ -86,6 +87,32 @@ def rms_norm_scaled(rt, x, w, out, eps: float) -> None:
         (x.nrows, 1, 1), (row_threads(x.ne[0]), 1, 1),
         x.ptr, w.ptr, 0, out.ptr, x.ne[0], x.ne[1], x.ne[2], *x.nb, w.nb[0], 0,
         TYPE_CODE[w.dtype.name], 0, float(eps))
+
+
+RMS_ROPE_DIMS = (64, 128, 256)   # kernels/norm.cu rms_rope_d<D>_*: one warp per row
+RMS_ROPE_WARPS = 8
+
+
+def takes_rms_rope(x, w, pe, interleaved: bool) -> bool:
+    """Whether rms_norm_rope runs rope(mul(rms_norm(x), w), pe) (tensors or nodes): F32 x [D, H, L,
+    N] with D a head dim of RMS_ROPE_DIMS, w a float vector of D values, interleaved pairs over all
+    of D (pe F32 [2, 2, D/2, L])."""
+    D = x.ne[0]
+    return (interleaved and D in RMS_ROPE_DIMS and x.dtype.name == "F32" and x.nb[0] == 4
+            and w.dtype.name in TYPE_CODE and pe.dtype.name == "F32" and tuple(pe.ne[:3]) == (2, 2, D // 2)
+            and pe.ne[3] >= x.ne[2])
+
+
+def rms_norm_rope(rt, x, w, pe, out, eps: float) -> None:
+    """out = rope(rms_norm(x) * w, pe) in one pass (fuse.py: a DiT block's QK RMSNorm and RoPE):
+    x an F32 view [D, H, L, N] (takes_rms_rope), out rope's contiguous [D, L, H*N] in F32 or F16;
+    each value rounded as the unfused rms_norm_scaled and rope kernels round it."""
+    D, H, L, N = x.ne
+    rows = H * L * N
+    grid = max(1, min(-(-rows // RMS_ROPE_WARPS), 1 << 16))
+    _fn(rt, f"rms_rope_d{D}_{kernel_dtypes(x, out)}", "PPPPqqqqqqqiqqqqf")(
+        (grid, 1, 1), (32 * RMS_ROPE_WARPS, 1, 1), x.ptr, w.ptr, pe.ptr, out.ptr, H, L, rows, *x.nb[1:],
+        w.nb[0], TYPE_CODE[w.dtype.name], *pe.nb, float(eps))
 
 
 def _row_strides(t, x) -> list[int]:

@@ -3,6 +3,7 @@
 # tests/test_image_regression.py, tests/test_io_writer.py and tests/test_flux_sdcli.py) from the
 # vendored source of the PyPI sdist stable-diffusion-cpp-python 0.4.7, outside the repo.
 #   bench/build_sdcli_cpu.sh SDIST_TAR_GZ SRC_DIR BUILD_DIR OUT_DIR [JOBS]
+#   (or SDIST_TAR_GZ = a tar.xz of the sdist's vendor/stable-diffusion.cpp, as the device runs carry)
 #   (SDIST_TAR_GZ: `pip download --no-deps --no-binary :all: stable-diffusion-cpp-python==0.4.7`;
 #    sha256 998d1957260dd5ae4e18a8acc0c14b0a8757aaa9f96515197b6d5bbf46df9282)
 #
@@ -20,8 +21,11 @@
 set -euo pipefail
 sdist=$1; src=$2; build=$3; out=$4; jobs=${5:-2}
 mkdir -p "$src" "$build" "$out"
-tar -xzf "$sdist" -C "$src"
-sd=$(find "$src" -maxdepth 3 -type d -name stable-diffusion.cpp -path '*vendor*' | head -1)
+case "$sdist" in   # the sdist, or its vendor/stable-diffusion.cpp as .whl/sdcpp/sdcpp_src.tar.xz
+  *.tar.xz) tar -xJf "$sdist" -C "$src" ;;
+  *) tar -xzf "$sdist" -C "$src" ;;
+esac
+sd=$(find "$src" -maxdepth 3 -type d -name stable-diffusion.cpp | head -1)
 t5="$sd/src/t5.hpp"
 if ! grep -q "sdrt-patch: T5 depth from weights" "$t5"; then
   python3 - "$t5" <<'EOF'

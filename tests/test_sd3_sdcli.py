@@ -28,12 +28,16 @@ from test_image_regression import psnr, read_rgb
 
 MIN_PSNR = 40.0
 DEPTH = int(os.environ.get("SDRT_SDCLI_SD3_DEPTH", "24"))
-# sd3.5-medium (default: QK RMSNorm, MMDiT-X attn2 in blocks 0..12, 384² position grid) or
-# sd3.5-large-widths (the first version of this test: hidden 64 * depth, 192² grid, no attn2)
+# sd3.5-medium (default: QK RMSNorm, MMDiT-X attn2 in blocks 0..12, 384² position grid),
+# sd3.5-large (the release's widths and QK norm: at depth 38 the released shape, 8 B parameters,
+# ~32 GB per engine in f32: issue 15's Large comparison, run on the H200 machine's host,
+# `PARTS=sd3cpu bash tools/h200_dit.sh`) or sd3.5-large-widths (the first version of this test:
+# hidden 64 * depth, 192² grid, no attn2, no QK norm)
 VARIANT = os.environ.get("SDRT_SDCLI_SD3_VARIANT", "sd3.5-medium")
+THREADS = os.environ.get("SDRT_SDCLI_THREADS", "2")
 ARGS = ["-p", "a lovely cat, (masterpiece:1.2)", "-n", "blurry", "-W", "256", "-H", "256", "--steps", "4",
         "--cfg-scale", "4", "--sampling-method", "euler", "--scheduler", "discrete", "-s", "42", "--type", "f32",
-        "-t", "2"]
+        "-t", THREADS]
 SLG = ["--slg-scale", "2.5", "--skip-layers", "[1,2]", "--skip-layer-end", "0.6"]
 
 
@@ -54,11 +58,11 @@ def parts(tmp_path_factory):
     d = os.environ.get("SDRT_SDCLI_SD3_DIR") or str(tmp_path_factory.mktemp("sd3_sdcli"))
     os.makedirs(d, exist_ok=True)
     layers = int(os.environ.get("SDRT_SDCLI_T5_LAYERS", "1"))
-    if VARIANT == "sd3.5-medium":
+    if VARIANT in ("sd3.5-medium", "sd3.5-large"):
         # sd.cpp: hidden = 64 * depth, heads = depth, depth >= 24; attn2 blocks counted from the file
-        dit = os.path.join(d, f"sd35m_d{DEPTH}.safetensors")
-        if not os.path.exists(dit):     # streamed by the maker (2.5 B parameters at depth 24)
-            st.mk3.main(["--variant", "sd3.5-medium", "--depth", str(DEPTH), "--component", "transformer",
+        dit = os.path.join(d, f"{VARIANT}_d{DEPTH}.safetensors")
+        if not os.path.exists(dit):     # streamed by the maker (2.5 B parameters at Medium's depth 24)
+            st.mk3.main(["--variant", VARIANT, "--depth", str(DEPTH), "--component", "transformer",
                          "--type", "f16", "-o", dit])
     else:
         cfg = MMDiTConfig(hidden_size=64 * DEPTH, depth=DEPTH, num_heads=DEPTH, mlp_hidden=256 * DEPTH,

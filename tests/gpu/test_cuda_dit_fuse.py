@@ -44,7 +44,8 @@ def cpu(out):
 
 # ---- element-wise producers writing the GEMM's dtype ------------------------------------------
 @pytest.mark.parametrize("wdt", ["BF16", "F16"])
-@pytest.mark.parametrize("producer", ["gelu", "add", "layer_norm", "concat_rows", "cont", "group_norm", "geglu"])
+@pytest.mark.parametrize("producer", ["gelu", "add", "layer_norm", "concat_rows", "cont", "group_norm", "geglu",
+                                      "attention_cont"])
 def test_producer_stored_gives_the_packed_bits(cuda, rng, monkeypatch, wdt, producer):
     """A producer writing F16/BF16 for the GEMM (its _to_ kernel) gives the bits the GEMM's own
     pack gave: the product agrees with the F32-stored run to the GEMM's run-to-run level."""
@@ -62,6 +63,9 @@ def test_producer_stored_gives_the_packed_bits(cuda, rng, monkeypatch, wdt, prod
     elif producer == "group_norm":                                  # group_norm_apply_f32_to_*
         g4 = F.group_norm_affine(leaf(randn(rng, 2, 32, 6, 16)), leaf(randn(rng, 32)), leaf(randn(rng, 32)), 8, 1e-5)
         h = g4.reshape(16 * 6, 32, 2)                               # the GEMM reads its planes as rows
+    elif producer == "attention_cont":                              # the flash kernel's BF16/F16 store
+        q = leaf(randn(rng, 2, 3, 40, 32), "F16")                   # ne [32, 40, 3, 2]
+        h = F.cont(F.attention(q, q, q).permute(0, 2, 1, 3)).reshape(96, 40, 2)
     else:                                                           # geglu_f32_to_*
         h = F.geglu(leaf(randn(rng, 2, 40, 192)), "tanh")
     w = leaf(randn(rng, 64, h.ne[0]) / np.sqrt(h.ne[0]), wdt)

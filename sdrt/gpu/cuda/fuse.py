@@ -66,8 +66,8 @@ the node stays F32. And whose own kernel can write that dtype (`_writable`): lay
 norms, the modulation, geglu, cont/cast and concat (by the device tensors' dtypes), unary and
 binary ops of F32 operands (their `_to_f16`/`_to_bf16` kernels: the gelu before a GEMM, the
 modulation's add where unfused), rope (F16, for the attention), a GEMM on dense F16/BF16 weights
-(its own dtype; bias or GELU-bias fused or not), and the attention into its cont (F16: the mma
-kernel writes F32 or F16). Each store halves the node's traffic and drops the packing pass of
+(its own dtype; bias or GELU-bias fused or not), and the attention into its cont (the flash
+kernels write F32, F16 or BF16: the out-projection's BF16). Each store halves the node's traffic and drops the packing pass of
 the GEMM or attention reading it (convert_f32_f16/bf16 and attn_pack); the stored bits are the
 very bits the packing would have made. No reader may write over the node's buffer, nor may the
 node be written over a buffer its own kernel reads (different element sizes at one address:
@@ -450,7 +450,7 @@ def _writable(node, fn, srcs) -> tuple[str, ...]:
     if not all(s.dtype.name in FLOATS for s in node.src):
         return ()
     if getattr(fn, "attention", None) is not None:
-        return ("F16",)                              # the mma kernel writes F32 or F16
+        return HALF                                  # the flash kernels write F32, F16 or BF16
     if node.op == "concat" and fn is concat:
         return HALF
     if node.op in _NORMS or node.op in _MOVERS or node.op == "geglu":

@@ -23,11 +23,38 @@ __device__ __forceinline__ float load_mask(const char* base, int64_t off, int dt
     return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
 }
 
+// columns c, c + 1 of an output row as one aligned pair store
+__device__ __forceinline__ void put2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+__device__ __forceinline__ void put2(__half* p, float a, float b) {
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+__device__ __forceinline__ void put2(__nv_bfloat16* p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+
+// half-row hr of accumulator tile o, times inv, into output row `orow` of type T
+template <typename T, int ND>
+__device__ __forceinline__ void store_row(const float (&o)[ND][4], int hr, float inv, T* orow, int tq, int Dv,
+                                          bool pairs) {
+#pragma unroll
+    for (int d = 0; d < ND; ++d) {
+        const int c = d * 8 + 2 * tq;
+        const float v0 = o[d][2 * hr] * inv, v1 = o[d][2 * hr + 1] * inv;
+        if (c + 1 < Dv && pairs) {
+            put2(orow + c, v0, v1);
+        } else {
+            if (c < Dv) orow[c] = from_f32<T>(v0);
+            if (c + 1 < Dv) orow[c + 1] = from_f32<T>(v1);
+        }
+    }
+}
+
 // The output rows of one 16-row m16n8 accumulator tile (o[d][e], lane l holding rows l/4 (e 0, 1)
 // and l/4 + 8 (e 2, 3), columns d*8 + 2*(l%4) + {0, 1}), divided by their row sums (l_run: this
 // lane's partial sums, reduced over the 4 lanes of a row here; a fully masked row, sum 0, gives
-// zeros): row i = row0 + 8*hr at out + n*os3 + h*os2 + i*os1 elements, float or half (out_half),
-// in column pairs where they are aligned. The mma.sync and wgmma flash kernels' epilogue.
+// zeros): row i = row0 + 8*hr at out + n*os3 + h*os2 + i*os1 elements, float, half (out_half 1)
+// or bfloat16 (out_half 2: an attention output read by a BF16 GEMM), in column pairs where they
+// are aligned. The mma.sync and wgmma flash kernels' epilogue.
 template <int ND>
 __device__ __forceinline__ void store_rows(const float (&o)[ND][4], const float (&l_run)[2], int row0, int tq,
                                            int Lq, int Dv, void* __restrict__ out, int64_t os1, int64_t os2,
@@ -42,28 +69,9 @@ __device__ __forceinline__ void store_rows(const float (&o)[ND][4], const float 
         if (i >= Lq) continue;
         const int64_t orow = (int64_t)n * os3 + (int64_t)h * os2 + (int64_t)i * os1;
         const bool pairs = ((orow | Dv) & 1) == 0;  // 8/4-byte aligned column pairs
-#pragma unroll
-        for (int d = 0; d < ND; ++d) {
-            const int c = d * 8 + 2 * tq;
-            const float v0 = o[d][2 * hr] * inv, v1 = o[d][2 * hr + 1] * inv;
-            if (out_half) {
-                __half* oh = static_cast<__half*>(out) + orow;
-                if (c + 1 < Dv && pairs) {
-                    *reinterpret_cast<__half2*>(oh + c) = __floats2half2_rn(v0, v1);
-                } else {
-                    if (c < Dv) oh[c] = __float2half_rn(v0);
-                    if (c + 1 < Dv) oh[c + 1] = __float2half_rn(v1);
-                }
-            } else {
-                float* of = static_cast<float*>(out) + orow;
-                if (c + 1 < Dv && pairs) {
-                    *reinterpret_cast<float2*>(of + c) = make_float2(v0, v1);
-                } else {
-                    if (c < Dv) of[c] = v0;
-                    if (c + 1 < Dv) of[c + 1] = v1;
-                }
-            }
-        }
+        if (out_half == 1) store_row(o, hr, inv, static_cast<__half*>(out) + orow, tq, Dv, pairs);
+        else if (out_half == 2) store_row(o, hr, inv, static_cast<__nv_bfloat16*>(out) + orow, tq, Dv, pairs);
+        else store_row(o, hr, inv, static_cast<float*>(out) + orow, tq, Dv, pairs);
     }
 }
 

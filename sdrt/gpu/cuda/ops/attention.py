@@ -218,7 +218,7 @@ def _kernel(rt, dp: int, variant=None) -> tuple:
 
 def mma_attention(node, xs, out, rt, dp: int, out_strides=None, variant=None) -> None:
     """The sm_80+ flash kernels (_kernel picks one). out_strides: (row, head, batch) element
-    steps of the output (default: out contiguous [Dv, Lq, H, N]); out may be F32 or F16."""
+    steps of the output (default: out contiguous [Dv, Lq, H, N]); out may be F32, F16 or BF16."""
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) == 4 else None
     _, Dv, Lq, Lk, H, N, rh, rn = _shapes(xs)
@@ -231,12 +231,13 @@ def mma_attention(node, xs, out, rt, dp: int, out_strides=None, variant=None) ->
     grid = (_cdiv(Lq, bq), min(H, _MAX_GRID_YZ), min(N, _MAX_GRID_YZ))
     fn(grid, (threads, 1, 1), qp, qs1, qs2, qs3, kp, ks1, ks2, ks3, vp, vs1, vs2, vs3, dq, dvv,
        1.0 if staged else float(sl2), *_mask_args(mask), out.ptr, os1, os2, os3,
-       int(out.dtype.name == "F16"), Dv, Lq, Lk, H, N, rh, rn, shmem=shmem)
+       DTYPE_CODE[out.dtype.name], Dv, Lq, Lk, H, N, rh, rn, shmem=shmem)
 
 
 def attention_into_cont(att, xs, out, rt) -> None:
     """attention node `att` on xs, written as `out`, the contiguous [Dv, H, Lq, N] cont of its
-    permute(0, 2, 1, 3) (the heads merged back into channels; F32 or F16-stored): the mma
+    permute(0, 2, 1, 3) (the heads merged back into channels; F32, or stored F16 / BF16 for the
+    GEMM or attention reading it): the mma
     kernel writes it directly through output strides (fuse.py runs this in the cont's slot);
     the other paths write the attention's own layout into scratch and copy."""
     _, Dv, Lq, _, H, N, _, _ = _shapes(xs)

@@ -91,7 +91,8 @@ def test_fused_and_half_storage_kernels_are_shipped():
         "norm": ["layer_norm_mod_f32", "layer_norm_mod_f32_to_f16", "layer_norm_mod_f32_to_bf16",
                  "layer_norm_f32_to_bf16", "group_norm_apply_f32_to_bf16"]
         + [f"rms_rope_d{d}_{t}" for d in RMS_ROPE_DIMS for t in ("f32", "f32_to_f16")],
-        "elementwise": ["gated_add_f32", "geglu_tanh_f32_to_bf16", "geglu_erf_bf16_to_f32"],
+        "elementwise": ["gated_add_f32", "geglu_tanh_f32_to_bf16", "geglu_erf_bf16_to_f32", "silu_mul_f32",
+                        "silu_mul_f32_to_f16", "silu_mul_f32_to_bf16"],
         "position": ["rope_pe_f32_to_f16", "rope_rotate_f32_to_f16"],
         "layout": [f"cast4d_{a}_{b}" for a, b in (("f32", "f16"), ("f32", "bf16"), ("f16", "bf16"),
                                                   ("bf16", "f16"), ("f16", "f32"), ("bf16", "f32"))],

@@ -188,6 +188,21 @@ def test_rms_norm_rope_fused(cuda, rng, monkeypatch, D, wdt):
             assert_within_scale(a["out"], want, 3e-3, "rms_norm_rope vs cpu")
 
 
+@pytest.mark.parametrize("wdt", ["F32", "BF16"])
+def test_silu_mul_fused_exact(cuda, rng, monkeypatch, wdt):
+    """w2(silu(w1 x) * w3 x), Z-Image's and the Qwen LLMs' feed-forward: silu_mul in the mul's
+    slot, bit for bit the silu and mul kernels (the same GEMMs around it)."""
+    x = leaf(randn(rng, 2, 70, 64))
+    w1, w3 = (leaf(randn(rng, 176, 64) / 8, wdt) for _ in range(2))
+    out = F.mul_mat(leaf(randn(rng, 64, 176) / 13, wdt), F.mul(F.silu(F.mul_mat(w1, x)), F.mul_mat(w3, x)))
+    want = cpu(out)["out"]
+    g, on, off = on_off(cuda, monkeypatch, out, "fuse")
+    assert "silu_mul" in kernel_names(cuda, g)
+    for a, b in zip(on, off):
+        np.testing.assert_array_equal(a["out"], b["out"])
+        assert_within_scale(a["out"], want, 2e-2 if wdt == "BF16" else 1e-5, "silu_mul vs cpu")
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_gated_residual_fused_exact(cuda, rng, monkeypatch, n):
     C = 192

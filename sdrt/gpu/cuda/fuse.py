@@ -36,9 +36,13 @@ to call and the tensors it reads (`kernels`: each segment's kernel functions in 
   output's shape, g broadcasting, all F32, the mul read only by the add): `elementwise.gated_add`
   in the add's slot (y is usually a bias GEMM's output, so the chain is two kernels, not three).
 
-  For these three, which read their inputs in a later slot than the unfused kernels did, no node
+- the SwiGLU `mul(silu(a), b)` (either order; F32, the silu read only by the mul):
+  `elementwise.silu_mul` in the mul's slot, which writes F16/BF16 when the GEMM reading it
+  wants that (Z-Image's feed-forward, the Qwen LLM text encoders').
+
+  For these chains, which read their inputs in a later slot than the unfused kernels did, no node
   that still writes in between, nor the fused output, may overlap a computed input's buffer
-  (`_chain_reads_safe`), except the gated add's output exactly over x or y (in place).
+  (`_chain_reads_safe`), except the gated add's or SwiGLU's output exactly over an operand (in place).
 
 - `cont(attention(q, k, v).permute(0, 2, 1, 3))`, the heads merged back into channels right
   after a flash-path attention that nothing else reads: the attention's slot does nothing and
@@ -80,7 +84,7 @@ from .ops.attention import attention_into_cont, wants_f32
 from .ops.attention import plan as attention_plan
 from .ops.conv import Epilogue, bias_axis, conv2d, conv3x3_direct, takes_direct
 from .ops.conv import gemm_dtype as conv_gemm_dtype
-from .ops.elementwise import binary, gated_add, unary
+from .ops.elementwise import binary, gated_add, silu_mul, unary
 from .ops.layout import concat
 from .devtensor import padded_nb
 from .ops.matmul import (gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_gelu,
@@ -167,6 +171,8 @@ def launch_lists(graph, plan, kernels, node_ptr) -> list[list[tuple]]:
                 _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr)
             elif n.op == "mul" and out[j][0] is not _skip:
                 _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr)
+            elif n.op == "silu" and out[j][0] is unary:
+                _fuse_silu_mul(nodes, out, j, uses, outputs, node_ptr)
         for j in range(len(nodes) - 1):
             att, c = nodes[j], nodes[j + 1]
             if (att.op == "attention" and attention_plan(att)[0] == "flash" and _merges_heads(c, att)
@@ -319,6 +325,34 @@ def _fuse_rms_rope(nodes, out, j, km, uses, outputs, node_ptr) -> None:
     out[kr] = (_norm_slot(rms_norm_rope, rn), (x, w, pe))
 
 
+def _fuse_silu_mul(nodes, out, j, uses, outputs, node_ptr) -> None:
+    """mul(silu(a), b) (either operand order), a, b and both results F32, the silu read only by
+    the mul (a SwiGLU feed-forward: Z-Image, the Qwen LLMs): elementwise.silu_mul in the mul's
+    slot, which may write the F16/BF16 of the GEMM reading it."""
+    si = nodes[j]
+    if id(si) in outputs or si.dtype.name != "F32" or si.src[0].dtype.name != "F32":
+        return
+    km = _next_reader(nodes, j, si, uses)
+    if km is None or nodes[km].op != "mul" or out[km][0] is _skip:
+        return
+    mul = nodes[km]
+    b = _other(mul, si)
+    a = si.src[0]
+    if (b is None or mul.dtype.name != "F32" or b.dtype.name != "F32" or tuple(mul.ne4) != tuple(si.ne4)
+            or not _chain_reads_safe(nodes, out, j, km, {id(si)}, (a, b), node_ptr, in_place=(a, b))):
+        return
+    out[j] = (_skip, ())
+    out[km] = (_silu_mul_slot, (a, b))
+
+
+def _silu_mul_slot(node, xs, out, rt) -> None:
+    silu_mul(rt, *xs, out)
+
+
+_silu_mul_slot.__name__ = "silu_mul"
+_silu_mul_slot.writes = ("F16", "BF16")
+
+
 def _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr) -> None:
     """add(x, mul(y, g)) (either order of either op), every tensor F32, the mul the add's only
     operand it computes, x and y of the output's shape, g broadcasting (a DiT block's gate): one
@@ -439,7 +473,7 @@ def _writable(node, fn, srcs) -> tuple[str, ...]:
         return (srcs[0].dtype.name,) if srcs[0].dtype.name in HALF else ()
     if fn is mul_mat_add_bias_gelu:                  # or its fallback's gelu kernel, any
         return HALF
-    if getattr(fn, "modulation", None) is not None:
+    if getattr(fn, "modulation", None) is not None or getattr(fn, "writes", None):
         return HALF
     if fn is conv2d or getattr(fn, "direct_conv", None) is not None:   # conv3x3_mma writes F16
         cv = getattr(fn, "direct_conv", node)

@@ -185,6 +185,19 @@ __device__ __forceinline__ void gated_add(const char* x, const char* y, const ch
     }, [](float3 v) { return __fadd_rn(v.x, __fmul_rn(v.y, v.z)); });
 }
 
+// out = silu(a) * b (fuse.py's mul(silu(a), b): a SwiGLU feed-forward, Z-Image's and the Qwen
+// LLMs'), a and b F32 through their strides; silu as unary_silu, the product rounded as the mul's,
+// written as TO (F32, or the F16/BF16 of the GEMM reading it)
+template <typename TO>
+__device__ __forceinline__ void silu_mul(const char* a, const char* b, TO* out, int64_t n, int64_t ne0, int64_t ne1,
+                                         int64_t ne2, int64_t sa0, int64_t sa1, int64_t sa2, int64_t sa3,
+                                         int64_t sb0, int64_t sb1, int64_t sb2, int64_t sb3) {
+    map_index(out, n, ne0, ne1, ne2, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+        return make_float2(load_f<float>(a, i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3),
+                           load_f<float>(b, i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3));
+    }, [](float2 v) { return from_f32<TO>(__fmul_rn(unary_silu()(v.x, 0.0f, 0.0f), v.y)); });
+}
+
 // ---- geglu -------------------------------------------------------------------------------------
 // out (h, ne1, ne2, ne3) = x[i0] * gelu(x[h + i0]) per row of x (2h wide); the gate half starts
 // gate_off bytes after the value half. GELU is the tanh form or the erf one, as the op's param.
@@ -269,6 +282,15 @@ extern "C" __global__ void gated_add_f32(const char* x, const char* y, const cha
                                          STRIDES4(sg)) {
     gated_add(x, y, g, out, n, ne0, ne1, ne2, sx0, sx1, sx2, sx3, sy0, sy1, sy2, sy3, sg0, sg1, sg2, sg3);
 }
+
+#define SILU_MUL_ENTRY(name, TO)                                                                      \
+    extern "C" __global__ void name(const char* a, const char* b, TO* out, int64_t n, int64_t ne0,   \
+                                    int64_t ne1, int64_t ne2, STRIDES4(sa), STRIDES4(sb)) {          \
+        silu_mul<TO>(a, b, out, n, ne0, ne1, ne2, sa0, sa1, sa2, sa3, sb0, sb1, sb2, sb3);           \
+    }
+SILU_MUL_ENTRY(silu_mul_f32, float)
+SILU_MUL_ENTRY(silu_mul_f32_to_f16, __half)
+SILU_MUL_ENTRY(silu_mul_f32_to_bf16, bf16_t)
 
 #define UNARY_ENTRY(name, OP, TX, TO)                                                                 \
     extern "C" __global__ void name(const char* x, TO* out, int64_t n, int64_t ne0, int64_t ne1,     \

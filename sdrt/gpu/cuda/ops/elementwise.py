@@ -109,6 +109,16 @@ def gated_add(rt, x, y, g, out) -> None:
     _fn(rt, "gated_add_f32", "PPPPqqqq" + "q" * 12)(grid, block, x.ptr, y.ptr, g.ptr, out.ptr, n, *ne, *sx, *sy, *sg)
 
 
+def silu_mul(rt, a, b, out) -> None:
+    """out = silu(a) * b, a and b F32 through their strides, out F32 or the F16/BF16 fuse.py stores
+    it as: fuse.py's mul(silu(a), b) of a SwiGLU feed-forward, rounded as the two kernels."""
+    ne, (sa, sb) = merge_dims(out.ne, *(operand_strides(t, out.ne) for t in (a, b)))
+    n = out.nelements
+    grid, block = grid_for(ne[0], n)
+    _fn(rt, f"silu_mul_{kernel_dtypes(a, out)}", "PPPqqqq" + "q" * 8)(grid, block, a.ptr, b.ptr, out.ptr, n, *ne,
+                                                                      *sa, *sb)
+
+
 for _op in ops_of_kind("binary"):
     CUDA.register(_op, supports=_float_srcs)(binary)
 

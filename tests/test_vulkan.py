@@ -195,6 +195,27 @@ def test_max_vram_streams_the_tiny_unet_weights_segment_by_segment():
     assert compare(g.run(be)["out"], g.run("cpu")["out"]) < 1e-8
 
 
+@pytest.mark.vulkan
+def test_preloaded_weights_are_the_ones_a_run_reads():
+    # backend.preload_weights (the pipeline's upload before sampling) fills the cache the first run
+    # would: the run then uploads nothing more and gives the CPU's output
+    be = _device()
+    from sdrt.ops import api as F
+    from sdrt.ops.graph import Graph
+    from sdrt.ops.tensor import Tensor
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((48, 32)).astype(np.float32)
+    w.flags.writeable = False                       # as a model file's memory map
+    wt = Tensor.from_numpy(w)
+    x = Tensor.from_numpy(rng.standard_normal((5, 32)).astype(np.float32))
+    g = Graph(F.mul_mat(wt, x))
+    before = be.weight_bytes()
+    assert be.preload_weights([wt]) == w.nbytes and be.weight_bytes() == before + w.nbytes
+    out = g.run(be)["out"].to_f32()
+    assert be.weight_bytes() == before + w.nbytes
+    np.testing.assert_allclose(out, g.run("cpu")["out"].to_f32(), rtol=1e-5, atol=1e-5)
+
+
 def test_the_sub_allocator_carves_blocks_and_merges_free_runs():
     from sdrt.gpu.vulkan.device import _Buffer
     b = _Buffer(None, None, 1024, pooled=True)

@@ -288,7 +288,8 @@ def test_flux_blocks_fuse_the_dit_chains():
     assert names["mul_mat_add_bias_gelu"] == 2
     assert names["mul_mat_add_bias"] == 11
     assert names["attention_into_cont"] == 2
-    assert names["rms_norm_scaled"] == 6            # the QK norms: 2 x 2 + 2
+    assert names["rms_norm_rope"] == 6              # the QK norms and their ropes: 2 x 2 + 2
+    assert "rms_norm_scaled" not in names
     assert not any(n.op in ("layer_norm", "rms_norm") and fn is own for n, fn, _ in lst)
     for n, fn, srcs in lst:
         if fn.__name__ == "layer_norm_modulated":
@@ -298,8 +299,8 @@ def test_flux_blocks_fuse_the_dit_chains():
         if fn.__name__ == "gated_add":
             x, y, gate = srcs
             assert y.owner.op == "add" and gate.ne4 == (64, 1, 1, 1) and x.ne4 == n.ne4
-        if fn.__name__ == "rms_norm_scaled":
-            assert n.op == "mul" and srcs[1].ne == (32,) and srcs[0].owner.op == "add"   # q/k views of qkv
+        if fn.__name__ == "rms_norm_rope":     # q/k views of qkv (per stream in the double block)
+            assert n.op == "rope" and srcs[1].ne == (32,) and srcs[0].owner.op == "add" and srcs[2].ne[:3] == (2, 2, 16)
         if fn.__name__ == "mul_mat_add_bias_gelu":
             assert n.op == "gelu_tanh" and srcs[0].dtype.name == "BF16" and srcs[2].ne == (128,)
 

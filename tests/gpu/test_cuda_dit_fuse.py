@@ -161,7 +161,7 @@ def test_rms_norm_scaled_exact(cuda, rng, monkeypatch, wdt):
         assert_within_scale(a["out"], want, 1e-5, "rms_norm_scaled vs cpu")
 
 
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [32, 64, 128, 256])
 @pytest.mark.parametrize("wdt", ["F32", "BF16"])
 def test_rms_norm_rope_fused(cuda, rng, monkeypatch, D, wdt):
     """rope(rms_norm(q) * scale, pe) over strided q views of one qkv projection, two streams roped
@@ -296,7 +296,7 @@ def test_flux_blocks_fused_vs_unfused_and_cpu(cuda, monkeypatch, dtype, tol, n):
     g = flux_blocks_graph(dtype, n=n)
     on = [{k: np.array(v.numpy(), copy=True).astype(np.float32) for k, v in g.run(cuda).items()} for _ in range(3)]
     names = kernel_names(cuda, g)
-    for k in ("layer_norm_modulated", "gated_add", "mul_mat_add_bias_gelu", "rms_norm_scaled"):
+    for k in ("layer_norm_modulated", "gated_add", "mul_mat_add_bias_gelu", "rms_norm_rope"):
         assert k in names, k
     assert "BF16" in cuda._states[g].half.values() if dtype == "BF16" else \
         set(cuda._states[g].half.values()) == {"F16"}

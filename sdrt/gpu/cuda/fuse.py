@@ -29,7 +29,7 @@ to call and the tensors it reads (`kernels`: each segment's kernel functions in 
 - `mul(rms_norm(x), w)`, w a vector of x's ne[0] values (the DiT blocks' QK RMSNorm, the mul
   the norm's only reader): `norm.rms_norm_scaled`, the rms kernel with w as its weight, in the
   mul's slot (bit for bit: the product is rounded as the mul's). When the mul's only reader is
-  `rope(., pe)` with interleaved pairs over a whole head of 64, 128 or 256 (`norm.takes_rms_rope`):
+  `rope(., pe)` with interleaved pairs over a whole head of 16 to 256 (`norm.takes_rms_rope`):
   `norm.rms_norm_rope` in the rope's slot instead, norm, weight and rotation in one pass.
 
 - the gated residual `add(x, mul(y, g))` (either operand order of either op; x, y of the

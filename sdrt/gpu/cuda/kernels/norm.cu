@@ -188,19 +188,19 @@ __device__ __forceinline__ void row_norm(const char* x, const char* w, const cha
 }
 
 // ---- rms norm + rope (fuse.py: rope(mul(rms_norm(x), w), pe), a DiT block's QK norm and RoPE) ----
-// One warp per row of D = 64 * PPL F32 values; lane holds pairs k = lane + 32 j (values 2k, 2k+1:
+// One warp per row of D F32 values; lane holds pairs k = lane + 32 j < D/2 (values 2k, 2k+1:
 // interleaved rope over all of D), so a row is read once and the sum of squares is a warp sum.
 // Rows (h, l, n) of x [D, H, L, N] through byte strides; output row r = l + L (h + H n), rope's
 // [D, L, H*N]; the 2x2 matrix of (pair k, token l) has element (i, j) at
 // pe + l pb3 + k pb2 + i pb1 + j pb0. Rounded as the unfused kernels: x times the row's scale,
 // times w, then rope's two products and their sum.
-template <typename TO, int PPL>
+template <typename TO, int D>
 __device__ __forceinline__ void rms_rope_pairs(const char* x, const char* w, const char* pe, TO* out,
                                                int64_t H, int64_t L, int64_t rows, int64_t nb1,
                                                int64_t nb2, int64_t nb3, int64_t nbw, int w_type,
                                                int64_t pb0, int64_t pb1, int64_t pb2, int64_t pb3,
                                                float eps) {
-    constexpr int D = 64 * PPL;
+    constexpr int P = D / 2, PPL = (P + 31) / 32;   // pairs, pairs per lane
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int64_t r = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); r < rows;
          r += (int64_t)gridDim.x * warps) {
@@ -210,6 +210,10 @@ __device__ __forceinline__ void rms_rope_pairs(const char* x, const char* w, con
 #pragma unroll
         for (int j = 0; j < PPL; ++j) {
             const int64_t k = lane + 32 * j;
+            if (P % 32 != 0 && k >= P) {
+                a[j] = b[j] = 0.0f;
+                continue;
+            }
             a[j] = load_f<float>(xr, 8 * k);
             b[j] = load_f<float>(xr, 8 * k + 4);
             s += a[j] * a[j];
@@ -221,6 +225,7 @@ __device__ __forceinline__ void rms_rope_pairs(const char* x, const char* w, con
 #pragma unroll
         for (int j = 0; j < PPL; ++j) {
             const int64_t k = lane + 32 * j;
+            if (P % 32 != 0 && k >= P) continue;
             const float va = __fmul_rn(a[j] * sc, load_any(w, 2 * k * nbw, w_type));
             const float vb = __fmul_rn(b[j] * sc, load_any(w, (2 * k + 1) * nbw, w_type));
             const char* m = pl + k * pb2;
@@ -389,21 +394,22 @@ LAYER_NORM_MOD_ENTRY(layer_norm_mod_f32, float, float)
 LAYER_NORM_MOD_ENTRY(layer_norm_mod_f32_to_f16, float, __half)
 LAYER_NORM_MOD_ENTRY(layer_norm_mod_f32_to_bf16, float, bf16_t)
 
-#define RMS_ROPE_ENTRY(name, TO, PPL)                                                                  \
+#define RMS_ROPE_ENTRY(name, TO, D)                                                                    \
     extern "C" __global__ void name(const char* x, const char* w, const char* pe, TO* out, int64_t H,   \
                                     int64_t L, int64_t rows, int64_t nb1, int64_t nb2, int64_t nb3,     \
                                     int64_t nbw, int w_type, int64_t pb0, int64_t pb1, int64_t pb2,     \
                                     int64_t pb3, float eps) {                                           \
-        rms_rope_pairs<TO, PPL>(x, w, pe, out, H, L, rows, nb1, nb2, nb3, nbw, w_type, pb0, pb1, pb2, pb3, \
+        rms_rope_pairs<TO, D>(x, w, pe, out, H, L, rows, nb1, nb2, nb3, nbw, w_type, pb0, pb1, pb2, pb3, \
                                 eps);                                                                   \
     }
-// head dims 64, 128, 256 (ops/norm.py RMS_ROPE_DIMS); F32 in, F32 or F16 (for the attention) out
-RMS_ROPE_ENTRY(rms_rope_d64_f32, float, 1)
-RMS_ROPE_ENTRY(rms_rope_d64_f32_to_f16, __half, 1)
-RMS_ROPE_ENTRY(rms_rope_d128_f32, float, 2)
-RMS_ROPE_ENTRY(rms_rope_d128_f32_to_f16, __half, 2)
-RMS_ROPE_ENTRY(rms_rope_d256_f32, float, 4)
-RMS_ROPE_ENTRY(rms_rope_d256_f32_to_f16, __half, 4)
+// head dims 16 to 256 (ops/norm.py RMS_ROPE_DIMS; the small ones are the test models'); F32 in,
+// F32 or F16 (for the attention) out
+#define RMS_ROPE_DIM(d) RMS_ROPE_ENTRY(rms_rope_d##d##_f32, float, d) RMS_ROPE_ENTRY(rms_rope_d##d##_f32_to_f16, __half, d)
+RMS_ROPE_DIM(16)
+RMS_ROPE_DIM(32)
+RMS_ROPE_DIM(64)
+RMS_ROPE_DIM(128)
+RMS_ROPE_DIM(256)
 
 #define GROUP_NORM_APPLY_ENTRY(name, T, TO)                                                             \
     extern "C" __global__ void name(                                                                    \

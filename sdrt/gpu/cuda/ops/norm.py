@@ -89,7 +89,7 @@ def rms_norm_scaled(rt, x, w, out, eps: float) -> None:
         TYPE_CODE[w.dtype.name], 0, float(eps))
 
 
-RMS_ROPE_DIMS = (64, 128, 256)   # kernels/norm.cu rms_rope_d<D>_*: one warp per row
+RMS_ROPE_DIMS = (16, 32, 64, 128, 256)   # kernels/norm.cu rms_rope_d<D>_*: one warp per row
 RMS_ROPE_WARPS = 8
 
 

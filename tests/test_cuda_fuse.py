@@ -281,11 +281,11 @@ def test_flux_blocks_fuse_the_dit_chains():
     lst = launches(g)
     names = _by_name(g)
     # 2 x 2 modulations in the double block, 1 in the single; 2 x 2 + 1 gated residuals; the two
-    # MLPs' fc1 + gelu; every other linear a bias GEMM (qkv x2, proj x2, fc2 x2, the three
-    # modulation linears, linear1, linear2)
+    # MLPs' fc1 + gelu and the single block's linear1 MLP rows + gelu; every other linear a bias
+    # GEMM (qkv x2, proj x2, fc2 x2, the three modulation linears, linear1's q/k/v rows, linear2)
     assert names["layer_norm_modulated"] == 5
     assert names["gated_add"] == 5
-    assert names["mul_mat_add_bias_gelu"] == 2
+    assert names["mul_mat_add_bias_gelu"] == 3
     assert names["mul_mat_add_bias"] == 11
     assert names["attention_into_cont"] == 2
     assert names["rms_norm_rope"] == 6              # the QK norms and their ropes: 2 x 2 + 2

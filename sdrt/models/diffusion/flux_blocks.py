@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ...ops import api as F
 from ...ops.tensor import Tensor
-from ..common import Linear, Weights
+from ..common import RUNTIME_LORA, Linear, Weights
 
 EPS = 1e-6
 
@@ -158,13 +158,26 @@ class SingleStreamBlock:
         self.n_head, self.hidden = n_head, hidden
         self.mlp_hidden = self.linear1.out_features - 3 * hidden
 
+    def _linear1(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(q, k, v projection [3C, L, N], GELU(mlp) [M, L, N]) of linear1. As two products over
+        the weight's row blocks (the values of the one product): the MLP's GELU then follows its
+        own bias GEMM, which a GPU runs as one GEMM with a GELU epilogue (cuda/fuse.py) instead of
+        writing the MLP half in F32 and reading it back. A run-time LoRA on linear1 keeps the one
+        product (its path is built for the whole weight)."""
+        C3, lin = 3 * self.hidden, self.linear1
+        if RUNTIME_LORA.get(lin.weight) is not None:
+            h = lin(x)                                                   # [3C + M, L, N]
+            return h.slice(0, 0, C3), F.gelu(h.slice(0, C3), approximate="tanh")
+        w, b = lin.weight, lin.bias
+        part = lambda lo, hi: F.linear(x, w.slice(1, lo, hi), None if b is None else b.slice(0, lo, hi))  # noqa: E731
+        return part(0, C3), F.gelu(part(C3, lin.out_features), approximate="tanh")
+
     def __call__(self, x: Tensor, vec_silu: Tensor, pe: Tensor, mods=None, mask=None) -> Tensor:
         # x [C, L, N] -> [C, L, N]
         shift, scale, gate = mods if mods else self.modulation(vec_silu)
-        h = self.linear1(modulate(F.layer_norm(x, EPS), shift, scale))   # [3C + M, L, N]
-        q, k, v = qkv_heads(h, self.n_head, self.hidden)
+        qkv, mlp = self._linear1(modulate(F.layer_norm(x, EPS), shift, scale))
+        q, k, v = qkv_heads(qkv, self.n_head, self.hidden)
         attn = attention((self.q_norm(q),), (self.k_norm(k),), (v,), pe, self.n_head, mask)  # [C, L, N]
-        mlp = F.gelu(h.slice(0, 3 * self.hidden), approximate="tanh")     # [M, L, N]
         out = self.linear2(F.concat(attn, mlp, 0))
         return F.add(x, F.mul(out, gate))
 

@@ -1,4 +1,4 @@
-"""Weight uploads, without a GPU: fill_pinned (the threaded copy into pinned memory),
+"""Weight uploads, without a GPU: ops.threads.copy_into (the threaded copy into pinned memory),
 StagingRing.upload's chunking with a stand-in device whose "DMA" is a memmove into a numpy array,
 the device backends' preload_weights and the pipeline's upload before sampling."""
 from __future__ import annotations
@@ -13,15 +13,16 @@ import pytest
 from sdrt.gpu.cuda import driver
 from sdrt.gpu.device_backend import GraphStates
 from sdrt.ops import backend as backends
+from sdrt.ops import threads
 from sdrt.ops.tensor import Tensor
 
 
 @pytest.mark.parametrize("n", [0, 1, 4 << 20, (4 << 20) + 1, (8 << 20) - 3, 33 << 20])
-def test_fill_pinned_copies_every_byte(n, monkeypatch):
-    monkeypatch.setattr(driver, "COPY_THREADS", 3)     # uneven split across the threads
+def test_copy_into_copies_every_byte(n, monkeypatch):
+    monkeypatch.setattr(threads, "COPY_THREADS", 3)    # uneven split across the threads
     src = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
     dst = np.zeros(n + 16, np.uint8)
-    driver.fill_pinned(dst, src)
+    threads.copy_into(dst, src)
     assert np.array_equal(dst[:n], src) and not dst[n:].any()
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import ModelFileError, UsageError
 from ..ops.tensor import Tensor
+from ..ops.threads import copy_into
 from .facts import Facts, dim
 from .names import SPLIT_PART
 from .families import Component, Cond, Family, Variant, register_component, register_family
@@ -229,10 +230,15 @@ class _JoinedLeaf(Tensor):
                 raw = [p.storage[p.offset:p.offset + p.nbytes] for p in self._parts]
             else:
                 raw = [np.ascontiguousarray(p.to_f32(), F32).reshape(-1).view(np.uint8) for p in self._parts]
-            s = np.concatenate(raw) if len(raw) > 1 else raw[0]
-            if self._swap:
-                half = s.nbytes // 2
-                s = np.concatenate([s[half:], s[:half]])
+            if self._swap:   # (one part) its two halves exchanged
+                half = raw[0].nbytes // 2
+                raw = [raw[0][half:], raw[0][:half]]
+            s = raw[0]
+            if len(raw) > 1:     # joined on several threads: GBs of a diffusers Flux file
+                s, at = np.empty(sum(r.nbytes for r in raw), np.uint8), 0
+                for r in raw:
+                    copy_into(s[at:at + r.nbytes], r)
+                    at += r.nbytes
             # read-only as the file it was joined from: device backends cache a read-only
             # storage as a weight, a writeable one is an input copied in on every run
             s.flags.writeable = False

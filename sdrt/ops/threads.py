@@ -67,6 +67,32 @@ class _Pool:
             return cls.ex
 
 
+COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
+_COPY_SPLIT = 4 << 20      # bytes below which one thread copies
+_copy_pool: ThreadPoolExecutor | None = None
+
+
+def copy_into(dst, src) -> None:
+    """dst[:n] = src for 1-D byte arrays (n = src.nbytes), split over up to COPY_THREADS threads
+    when large: one thread's memcpy out of the page cache runs at a fraction of the memory's
+    speed (numpy releases the GIL for the copy). Weight uploads into pinned memory and the
+    joining of split weights use it."""
+    global _copy_pool
+    n = src.nbytes
+    k = min(COPY_THREADS, n // _COPY_SPLIT)
+    if k <= 1:
+        dst[:n] = src
+        return
+    if _copy_pool is None:
+        _copy_pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="sdrt-copy")
+    step = -(-n // k)
+
+    def part(i):
+        dst[i:i + step] = src[i:i + step]
+    for f in [_copy_pool.submit(part, i) for i in range(0, n, step)]:
+        f.result()
+
+
 def run_tasks(fn, jobs) -> None:
     """fn(job) for every job, on get_threads() Python threads each running single-thread BLAS
     (and nogil Numba): a free worker takes the next job, so a core taken by another process

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import DeviceOutOfMemoryError, SdrtError, UnsupportedError
+from ...ops.threads import copy_into
 
 log = logging.getLogger("sdrt.cuda")
 
@@ -427,35 +428,10 @@ class PinnedBuffer:
             pass
 
 
-COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
-_COPY_SPLIT = 4 << 20      # bytes below which one thread fills a chunk
-_copy_pool = None
-
-
-def fill_pinned(dst: np.ndarray, src: np.ndarray) -> None:
-    """dst[:n] = src (1-D uint8), split over COPY_THREADS threads when large: one thread's memcpy
-    from the page cache into pinned memory runs at a fraction of what PCIe takes (numpy releases
-    the GIL for the copy)."""
-    global _copy_pool
-    n = src.nbytes
-    k = min(COPY_THREADS, n // _COPY_SPLIT)
-    if k <= 1:
-        dst[:n] = src
-        return
-    if _copy_pool is None:
-        from concurrent.futures import ThreadPoolExecutor
-        _copy_pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="sdrt-stage")
-    step = -(-n // k)
-
-    def part(i):
-        dst[i:i + step] = src[i:i + step]
-    for f in [_copy_pool.submit(part, i) for i in range(0, n, step)]:
-        f.result()
-
-
 class StagingRing:
     """Two pinned chunks per stream for copies of pageable host data: the next chunk is filled
-    (by fill_pinned's threads) while the previous one is in flight (host -> pinned -> device)."""
+    (by ops.threads.copy_into's threads) while the previous one is in flight (host -> pinned ->
+    device)."""
 
     CHUNK = 32 << 20
 
@@ -476,7 +452,7 @@ class StagingRing:
             k, self.turn = self.turn, self.turn ^ 1
             if self.events[k] is not None:
                 self.events[k].synchronize()
-            fill_pinned(self.bufs[k].array, src[start:start + m])
+            copy_into(self.bufs[k].array, src[start:start + m])
             self.device.htod_async(dst + start, self.bufs[k].ptr, m, self.stream)
             ev = self.events[k] = self.device.event(self.stream)
         return ev if ev is not None else self.device.event(self.stream)

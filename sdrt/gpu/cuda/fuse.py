@@ -303,7 +303,7 @@ def _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr) -> None:
     if not _chain_reads_safe(nodes, out, j, km, {id(rn)}, (x, w), node_ptr):
         return
     out[j] = (_skip, ())
-    out[km] = (_norm_slot(rms_norm_scaled, rn), (x, w))
+    out[km] = (_norm_slot(rms_norm_scaled, rn, writes=HALF), (x, w))
     _fuse_rms_rope(nodes, out, j, km, uses, outputs, node_ptr)
 
 

@@ -378,6 +378,9 @@ ROW_NORM_TYPES(l2_norm, L2)
 ROW_NORM_ENTRY(layer_norm_f32_to_f16, LAYER, float, __half)
 ROW_NORM_ENTRY(layer_norm_f32_to_bf16, LAYER, float, bf16_t)
 ROW_NORM_ENTRY(layer_norm_f16_to_f32, LAYER, __half, float)
+// F32 rms norms (the fused QK norm, rms_norm_scaled) stored as F16/BF16 for the join or GEMM reading them
+ROW_NORM_ENTRY(rms_norm_f32_to_f16, RMS, float, __half)
+ROW_NORM_ENTRY(rms_norm_f32_to_bf16, RMS, float, bf16_t)
 
 // the modulated layer norm (fuse.py: layer_norm -> mul(., scale) -> add(., shift)), w = scale and
 // b = shift with per-row strides

@@ -30,7 +30,9 @@ CASES = {"sd35l": ["--sd3-variant", "sd3.5-medium", "--depth", "24", "--te-depth
          "flux": ["--depth", "1", "--te-depth", "1"],
          "qwen": ["--depth", "1", "--te-depth", "1"],
          "zimage": ["--depth", "1", "--te-depth", "1"]}
-ROW = re.compile(r"^\| (sdrt|sdcli) \| ([0-9.]+) \| ([0-9.]+) \|(?: [-0-9.]+ \|){4} - \| ([-0-9.inf]+) \| ([-0-9.]+) \|$")
+# engine | s/step | wall | load, conditioning, sampling, decode | peak ('-' on the CPU) | PSNR | ratio
+ROW = re.compile(r"^\| (sdrt|sdcli) \| ([0-9.]+) \| ([0-9.]+) \|(?: [-0-9.]+ \|){4} - \| ([-0-9.inf]+) \| "
+                 r"([-0-9.]+) \|$")
 
 
 def _exe(var):

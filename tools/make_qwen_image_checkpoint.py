@@ -22,7 +22,7 @@ qwen_image_vae.safetensors).
 FFN 18944, 7.1 B without the vision tower). --type bf16 (as released: 41 GB + 15 GB at --full) writes
 the transformer / LLM tensor by tensor (--jobs N processes make them; the same bytes); the default f16
 builds the file in memory (test sizes).
-    python tools/make_qwen_image_checkpoint.py --full --type bf16 --jobs 16 --component transformer -o qi-dit-bf16.safetensors
+    python tools/make_qwen_image_checkpoint.py --full --type bf16 --jobs 16 --component transformer -o dit.safetensors
 --tiny: test sizes (DiT hidden 128 = one head, text width 64, LLM hidden 64 with one 128-wide head
 pair, FFN 96, the full vocabulary so the template's special tokens exist; VAE dim 8) for sdrt-only tests.
 

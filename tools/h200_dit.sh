@@ -15,7 +15,8 @@
 # cli: bench_cuda_cli.py, the whole CLI of $CLI_FAMILIES (default zimage,sd35l) at 1024x1024 with each
 # family's steps/cfg, sdrt (--backend cuda0) vs sd-cli CUDA --diffusion-fa ($CLI_ENGINES, default
 # sdrt,sdcli), full-size random bf16 files in /tmp/cli. sd-cli builds in the background first
-# (bench/build_sdcli_cuda.sh from $SDCLI_SRC, default .whl/sdcpp/sdcpp_src.tar.xz: carry .whl) while
+# (bench/build_sdcli_cuda.sh from $SDCLI_SRC, default .whl/sdcpp/sdcpp_src.tar.xz: carry .whl with
+# sdcpp in it, which tools/device_tree.sh prepare sets aside: move it back after prepare) while
 # the files are written (--make-only); then the runs, within $CLI_BUDGET s (default 500) of the part's
 # start. Estimate (fifth session's rates: 16 jobs ~57 M parameters/s, sd-cli ~5 min to build):
 # files ~230 s for SD3.5 Large (8.1 B + T5-XXL 4.7 B + bigG), ~180 s for Z-Image (6.15 B + Qwen3 4.0 B);
@@ -54,20 +55,22 @@ if has dit; then
 fi
 if has cli; then
     t0=$SECONDS; CB=${CLI_BUDGET:-500}; SDCLI=/tmp/sdcli/sd-cli; SRC=${SDCLI_SRC:-.whl/sdcpp/sdcpp_src.tar.xz}
-    if [ ! -x $SDCLI ] && [ ! -e /tmp/sdcli.done ] && [ -e "$SRC" ]; then
-        setsid nohup bash -c "bash bench/build_sdcli_cuda.sh $SRC /tmp/sdcli > /tmp/sdcli_build.out 2>&1; \
-            echo \$? > /tmp/sdcli.done" > /dev/null 2>&1 &
+    building() { [ -e /tmp/sdcli.pid ] && kill -0 "$(cat /tmp/sdcli.pid)" 2>/dev/null; }
+    if [ ! -x $SDCLI ] && [ ! -e /tmp/sdcli.done ] && [ -e "$SRC" ] && ! building; then   # once per machine
+        setsid nohup bash -c "echo \$\$ > /tmp/sdcli.pid; bash bench/build_sdcli_cuda.sh $SRC /tmp/sdcli \
+            > /tmp/sdcli_build.out 2>&1; echo \$? > /tmp/sdcli.done" > /dev/null 2>&1 &
     fi
     F=${CLI_FAMILIES:-zimage,sd35l}
     # the files first, while sd-cli compiles (leave >= 150 s for the runs)
     python3 bench/bench_cuda_cli.py --make-only --family $F --dir /tmp/cli --jobs 16 --budget $((CB - 150)) 2>&1 | tail -12
-    while [ ! -x $SDCLI ] && [ -e "$SRC" ] && [ ! -e /tmp/sdcli.done ] && [ $((SECONDS - t0)) -lt $((CB - 90)) ]; do
+    while [ ! -x $SDCLI ] && building && [ ! -e /tmp/sdcli.done ] && [ $((SECONDS - t0)) -lt $((CB - 90)) ]; do
         sleep 3; done
     echo "sd-cli: $([ -x $SDCLI ] && echo built || echo "not built ($(cat /tmp/sdcli.done 2>/dev/null || echo unfinished))") at $((SECONDS - t0)) s"
     [ -x $SDCLI ] || tail -5 /tmp/sdcli/sdcli_build.log 2>/dev/null
     KEEP=$([ "${CLI_KEEP:-1}" = 1 ] && echo --keep)
-    timeout $(( CB - (SECONDS - t0) + 30 )) python3 bench/bench_cuda_cli.py --family $F --dir /tmp/cli --sdcli $SDCLI \
-        --engines ${CLI_ENGINES:-sdrt,sdcli} --jobs 16 --budget $(( CB - (SECONDS - t0) )) $KEEP \
+    left=$(( CB - (SECONDS - t0) )); [ $left -ge 1 ] || left=1      # (--budget 0 would mean none)
+    timeout $(( left + 30 )) python3 bench/bench_cuda_cli.py --family $F --dir /tmp/cli --sdcli $SDCLI \
+        --engines ${CLI_ENGINES:-sdrt,sdcli} --jobs 16 --budget $left $KEEP \
         --json "$OUT/cli.json" 2>&1 | cut -c1-700 | tail -40
 fi
 } 2>&1 | tee "$OUT/bench.log"

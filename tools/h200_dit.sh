@@ -3,14 +3,27 @@
 # eval "$(bash tools/device_setup.sh)" is done here; carry .whl.
 #   bash tools/h200_dit.sh                 # attention tests + bench, Flux 4+8-block kernel profile vs
 #                                          # diffusers, then the GPU tests ($TESTS, default the suite)
-#   PARTS="attn flux" bash tools/h200_dit.sh   # a subset of: attn, flux, fluxfull, dit, tests
+#   PARTS="attn flux" bash tools/h200_dit.sh   # a subset of: attn, flux, fluxfull, dit, cli, tests
 #   PARTS=dit bash tools/h200_dit.sh          # the full-size DiT step of every family (~8 min)
+#   PARTS=cli bash tools/h200_dit.sh          # the whole CLI vs sd-cli CUDA, full-size files (~8 min)
 # fluxfull: bench_cuda_flux.py on full-size random Flux.1-dev (bf16, written here, ~4 min) against
 # diffusers eager and torch.compile ($FLUX_ENGINES, $FLUX_STEPS timed steps).
 # dit: bench_cuda_dit.py, full-size random bf16 Z-Image-Turbo, SD3.5 Large, Qwen-Image (41 GB) and
 # Flux.1-dev at 1024x1024, sdrt vs diffusers eager and torch.compile on the same weights, each family's
 # file written once in /tmp/dit and deleted after it; $DIT_FAMILIES, $DIT_COMPILE (families with a
 # compile run: Flux's, 0.134 s/step, was measured in the fifth session), $DIT_STEPS, $DIT_BUDGET (s).
+# cli: bench_cuda_cli.py, the whole CLI of $CLI_FAMILIES (default zimage,sd35l) at 1024x1024 with each
+# family's steps/cfg, sdrt (--backend cuda0) vs sd-cli CUDA --diffusion-fa ($CLI_ENGINES, default
+# sdrt,sdcli), full-size random bf16 files in /tmp/cli. sd-cli builds in the background first
+# (bench/build_sdcli_cuda.sh from $SDCLI_SRC, default .whl/sdcpp/sdcpp_src.tar.xz: carry .whl with
+# sdcpp in it, which tools/device_tree.sh prepare sets aside: move it back after prepare) while
+# the files are written (--make-only); then the runs, within $CLI_BUDGET s (default 500) of the part's
+# start. Estimate (fifth session's rates: 16 jobs ~57 M parameters/s, sd-cli ~5 min to build):
+# files ~230 s for SD3.5 Large (8.1 B + T5-XXL 4.7 B + bigG), ~180 s for Z-Image (6.15 B + Qwen3 4.0 B);
+# each engine ~40-90 s (loading 20-30 GB, 8-20 steps, decode). Both families do not fit one 600 s
+# command from a fresh machine: the files and sd-cli are KEPT (/tmp/cli, /tmp/sdcli; CLI_KEEP=0 deletes
+# the files after each family), so the same command again on the warm machine skips what exists and
+# runs what the budget cut. Qwen-Image (41 + 15 GB) alone: `rm -rf /tmp/cli` first, CLI_FAMILIES=qwen.
 # Logs go to $OUT (the device tool's folder), else ./h200_out:
 # bench.log and tests.log.
 set -o pipefail
@@ -39,6 +52,26 @@ if has dit; then
         --family ${DIT_FAMILIES:-zimage,sd35l,qwen,flux} --compile-for ${DIT_COMPILE:-zimage,sd35l,qwen} \
         --budget ${DIT_BUDGET:-510} --child-timeout 200 --json "$OUT/dit.json" 2>&1 | cut -c1-700 | tail -45
     rm -rf /tmp/dit
+fi
+if has cli; then
+    t0=$SECONDS; CB=${CLI_BUDGET:-500}; SDCLI=/tmp/sdcli/sd-cli; SRC=${SDCLI_SRC:-.whl/sdcpp/sdcpp_src.tar.xz}
+    building() { [ -e /tmp/sdcli.pid ] && kill -0 "$(cat /tmp/sdcli.pid)" 2>/dev/null; }
+    if [ ! -x $SDCLI ] && [ ! -e /tmp/sdcli.done ] && [ -e "$SRC" ] && ! building; then   # once per machine
+        setsid nohup bash -c "echo \$\$ > /tmp/sdcli.pid; bash bench/build_sdcli_cuda.sh $SRC /tmp/sdcli \
+            > /tmp/sdcli_build.out 2>&1; echo \$? > /tmp/sdcli.done" > /dev/null 2>&1 &
+    fi
+    F=${CLI_FAMILIES:-zimage,sd35l}
+    # the files first, while sd-cli compiles (leave >= 150 s for the runs)
+    python3 bench/bench_cuda_cli.py --make-only --family $F --dir /tmp/cli --jobs 16 --budget $((CB - 150)) 2>&1 | tail -12
+    while [ ! -x $SDCLI ] && building && [ ! -e /tmp/sdcli.done ] && [ $((SECONDS - t0)) -lt $((CB - 90)) ]; do
+        sleep 3; done
+    echo "sd-cli: $([ -x $SDCLI ] && echo built || echo "not built ($(cat /tmp/sdcli.done 2>/dev/null || echo unfinished))") at $((SECONDS - t0)) s"
+    [ -x $SDCLI ] || tail -5 /tmp/sdcli/sdcli_build.log 2>/dev/null
+    KEEP=$([ "${CLI_KEEP:-1}" = 1 ] && echo --keep)
+    left=$(( CB - (SECONDS - t0) )); [ $left -ge 1 ] || left=1      # (--budget 0 would mean none)
+    timeout $(( left + 30 )) python3 bench/bench_cuda_cli.py --family $F --dir /tmp/cli --sdcli $SDCLI \
+        --engines ${CLI_ENGINES:-sdrt,sdcli} --jobs 16 --budget $left $KEEP \
+        --json "$OUT/cli.json" 2>&1 | cut -c1-700 | tail -40
 fi
 } 2>&1 | tee "$OUT/bench.log"
 if has tests; then

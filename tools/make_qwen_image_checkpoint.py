@@ -18,6 +18,11 @@ qwen_image_vae.safetensors).
                output 3584; Qwen-Image-Edit's image encoder).
   vae          the Wan-2.1 VAE in Wan's names (dim 96, mult (1, 2, 4, 4), 2 res blocks, z 16: sd-cli's).
   all          the three, as DIR/{dit,llm,vae}.safetensors.
+--full: the released shapes (Qwen-Image's 60 blocks, 20.4 B parameters; Qwen2.5-VL-7B's 28 layers with
+FFN 18944, 7.1 B without the vision tower). --type bf16 (as released: 41 GB + 15 GB at --full) writes
+the transformer / LLM tensor by tensor (--jobs N processes make them; the same bytes); the default f16
+builds the file in memory (test sizes).
+    python tools/make_qwen_image_checkpoint.py --full --type bf16 --jobs 16 --component transformer -o dit.safetensors
 --tiny: test sizes (DiT hidden 128 = one head, text width 64, LLM hidden 64 with one 128-wide head
 pair, FFN 96, the full vocabulary so the template's special tokens exist; VAE dim 8) for sdrt-only tests.
 
@@ -194,6 +199,32 @@ def write(component: str, path: str, tiny: bool = False, depth: int = 1, llm_lay
     return path
 
 
+def write_streamed(component: str, path: str, depth: int = 1, llm_layers: int = 1, llm_ffn: int = 512, seed: int = 0,
+                   dtype: str = "bf16", jobs: int = 1) -> str:
+    """The same values as `write`, every tensor in `dtype` (bf16, as the released files), made and
+    written one tensor at a time (jobs > 1: forked processes a window ahead, make_flux_checkpoint's
+    in_parallel), so a full-size 20 B transformer needs a few GB of RAM, not 80."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import make_flux_checkpoint as mkflux
+    from sdrt.io import write_safetensors
+    from sdrt.io.writer import TensorPlan, parse_type
+    from sdrt.ops.convert import f32_to_raw
+    if component not in ("transformer", "llm", "llm_vl"):
+        raise SystemExit(f"--type {dtype}: for the transformer and the LLM (the VAE's 5-D convs: f16 via `write`)")
+    dt = parse_type(dtype)
+    shapes = shapes_of(component, False, depth, llm_layers, llm_ffn)
+    ps = [TensorPlan(n, dt, tuple(reversed(s)), lambda n=n, s=s: f32_to_raw(values(n, s, seed), dt))
+          for n, s in shapes.items()]
+    if jobs > 1:
+        ps = mkflux.in_parallel(ps, jobs)
+    write_safetensors(path, ps, metadata={"sdrt.random_weights": f"qwen-image {component} depth={depth} "
+                                          f"llm_layers={llm_layers} seed={seed} (noise, not a trained model)"})
+    return path
+
+
+FULL = dict(depth=60, llm_layers=28, llm_ffn=18944)    # Qwen-Image (20.4 B) and Qwen2.5-VL-7B's text stack
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--component", choices=("transformer", "llm", "llm_vl", "vae", "all"), default="all")
@@ -201,15 +232,31 @@ def main():
     ap.add_argument("--llm-layers", type=int, default=1)
     ap.add_argument("--llm-ffn", type=int, default=512)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--full", action="store_true", help="the released shapes: 60 DiT blocks, 28 LLM layers, FFN 18944")
+    ap.add_argument("--type", default="f16", choices=("f16", "bf16"),
+                    help="f16: matrices f16, vectors f32 (in memory); bf16: every tensor BF16, streamed "
+                    "(transformer / llm; the VAE stays f16)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes making bf16 tensors (same bytes)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args()
+    if a.full:
+        if a.tiny:
+            raise SystemExit("--full and --tiny: one or the other")
+        for k, v in FULL.items():
+            setattr(a, k, v)
+
+    def one(c, path):
+        if a.type == "bf16" and c != "vae":
+            return write_streamed(c, path, a.depth, a.llm_layers, a.llm_ffn, a.seed, "bf16", a.jobs)
+        return write(c, path, a.tiny, a.depth, a.llm_layers, a.llm_ffn, a.seed)
+
     if a.component == "all":
         os.makedirs(a.output, exist_ok=True)
         for c, f in (("transformer", "dit"), ("llm", "llm"), ("vae", "vae")):
-            print(write(c, os.path.join(a.output, f + ".safetensors"), a.tiny, a.depth, a.llm_layers, a.llm_ffn, a.seed))
+            print(one(c, os.path.join(a.output, f + ".safetensors")))
     else:
-        print(write(a.component, a.output, a.tiny, a.depth, a.llm_layers, a.llm_ffn, a.seed))
+        print(one(a.component, a.output))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ files), full size or reduced depth, so sd-cli and sdrt load it as they load sd3.
     python tools/make_sd3_checkpoint.py --variant sd3.5-large --depth 4 -o sd3.5l-d4.safetensors
     python tools/make_sd3_checkpoint.py --variant sd3.5-medium --type q8_0 -o sd3.5m-rand-q8_0.gguf
     python tools/make_sd3_checkpoint.py --component t5xxl -o t5xxl-rand.safetensors
+    python tools/make_sd3_checkpoint.py --variant sd3.5-large --component transformer --jobs 16 -o sd3.5l.safetensors
 
 --variant (the released shapes; sdrt detects them from the weights):
   sd3-medium    hidden 1536, 24 joint blocks, no QK norm, pos_embed 192x192
@@ -31,7 +32,8 @@ final_layer, biases and norms stay in --base-type).
 Values: as tools/make_flux_checkpoint.py (numpy PCG64 seeded with (seed, crc32(full name)); matrices
 N(0, 1/fan_in), norm weights incl. ln_q/ln_k N(1, 0.05^2), biases N(0, 0.02^2)), except pos_embed
 N(0, 0.2^2) (the released one is a sin-cos table of O(1) values). A component written alone has
-the values it has in the combined file. Tensors are produced and written one at a time.
+the values it has in the combined file. Tensors are produced and written one at a time (--jobs N:
+made by N forked processes a window ahead of the writer, as make_flux_checkpoint; the same bytes).
 """
 from __future__ import annotations
 
@@ -154,6 +156,7 @@ def main(argv=None):
     ap.add_argument("--type", default="bf16", help="bf16, f16, f32 (safetensors) or q8_0, q4_0, q4_K, ... (GGUF)")
     ap.add_argument("--base-type", default="bf16", help="type of the tensors a quantized --type leaves alone")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="processes generating/quantizing tensors (same bytes)")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args(argv)
     dst, base = parse_type(a.type), parse_type(a.base_type)
@@ -166,6 +169,8 @@ def main(argv=None):
         raise SystemExit(f"--type {a.type}: safetensors holds f32/f16/bf16; use a GGUF type")
     table, key_of = build_table(a.component, a.variant, a.depth)
     ps = plans(table, dst if gguf else None, base if gguf else dst, a.seed, key_of)
+    if a.jobs > 1:
+        ps = flux_ckpt.in_parallel(ps, a.jobs)
     n = sum(int(np.prod(s)) for s in table.values())
     t0, last = time.time(), [0.0]
 

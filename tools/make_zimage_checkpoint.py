@@ -6,6 +6,8 @@ sd-cli comparison (tests/test_zimage_sdcli.py) and the family tests.
     # full-size Z-Image-Turbo DiT as Q4_K GGUF and the full Qwen3-4B as Q8_0 GGUF (issue 20's CPU bench)
     python tools/make_zimage_checkpoint.py -o /work/cache/zimage_full --full --component dit --type q4_K --jobs 2
     python tools/make_zimage_checkpoint.py -o /work/cache/zimage_full --full --component llm --llm-type q8_0 --jobs 2
+    # full-size bf16 (the released files' type; bench/bench_cuda_cli.py)
+    python tools/make_zimage_checkpoint.py -o /tmp/cli/zimage --full --type bf16 --vae --jobs 16
 
 Writes DIR/zimage.safetensors (the DiT, `--diffusion-model`: x_embedder, t_embedder, cap_embedder,
 pad tokens, noise/context refiner and main layers, final_layer; FFN sized as sd.cpp's FeedForward
@@ -13,7 +15,10 @@ rounds it: 256 * ceil(int(8/3 * width) / 256)), DIR/qwen3.safetensors (`--llm`: 
 HF names under `model.`, sd.cpp's fixed 32 query / 8 kv heads of 128, the full 151936-token
 vocabulary, width --llm-hidden = the DiT's caption width) and with --vae DIR/ae.safetensors (the
 Flux AE layout of tools/make_flux_checkpoint.py). Values: make_flux_checkpoint's deterministic
-generator (PCG64 seeded by (seed, crc32(name))); norm weights near 1. float32, or --type f16.
+generator (PCG64 seeded by (seed, crc32(name))); norm weights near 1. float32, or --type f16, or
+--type bf16: every tensor BF16 (as the released z_image_turbo_bf16 / qwen_3_4b files), streamed one
+tensor at a time with --jobs, into DIR/zimage-bf16.safetensors / DIR/qwen3-bf16.safetensors (the AE
+stays float32, as BFL's ae.safetensors).
 
 --full: the released shapes (DiT width 3840, 30 main + 2 noise + 2 context refiner layers, FFN
 10240, captions 2560: 6.15 B parameters; Qwen3-4B: 36 layers, width 2560, FFN 9728, 4.02 B).
@@ -140,6 +145,22 @@ def write_gguf(path: str, layout: dict, seed: int = 0, dtype: str = "q4_K", base
     return path
 
 
+def write_streamed(path: str, layout: dict, seed: int = 0, dtype: str = "bf16", jobs: int = 1, what: str = "") -> str:
+    """The same values as `write`, every tensor in `dtype` (bf16: as the released files), made and
+    written one at a time (--jobs processes a window ahead): full-size files in a few GB of RAM."""
+    from sdrt.io import write_safetensors
+    from sdrt.io.writer import parse_type
+    mk = _mkflux()
+    ps = mk.plans(layout, None, parse_type(dtype), seed, value_key)
+    if jobs > 1:
+        ps = mk.in_parallel(ps, jobs)
+    t0 = time.time()
+    size = write_safetensors(path, ps, metadata={"sdrt.random_weights": f"{what} seed={seed} "
+                                                 "(noise, not a trained model)"})
+    print(f"wrote {path}: {len(layout)} tensors, {size / 2**30:.2f} GiB, {time.time() - t0:.0f} s", file=sys.stderr)
+    return path
+
+
 def write(path: str, layout: dict, seed: int = 0, dtype: str = "f32") -> str:
     """Deterministic values (norm weights near 1: the caption RMS norm too) as safetensors."""
     from sdrt.io import write_safetensors
@@ -168,10 +189,10 @@ def main(argv=None):
     ap.add_argument("--component", choices=("all", "dit", "llm"), default="all",
                     help="which of the DiT and the LLM to write (all: both)")
     ap.add_argument("--vae", action="store_true", help="also write the Flux AE (ae.safetensors)")
-    ap.add_argument("--type", default="f32", help="the DiT's: f32, f16 (safetensors) or q8_0, q4_K, ... (GGUF)")
+    ap.add_argument("--type", default="f32", help="the DiT's: f32, f16, bf16 (safetensors) or q8_0, q4_K, ... (GGUF)")
     ap.add_argument("--llm-type", default=None, help="the LLM's (default: --type)")
     ap.add_argument("--base-type", default="bf16", help="what a GGUF keeps unquantized tensors in")
-    ap.add_argument("--jobs", type=int, default=1, help="processes making GGUF tensors (same bytes)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes making bf16 / GGUF tensors (same bytes)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.full:
@@ -182,6 +203,9 @@ def main(argv=None):
     def emit(stem, layout, typ, what):
         if typ in ("f32", "f16"):
             print(write(os.path.join(a.output, stem + ".safetensors"), layout, a.seed, typ))
+        elif typ == "bf16":
+            print(write_streamed(os.path.join(a.output, stem + "-bf16.safetensors"), layout, a.seed, typ, a.jobs,
+                                 what))
         else:
             print(write_gguf(os.path.join(a.output, f"{stem}-{typ}.gguf"), layout, a.seed, typ, a.base_type,
                              a.jobs, what))

@@ -3,7 +3,7 @@
 without a GPU: fuse.launch_lists and fuse.half_nodes over the planned graph of the tiny golden
 models in tests/fixtures, with the CUDA kernel table (the same decision pass the backend runs).
 
-    python tools/cuda_fusion_report.py [--family flux,sd3m,sd35l,zimage] [--dtype BF16]
+    python tools/cuda_fusion_report.py [--family flux,sd3m,sd35l,zimage,qwen] [--dtype BF16]
 
 Per family: the fused kernels and how often they fire, the element-wise kernels left unfused,
 and the nodes stored as F16/BF16 by op. A family whose modulations or MLP gates show up as
@@ -58,11 +58,21 @@ def zimage_graph(dtype):
     return Graph(m.forward(*_leaves(gold["x/even"], gold["t/even"].reshape(1), gold["ctx/even"])))
 
 
+def qwen_image_graph(dtype):
+    import test_qwen_image as tq
+    from sdrt.models.diffusion.flux import flux_pe
+    z = tq.fixture()
+    m = tq.model(dtype=None if dtype != "F32" else "F32")
+    pe = Tensor.from_numpy(flux_pe(z["t2i:ids"], tq.AXES))
+    return Graph(m.forward(*_leaves(z["t2i:x"], z["t2i:t"], z["t2i:context"]), pe=pe))
+
+
 FAMILIES = {
     "flux": flux_graph,
     "sd3m": lambda dt: mmdit_graph("sd3m", dt),
     "sd35l": lambda dt: mmdit_graph("sd35l", dt),
     "zimage": zimage_graph,
+    "qwen": qwen_image_graph,
 }
 
 

@@ -16,7 +16,7 @@
 # family's steps/cfg, sdrt (--backend cuda0) vs sd-cli CUDA --diffusion-fa ($CLI_ENGINES, default
 # sdrt,sdcli), full-size random bf16 files in /tmp/cli. sd-cli builds in the background first
 # (bench/build_sdcli_cuda.sh from $SDCLI_SRC, default .whl/sdcpp/sdcpp_src.tar.xz: carry .whl with
-# sdcpp in it, which tools/device_tree.sh prepare sets aside: move it back after prepare) while
+# sdcpp in it, `bash tools/device_tree.sh prepare sdcpp`) while
 # the files are written (--make-only); then the runs, within $CLI_BUDGET s (default 500) of the part's
 # start. Estimate (fifth session's rates: 16 jobs ~57 M parameters/s, sd-cli ~5 min to build):
 # files ~230 s for SD3.5 Large (8.1 B + T5-XXL 4.7 B + bigG), ~180 s for Z-Image (6.15 B + Qwen3 4.0 B);

@@ -218,6 +218,28 @@ def test_silu_mul_fused_exact(cuda, rng, monkeypatch, wdt):
         assert_within_scale(a["out"], want, 2e-2 if wdt == "BF16" else 1e-5, "silu_mul vs cpu")
 
 
+@pytest.mark.parametrize("D", [64, 128])
+def test_rms_norm_rope_staged(cuda, rng, monkeypatch, D):
+    """Qwen-Image's form: q = rms_norm(reshape(to_q(x))) * w, the projection dead after the norm,
+    so the planner gives its buffer to the rope's output: rms_norm_rope through scratch."""
+    from sdrt.models.diffusion.flux import flux_ids, flux_pe
+    from sdrt.models.diffusion.flux_blocks import roped
+    H, N, lens = 3, 1, (20, 70)
+    pe = leaf(flux_pe(flux_ids(14, 20, lens[0]), (D // 4, 3 * D // 8, 3 * D // 8)))
+    qs = []
+    for L in lens:
+        t = F.mul_mat(leaf(randn(rng, H * D, 48) / 7), leaf(randn(rng, N, L, 48)))
+        qs.append(F.mul(F.rms_norm(t.reshape(D, H, L, N), 1e-6), leaf(randn(rng, D))))
+    r = roped(qs, pe).reshape(D, sum(lens), H, N)
+    out = F.silu(F.attention(r, r, r))
+    want = cpu(out)["out"]
+    g, on, off = on_off(cuda, monkeypatch, out, "fuse")
+    assert kernel_names(cuda, g).count("rms_norm_rope_staged") == 2
+    for a, b in zip(on, off):
+        assert_within_scale(a["out"], b["out"], 3e-3, "staged vs unfused")
+        assert_within_scale(a["out"], want, 3e-3, "staged vs cpu")
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_gated_residual_fused_exact(cuda, rng, monkeypatch, n):
     C = 192

@@ -75,7 +75,7 @@ kernels write F32, F16 or BF16: the out-projection's BF16). Each store halves th
 the GEMM or attention reading it (convert_f32_f16/bf16 and attn_pack); the stored bits are the
 very bits the packing would have made. No reader may write over the node's buffer, nor may the
 node be written over a buffer its own kernel reads (different element sizes at one address:
-`_over_a_source`).
+`_over_a_source`; a slot whose kernel writes scratch first, `staged`, may).
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ from .ops.layout import concat
 from .devtensor import padded_nb
 from .ops.matmul import (gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_gelu,
                          mul_mat_add_bias_residual)
-from .ops.norm import layer_norm_modulated, rms_norm_rope, rms_norm_scaled, takes_rms_rope
+from .ops.norm import layer_norm_modulated, rms_norm_rope, rms_norm_rope_staged, rms_norm_scaled, takes_rms_rope
 
 
 def _skip(node, xs, out, rt) -> None:
@@ -317,12 +317,17 @@ def _fuse_rms_rope(nodes, out, j, km, uses, outputs, node_ptr) -> None:
     rope = nodes[kr]
     x, w = out[km][1]
     pe = rope.src[1]
+    skipped = {id(rn), id(mul), id(rope)}
     if (not _is_whole(rope.src[0], mul) or rope.dtype.name != "F32"
             or not takes_rms_rope(x, w, pe, bool(rope.params["interleaved"]))
-            or not _chain_reads_safe(nodes, out, j, kr, {id(rn), id(mul)}, (x, w, pe), node_ptr)):
+            or not _chain_reads_safe(nodes, out, j, kr, skipped, (x, w, pe), node_ptr)):
         return
+    # the rope's buffer may be x's, dead after the norm in the unfused order (Qwen-Image's to_q
+    # output): the kernel then writes scratch, copied over after (rows change place in a rope)
+    staged = any(t.owner.op is not None and _buffer_overlaps(rope, t.owner, node_ptr) for t in (x, w, pe))
     out[km] = (_skip, ())
-    out[kr] = (_norm_slot(rms_norm_rope, rn), (x, w, pe))
+    out[kr] = (_norm_slot(rms_norm_rope_staged, rn, staged=True) if staged else _norm_slot(rms_norm_rope, rn),
+               (x, w, pe))
 
 
 def _fuse_silu_mul(nodes, out, j, uses, outputs, node_ptr) -> None:
@@ -550,7 +555,7 @@ def half_nodes(graph, plan, lists, node_ptr) -> dict[int, str]:
         can = _writable(n, *entry)
         rs = readers.get(id(n), ())
         if (not can or not rs or any(node_ptr.get(id(r)) == node_ptr[id(n)] for r, _ in rs)
-                or _over_a_source(n, entry[1], node_ptr)):
+                or (_over_a_source(n, entry[1], node_ptr) and not getattr(entry[0], "staged", False))):
             continue
         gemm = entry[0] is mul_mat or entry[0] is mul_mat_add_bias
         want = {_read_dtype(r, i, store, gemm) for r, i in rs}

@@ -16,7 +16,7 @@ from functools import cache
 
 from ....ops.norm import group_bounds
 from ..devtensor import SUFFIX as FLOAT
-from ..devtensor import kernel_dtypes
+from ..devtensor import DevTensor, kernel_dtypes
 from ..table import CUDA
 
 MODULE = "norm"
@@ -113,6 +113,13 @@ def rms_norm_rope(rt, x, w, pe, out, eps: float) -> None:
     _fn(rt, f"rms_rope_d{D}_{kernel_dtypes(x, out)}", "PPPPqqqqqqqiqqqqf")(
         (grid, 1, 1), (32 * RMS_ROPE_WARPS, 1, 1), x.ptr, w.ptr, pe.ptr, out.ptr, H, L, rows, *x.nb[1:],
         w.nb[0], TYPE_CODE[w.dtype.name], *pe.nb, float(eps))
+
+
+def rms_norm_rope_staged(rt, x, w, pe, out, eps: float) -> None:
+    """rms_norm_rope for an `out` whose buffer overlaps x's: into rt.scratch, then copied to out."""
+    tmp = rt.scratch(out.nbytes)
+    rms_norm_rope(rt, x, w, pe, DevTensor(tmp, out.dtype, out.ne, out.nb, out.tensor), eps)
+    rt.dev.dtod_async(out.ptr, tmp, out.nbytes, rt.stream)
 
 
 def _row_strides(t, x) -> list[int]:

@@ -89,7 +89,8 @@ def test_fused_and_half_storage_kernels_are_shipped():
     from sdrt.gpu.cuda.ops.norm import RMS_ROPE_DIMS
     want = {
         "norm": ["layer_norm_mod_f32", "layer_norm_mod_f32_to_f16", "layer_norm_mod_f32_to_bf16",
-                 "layer_norm_f32_to_bf16", "group_norm_apply_f32_to_bf16", "rms_norm_f32_to_f16", "rms_norm_f32_to_bf16"]
+                 "layer_norm_f32_to_bf16", "group_norm_apply_f32_to_bf16", "rms_norm_f32_to_f16", "rms_norm_f32_to_bf16",
+                 "rms_norm_mod_f32", "rms_norm_mod_f32_to_f16", "rms_norm_mod_f32_to_bf16"]
         + [f"rms_rope_d{d}_{t}" for d in RMS_ROPE_DIMS for t in ("f32", "f32_to_f16")],
         "elementwise": ["gated_add_f32", "geglu_tanh_f32_to_bf16", "geglu_erf_bf16_to_f32", "silu_mul_f32",
                         "silu_mul_f32_to_f16", "silu_mul_f32_to_bf16"],

@@ -31,7 +31,7 @@ from sdrt.ops.graph import Graph  # noqa: E402
 from sdrt.ops.tensor import Tensor  # noqa: E402
 
 FUSED = ("mul_mat_add_bias", "mul_mat_add_bias_residual", "mul_mat_add_bias_gelu", "layer_norm_modulated",
-         "rms_norm_scaled", "rms_norm_rope", "rms_norm_rope_staged", "silu_mul", "gated_add", "attention_into_cont", "conv3x3_epilogue")
+         "rms_norm_scaled", "rms_norm_modulated", "rms_norm_rope", "rms_norm_rope_staged", "silu_mul", "gated_add", "attention_into_cont", "conv3x3_epilogue")
 ELEMENTWISE = ("binary", "unary")
 
 

@@ -203,6 +203,29 @@ def test_rms_norm_rope_fused(cuda, rng, monkeypatch, D, wdt):
             assert_within_scale(a["out"], want, 3e-3, "rms_norm_rope vs cpu")
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_rms_modulation_fused_exact(cuda, rng, monkeypatch, n):
+    """Z-Image's adaLN rms_norm(x) * w * (1 + scale), scale a [C, 1, N] view: rms_norm_modulated,
+    bit for bit the three kernels (F32 out); read by a BF16 GEMM it is stored BF16."""
+    from sdrt.models.diffusion.flux_blocks import chunks
+    C = 320
+    x = leaf(randn(rng, n, 77, C) * 3 + 1)
+    s = F.scale(chunks(F.silu(leaf(randn(rng, n, 2 * C))), 2)[1], 1.0, 1.0)
+    h = F.mul(F.mul(F.rms_norm(x, 1e-6), leaf(randn(rng, C))), s)
+    out = F.silu(h)
+    want = cpu(out)["out"]
+    g, on, off = on_off(cuda, monkeypatch, out, "fuse")
+    assert "rms_norm_modulated" in kernel_names(cuda, g)
+    for a, b in zip(on, off):
+        np.testing.assert_array_equal(a["out"], b["out"])
+        assert_within_scale(a["out"], want, 1e-5, "rms modulation vs cpu")
+    gemm = F.mul_mat(leaf(randn(rng, 64, C) / 16, "BF16"), h)
+    g, on, off = on_off(cuda, monkeypatch, gemm, "store_half")
+    assert set(cuda._states[g].half.values()) == {"BF16"} and "rms_norm_modulated" in kernel_names(cuda, g)
+    for a, b in zip(on, off):
+        assert_within_scale(a["out"], b["out"], 1e-6, "rms modulation stored vs packed")
+
+
 @pytest.mark.parametrize("wdt", ["F32", "BF16"])
 def test_silu_mul_fused_exact(cuda, rng, monkeypatch, wdt):
     """w2(silu(w1 x) * w3 x), Z-Image's and the Qwen LLMs' feed-forward: silu_mul in the mul's

@@ -30,7 +30,9 @@ to call and the tensors it reads (`kernels`: each segment's kernel functions in 
   the norm's only reader): `norm.rms_norm_scaled`, the rms kernel with w as its weight, in the
   mul's slot (bit for bit: the product is rounded as the mul's). When the mul's only reader is
   `rope(., pe)` with interleaved pairs over a whole head of 16 to 256 (`norm.takes_rms_rope`):
-  `norm.rms_norm_rope` in the rope's slot instead, norm, weight and rotation in one pass.
+  `norm.rms_norm_rope` in the rope's slot instead, norm, weight and rotation in one pass; when
+  it is `mul(., s)`, s broadcasting over the rows (Z-Image's adaLN `1 + scale`),
+  `norm.rms_norm_modulated` in that mul's slot.
 
 - the gated residual `add(x, mul(y, g))` (either operand order of either op; x, y of the
   output's shape, g broadcasting, all F32, the mul read only by the add): `elementwise.gated_add`
@@ -89,7 +91,8 @@ from .ops.layout import concat
 from .devtensor import padded_nb
 from .ops.matmul import (gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_gelu,
                          mul_mat_add_bias_residual)
-from .ops.norm import layer_norm_modulated, rms_norm_rope, rms_norm_rope_staged, rms_norm_scaled, takes_rms_rope
+from .ops.norm import (layer_norm_modulated, rms_norm_modulated, rms_norm_rope, rms_norm_rope_staged, rms_norm_scaled,
+                       takes_rms_rope)
 
 
 def _skip(node, xs, out, rt) -> None:
@@ -304,7 +307,26 @@ def _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr) -> None:
         return
     out[j] = (_skip, ())
     out[km] = (_norm_slot(rms_norm_scaled, rn, writes=HALF), (x, w))
-    _fuse_rms_rope(nodes, out, j, km, uses, outputs, node_ptr)
+    if not _fuse_rms_modulation(nodes, out, j, km, uses, outputs, node_ptr):
+        _fuse_rms_rope(nodes, out, j, km, uses, outputs, node_ptr)
+
+
+def _fuse_rms_modulation(nodes, out, j, km, uses, outputs, node_ptr) -> bool:
+    """The fused rms_norm(x) * w at km read only by mul(., s), s a float view of x's ne[0] values
+    broadcasting over its rows (Z-Image's adaLN: s = 1 + scale, [C, 1, N]): rms_norm_modulated
+    in that mul's slot, which may write the F16/BF16 of the GEMM reading it."""
+    rn, mul = nodes[j], nodes[km]
+    k2 = _next_reader(nodes, km, mul, uses) if id(mul) not in outputs else None
+    if k2 is None or nodes[k2].op != "mul" or out[k2][0] is _skip:
+        return False
+    m2, (x, w) = nodes[k2], out[km][1]
+    s, ne = _other(nodes[k2], mul), tuple(mul.ne4)
+    if (s is None or m2.dtype.name != "F32" or tuple(m2.ne4) != ne or not _broadcasts_to(s, ne) or s.ne4[0] != ne[0]
+            or not _chain_reads_safe(nodes, out, j, k2, {id(rn), id(mul)}, (x, w, s), node_ptr)):
+        return False
+    out[km] = (_skip, ())
+    out[k2] = (_norm_slot(rms_norm_modulated, rn, writes=HALF), (x, w, s))
+    return True
 
 
 def _fuse_rms_rope(nodes, out, j, km, uses, outputs, node_ptr) -> None:

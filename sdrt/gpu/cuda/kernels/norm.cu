@@ -122,10 +122,13 @@ enum { LAYER, RMS, L2 };
 // TX is x's dtype, TO the output's (F32 results stored as F16 by fuse.py's half storage).
 #define ROW_CACHE 8
 
-// MOD (the DiT modulation, fuse.py's layer_norm -> mul(., w) -> add(., b)): w and b are any
-// broadcast views, row (i1, i2, i3) reading theirs at w + i1*wr1 + i2*wr2 + i3*wr3 (b alike), and
-// the value is rounded after the product and after the sum as the unfused kernels (no FMA).
-template <int MODE, typename TX, typename TO, bool MOD = false>
+// MOD: the DiT modulations. MOD_SHIFT, fuse.py's layer_norm -> mul(., w) -> add(., b): w and b are
+// any broadcast views, row (i1, i2, i3) reading theirs at w + i1*wr1 + i2*wr2 + i3*wr3 (b alike),
+// the value rounded after the product and after the sum as the unfused kernels (no FMA).
+// MOD_SCALE, rms_norm -> mul(., w) -> mul(., b) (Z-Image's adaLN: w the norm's weight, b the
+// 1 + scale vector, row strides as above): rounded after each product.
+enum { MOD_NONE, MOD_SHIFT, MOD_SCALE };
+template <int MODE, typename TX, typename TO, int MOD = MOD_NONE>
 __device__ __forceinline__ void row_norm(const char* x, const char* w, const char* b, TO* out, int64_t ne0,
                                          int64_t ne1, int64_t ne2, int64_t nb0, int64_t nb1, int64_t nb2,
                                          int64_t nb3, int64_t nbw, int64_t nbb, int w_type, int b_type,
@@ -170,8 +173,10 @@ __device__ __forceinline__ void row_norm(const char* x, const char* w, const cha
     TO* o = out + r * ne0;
     auto store = [&](int64_t i, float xi) {
         float v = (xi - mean) * sc;
-        if (MOD) {
+        if (MOD == MOD_SHIFT) {
             v = __fadd_rn(__fmul_rn(v, load_any(w, i * nbw, w_type)), load_any(b, i * nbb, b_type));
+        } else if (MOD == MOD_SCALE) {
+            v = __fmul_rn(__fmul_rn(v, load_any(w, i * nbw, w_type)), load_any(b, i * nbb, b_type));
         } else {
             if (w) v *= load_any(w, i * nbw, w_type);
             if (b) v += load_any(b, i * nbb, b_type);
@@ -382,20 +387,23 @@ ROW_NORM_ENTRY(layer_norm_f16_to_f32, LAYER, __half, float)
 ROW_NORM_ENTRY(rms_norm_f32_to_f16, RMS, float, __half)
 ROW_NORM_ENTRY(rms_norm_f32_to_bf16, RMS, float, bf16_t)
 
-// the modulated layer norm (fuse.py: layer_norm -> mul(., scale) -> add(., shift)), w = scale and
-// b = shift with per-row strides
-#define LAYER_NORM_MOD_ENTRY(name, TX, TO)                                                             \
+// the modulated norms (row_norm's MOD): w and b with per-row strides
+#define NORM_MOD_ENTRY(name, MODE, MOD, TX, TO)                                                             \
     extern "C" __global__ void name(const char* x, const char* w, const char* b, TO* out, int64_t ne0, \
                                     int64_t ne1, int64_t ne2, int64_t nb0, int64_t nb1, int64_t nb2,    \
                                     int64_t nb3, int64_t nbw, int64_t nbb, int w_type, int b_type,      \
                                     float eps, int64_t wr1, int64_t wr2, int64_t wr3, int64_t br1,      \
                                     int64_t br2, int64_t br3) {                                         \
-        row_norm<LAYER, TX, TO, true>(x, w, b, out, ne0, ne1, ne2, nb0, nb1, nb2, nb3, nbw, nbb, w_type, \
+        row_norm<MODE, TX, TO, MOD>(x, w, b, out, ne0, ne1, ne2, nb0, nb1, nb2, nb3, nbw, nbb, w_type, \
                                       b_type, eps, wr1, wr2, wr3, br1, br2, br3);                       \
     }
-LAYER_NORM_MOD_ENTRY(layer_norm_mod_f32, float, float)
-LAYER_NORM_MOD_ENTRY(layer_norm_mod_f32_to_f16, float, __half)
-LAYER_NORM_MOD_ENTRY(layer_norm_mod_f32_to_bf16, float, bf16_t)
+NORM_MOD_ENTRY(layer_norm_mod_f32, LAYER, MOD_SHIFT, float, float)
+NORM_MOD_ENTRY(layer_norm_mod_f32_to_f16, LAYER, MOD_SHIFT, float, __half)
+NORM_MOD_ENTRY(layer_norm_mod_f32_to_bf16, LAYER, MOD_SHIFT, float, bf16_t)
+// the rms one (fuse.py: rms_norm -> mul(., weight) -> mul(., 1 + scale))
+NORM_MOD_ENTRY(rms_norm_mod_f32, RMS, MOD_SCALE, float, float)
+NORM_MOD_ENTRY(rms_norm_mod_f32_to_f16, RMS, MOD_SCALE, float, __half)
+NORM_MOD_ENTRY(rms_norm_mod_f32_to_bf16, RMS, MOD_SCALE, float, bf16_t)
 
 #define RMS_ROPE_ENTRY(name, TO, D)                                                                    \
     extern "C" __global__ void name(const char* x, const char* w, const char* pe, TO* out, int64_t H,   \

@@ -132,12 +132,22 @@ def layer_norm_modulated(rt, x, scale, shift, out, eps: float) -> None:
     add kernels do), scale and shift any F32/F16/BF16 views broadcasting over x [C, ...] with
     C values along dim 0 (a DiT modulation's [C, 1, N] vectors): fuse.py's layer_norm -> mul ->
     add in one pass, written as out's dtype (F32, or F16/BF16 where fuse.py stores it)."""
-    _fn(rt, f"layer_norm_mod_{kernel_dtypes(x, out)}", "PPPP" + "q" * 9 + "iif" + "q" * 6)(
+    _norm_mod(rt, "layer_norm_mod", x, scale, shift, out, eps, _row_strides(scale, x))
+
+
+def rms_norm_modulated(rt, x, w, scale, out, eps: float) -> None:
+    """out = rms_norm(x) * w * scale, w the norm's weight (x's ne[0] values), scale a view
+    broadcasting over x's rows ([C, 1, N]: Z-Image's 1 + scale), each product rounded to F32 as
+    the unfused kernels: fuse.py's rms_norm -> mul -> mul in one pass, written as out's dtype."""
+    _norm_mod(rt, "rms_norm_mod", x, w, scale, out, eps, (0, 0, 0))
+
+
+def _norm_mod(rt, kernel: str, x, w, b, out, eps: float, w_rows) -> None:
+    _fn(rt, f"{kernel}_{kernel_dtypes(x, out)}", "PPPP" + "q" * 9 + "iif" + "q" * 6)(
         (x.nrows, 1, 1), (row_threads(x.ne[0]), 1, 1),
-        x.ptr, scale.ptr, shift.ptr, out.ptr, x.ne[0], x.ne[1], x.ne[2], *x.nb,
-        scale.nb[0] if scale.ne[0] > 1 else 0, shift.nb[0] if shift.ne[0] > 1 else 0,
-        TYPE_CODE[scale.dtype.name], TYPE_CODE[shift.dtype.name], float(eps),
-        *_row_strides(scale, x), *_row_strides(shift, x))
+        x.ptr, w.ptr, b.ptr, out.ptr, x.ne[0], x.ne[1], x.ne[2], *x.nb,
+        w.nb[0] if w.ne[0] > 1 else 0, b.nb[0] if b.ne[0] > 1 else 0,
+        TYPE_CODE[w.dtype.name], TYPE_CODE[b.dtype.name], float(eps), *w_rows, *_row_strides(b, x))
 
 
 # ---- group_norm(_affine) -----------------------------------------------------------------------

@@ -222,13 +222,14 @@ def _chain_reads_safe(nodes, out, j, k, skipped, reads, node_ptr, in_place=()) -
     return True
 
 
-def _next_reader(nodes, j, node, uses) -> int | None:
-    """Index of the node after j reading `node` when that is node's only reader."""
+def _sole_reader(nodes, out, j, node, uses, op: str) -> int | None:
+    """Index of the node after j reading `node` when that is node's only reader, runs `op` and
+    has not been fused away already."""
     if uses.get(id(node)) != 1:
         return None
     for k in range(j + 1, len(nodes)):
         if any(s.owner is node for s in nodes[k].src):
-            return k
+            return k if nodes[k].op == op and out[k][0] is not _skip else None
     return None
 
 
@@ -253,12 +254,12 @@ def _fuse_modulation(nodes, out, j, uses, outputs, node_ptr) -> None:
     ln = nodes[j]
     if ln.src[0].dtype.name != "F32" or ln.dtype.name != "F32" or len(ln.src) != 1 or id(ln) in outputs:
         return
-    km = _next_reader(nodes, j, ln, uses)
-    if km is None or nodes[km].op != "mul" or id(nodes[km]) in outputs:
+    km = _sole_reader(nodes, out, j, ln, uses, "mul")
+    if km is None or id(nodes[km]) in outputs:
         return
     mul = nodes[km]
-    ka = _next_reader(nodes, km, mul, uses)
-    if ka is None or nodes[ka].op != "add" or out[km][0] is _skip or out[ka][0] is _skip:
+    ka = _sole_reader(nodes, out, km, mul, uses, "add")
+    if ka is None:
         return
     add = nodes[ka]
     scale, shift = _other(mul, ln), _other(add, mul)
@@ -294,8 +295,8 @@ def _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr) -> None:
     rn = nodes[j]
     if rn.src[0].dtype.name != "F32" or rn.dtype.name != "F32" or id(rn) in outputs:
         return
-    km = _next_reader(nodes, j, rn, uses)
-    if km is None or nodes[km].op != "mul" or out[km][0] is _skip:
+    km = _sole_reader(nodes, out, j, rn, uses, "mul")
+    if km is None:
         return
     mul = nodes[km]
     w = _other(mul, rn)
@@ -316,8 +317,8 @@ def _fuse_rms_modulation(nodes, out, j, km, uses, outputs, node_ptr) -> bool:
     broadcasting over its rows (Z-Image's adaLN: s = 1 + scale, [C, 1, N]): rms_norm_modulated
     in that mul's slot, which may write the F16/BF16 of the GEMM reading it."""
     rn, mul = nodes[j], nodes[km]
-    k2 = _next_reader(nodes, km, mul, uses) if id(mul) not in outputs else None
-    if k2 is None or nodes[k2].op != "mul" or out[k2][0] is _skip:
+    k2 = _sole_reader(nodes, out, km, mul, uses, "mul") if id(mul) not in outputs else None
+    if k2 is None:
         return False
     m2, (x, w) = nodes[k2], out[km][1]
     s, ne = _other(nodes[k2], mul), tuple(mul.ne4)
@@ -333,8 +334,8 @@ def _fuse_rms_rope(nodes, out, j, km, uses, outputs, node_ptr) -> None:
     """The fused QK norm rms_norm(x) * w at km read only by rope(., pe) (a DiT block's attention
     input): rms_norm_rope in the rope's slot, one warp per row reading x once."""
     rn, mul = nodes[j], nodes[km]
-    kr = _next_reader(nodes, km, mul, uses) if id(mul) not in outputs else None
-    if kr is None or nodes[kr].op != "rope" or out[kr][0] is _skip:
+    kr = _sole_reader(nodes, out, km, mul, uses, "rope") if id(mul) not in outputs else None
+    if kr is None:
         return
     rope = nodes[kr]
     x, w = out[km][1]
@@ -359,8 +360,8 @@ def _fuse_silu_mul(nodes, out, j, uses, outputs, node_ptr) -> None:
     si = nodes[j]
     if id(si) in outputs or si.dtype.name != "F32" or si.src[0].dtype.name != "F32":
         return
-    km = _next_reader(nodes, j, si, uses)
-    if km is None or nodes[km].op != "mul" or out[km][0] is _skip:
+    km = _sole_reader(nodes, out, j, si, uses, "mul")
+    if km is None:
         return
     mul = nodes[km]
     b = _other(mul, si)
@@ -387,8 +388,8 @@ def _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr) -> None:
     mul = nodes[j]
     if id(mul) in outputs or mul.dtype.name != "F32":
         return
-    ka = _next_reader(nodes, j, mul, uses)
-    if ka is None or nodes[ka].op != "add" or out[ka][0] is _skip:
+    ka = _sole_reader(nodes, out, j, mul, uses, "add")
+    if ka is None:
         return
     add = nodes[ka]
     x = _other(add, mul)

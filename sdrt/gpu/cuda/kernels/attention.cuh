@@ -125,17 +125,22 @@ __device__ __forceinline__ void scale_q_frags(unsigned (&qf)[KD][4], float qscal
 // The scores of a 16-row tile (s[j][e] as store_rows' o, rows row0 and row0 + 8, keys
 // k0 + 8 j + 2 (lane % 4) + {0, 1}): keys at or beyond Lk to -inf, the mask (natural-log units,
 // so times log2(e)) added; mask plane (h % M2, n % M3), its row i (or 0 when it has one, Mq 1).
+// The mask row of query row i (plane (h % M2, n % M3); row i, or 0 when the mask has one), or
+// nullptr without a mask or past the last row
+__device__ __forceinline__ const char* mask_row(const char* mask, int i, int Lq, int64_t mnb1, int64_t mnb2,
+                                                int64_t mnb3, int Mq, int M2, int M3, int n, int h) {
+    return (mask != nullptr && i < Lq)
+               ? mask + (int64_t)(n % M3) * mnb3 + (int64_t)(h % M2) * mnb2 + (int64_t)(Mq == 1 ? 0 : i) * mnb1
+               : nullptr;
+}
+
 template <int NS>
 __device__ __forceinline__ void mask_scores(float (&s)[NS][4], int row0, int tq, int k0, int Lk, int Lq,
                                             const char* mask, int mdt, int64_t mnb0, int64_t mnb1, int64_t mnb2,
                                             int64_t mnb3, int Mq, int M2, int M3, int n, int h) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-        const int i = row0 + hr * 8;
-        const char* mrow = (mask != nullptr && i < Lq)
-                               ? mask + (int64_t)(n % M3) * mnb3 + (int64_t)(h % M2) * mnb2 +
-                                     (int64_t)(Mq == 1 ? 0 : i) * mnb1
-                               : nullptr;
+        const char* mrow = mask_row(mask, row0 + hr * 8, Lq, mnb1, mnb2, mnb3, Mq, M2, M3, n, h);
 #pragma unroll
         for (int j = 0; j < NS; ++j)
 #pragma unroll

@@ -267,11 +267,7 @@ __device__ void wgmma_body(const __half* __restrict__ Q, int64_t qs1, int64_t qs
                 // two passes cost registers, spilling at 3 warpgroups)
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
-                    const int i = qw + g + hr * 8;
-                    const char* mrow = (mask != nullptr && i < Lq)
-                                           ? mask + (int64_t)(n % M3) * mnb3 + (int64_t)(h % M2) * mnb2 +
-                                                 (int64_t)(Mq == 1 ? 0 : i) * mnb1
-                                           : nullptr;
+                    const char* mrow = mask_row(mask, qw + g + hr * 8, Lq, mnb1, mnb2, mnb3, Mq, M2, M3, n, h);
 #pragma unroll
                     for (int j = 0; j < NS; ++j)
 #pragma unroll

@@ -110,5 +110,11 @@ def test_pipeline_uploads_device_weights_before_sampling(monkeypatch):
     pipe.executors = {"diffusion": "cuda9", "te": "cuda9", "vae": "cpu"}
     assert pipe.upload_device_weights("diffusion", "controlnet") == 16 * 4
     assert seen == [tab[DM + "img_in.weight"]]          # split diffusers parts are joined later, not sent
+    from sdrt.models.common import RUNTIME_LORA
+    RUNTIME_LORA[tab[DM + "img_in.weight"]] = object()      # a run-time LoRA may fold it into a copy
+    try:
+        assert pipe.upload_device_weights("diffusion") == 0
+    finally:
+        del RUNTIME_LORA[tab[DM + "img_in.weight"]]
     pipe.executors["diffusion"] = SimpleNamespace(name="cuda9")   # a residency manager streams them
     assert pipe.upload_device_weights("diffusion") == 0

@@ -497,10 +497,12 @@ class Pipeline:
     def upload_device_weights(self, *components: str) -> int:
         """Upload the weights of `components` that compute on a GPU keeping its weights there (no
         residency manager) before their model first runs, as sd-cli does at load: the first step
-        of the sampling loop then costs what the others do. The parts of split diffusers tensors
-        are left out (the model joins them into new tensors). Returns the bytes uploaded."""
+        of the sampling loop then costs what the others do. Left out, for their first use: the
+        parts of split diffusers tensors (the model joins them into new tensors) and the weights
+        with a run-time LoRA (the model may multiply by a folded copy). Returns the bytes uploaded."""
         if self.models is None:
             return 0
+        from ..models.common import RUNTIME_LORA
         from ..models.names import split_part_names
         from ..ops.backend import get_backend
         from .placement import classify_tensor
@@ -511,7 +513,8 @@ class Pipeline:
                 groups.setdefault(dev, []).append(c)
         total, skip = 0, split_part_names(self.models.tensors) if groups else set()
         for dev, comps in groups.items():
-            ts = [t for n, t in self.models.tensors.items() if classify_tensor(n) in comps and n not in skip]
+            ts = [t for n, t in self.models.tensors.items()
+                  if classify_tensor(n) in comps and n not in skip and t not in RUNTIME_LORA]
             t0 = time.time()
             n = get_backend(dev).preload_weights(ts)
             if n:

@@ -118,3 +118,20 @@ def test_pipeline_uploads_device_weights_before_sampling(monkeypatch):
         del RUNTIME_LORA[tab[DM + "img_in.weight"]]
     pipe.executors["diffusion"] = SimpleNamespace(name="cuda9")   # a residency manager streams them
     assert pipe.upload_device_weights("diffusion") == 0
+
+
+def test_one_shot_pipeline_releases_each_stage(monkeypatch):
+    # the CLI's pipeline frees a GPU's weights and graph buffers when a stage ends (the text
+    # encoders before the diffusion model's upload, the diffusion model before the VAE decode)
+    from sdrt.engine.pipeline import Pipeline
+    calls = []
+    fake = SimpleNamespace(release_weights=lambda: calls.append("cuda9") or 7)
+    monkeypatch.setitem(backends._BACKENDS, "cuda9", fake)
+    pipe = Pipeline.__new__(Pipeline)
+    pipe.models, pipe.one_shot = SimpleNamespace(tensors={}), False
+    pipe.executors = {"diffusion": "cuda9", "te": "cuda9", "vae": "cpu", "controlnet": SimpleNamespace(name="cuda9")}
+    assert pipe.release_device_stage("te") == 0 and not calls          # a server keeps them
+    pipe.one_shot = True
+    assert pipe.release_device_stage("te") == 7 and calls == ["cuda9"]
+    assert pipe.release_device_stage("diffusion", "controlnet") == 7 and calls == ["cuda9"] * 2   # managed: skipped
+    assert pipe.release_device_stage("vae") == 0

@@ -214,6 +214,11 @@ def test_preloaded_weights_are_the_ones_a_run_reads():
     out = g.run(be)["out"].to_f32()
     assert be.weight_bytes() == before + w.nbytes
     np.testing.assert_allclose(out, g.run("cpu")["out"].to_f32(), rtol=1e-5, atol=1e-5)
+    # a one-shot pipeline's stage end: the weight and the graph's buffers go; a later run uploads again
+    assert be.release_weights([wt]) == w.nbytes and be.weight_bytes() == before and not be.graph_bytes()[1]
+    np.testing.assert_array_equal(g.run(be)["out"].to_f32(), out)
+    assert be.weight_bytes() == before + w.nbytes
+    be.release_weights([wt])
 
 
 def test_the_sub_allocator_carves_blocks_and_merges_free_runs():

@@ -422,6 +422,7 @@ def _img_gen(args) -> int:
     check_output_paths(paths)
     from ..engine.pipeline import Pipeline
     pipe = Pipeline.load(mp)
+    pipe.one_shot = True           # one request: each stage's GPU memory goes when it ends
     results = pipe.generate(gp, lora_tags=True)
     ok = 0
     for i, (r, path) in enumerate(zip(results, paths)):

@@ -163,6 +163,9 @@ class Pipeline:
         self.executors: dict = {}     # component -> backend its model runs on (absent: cpu); see load()
         self._loras = None            # sdrt.engine.lora.LoraState once a generation asks for LoRAs
         self._upscaler = None         # ((path, tile size), Upscaler) of --upscale-model, kept across requests
+        # one request and done (the CLI): each stage's GPU weights and buffers are freed when the
+        # stage ends (release_device_stage), so the process peak is the largest stage, not the sum
+        self.one_shot = False
 
     # ---- construction from files ----------------------------------------------------------------
     @classmethod
@@ -315,6 +318,7 @@ class Pipeline:
                                  latents)                                   # 5. conditioning
         log.info("get_learned_condition completed, taking %.2fs", time.time() - t_cond)
         self.release_weight_pages("te", "vae")
+        self.release_device_stage("te")
         self.upload_device_weights("diffusion", "controlnet")
         bar = ProgressBar(progress, enabled=show_progress and log.isEnabledFor(logging.INFO))
         results, t_denoise = [], time.time()
@@ -330,6 +334,7 @@ class Pipeline:
             results, _ = run_hires(self, results, gp, size, hires, plan, guidance, latents, passes, ctx_rng,
                                    smp_rng, bar)
         self.release_weight_pages("diffusion", "controlnet")
+        self.release_device_stage("diffusion", "controlnet")
         out = self.decode_all(results, gp, size, plan, mp, bar, decode_progress)   # 7. decode
         if mp.upscale_model and gp.upscale_repeats > 0:                     # 8. ESRGAN (sd-cli's --upscale-model)
             self.upscale_results(out, mp.upscale_model, gp.upscale_repeats, gp.upscale_tile_size)
@@ -522,6 +527,18 @@ class Pipeline:
                          time.time() - t0)
             total += n
         return total
+
+    def release_device_stage(self, *components: str) -> int:
+        """A one-shot pipeline (`one_shot`, the CLI) after the stage of `components`: each GPU they
+        computed on without a residency manager drops its cached weights and every graph's device
+        memory, given back to the driver (backend.release_weights; what a later stage reads is
+        uploaded again, as the diffusion model is anyway), so that the process peak is its largest
+        stage's, as sd-cli frees each stage's buffers. Returns the weight bytes freed."""
+        if not self.one_shot:
+            return 0
+        from ..ops.backend import get_backend
+        devs = {d for d in (self.executors.get(c, "cpu") for c in components) if isinstance(d, str) and d != "cpu"}
+        return sum(get_backend(d).release_weights() for d in devs)
 
     def release_weight_pages(self, *components: str) -> int:
         """Drop this process's pages of the memory-mapped weights of `components` ("te",

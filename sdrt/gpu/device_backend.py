@@ -70,6 +70,28 @@ class GraphStates:
             self._finish_uploads()
             return self.weight_bytes() - before
 
+    def _drop_weights(self, storages) -> None:
+        """Free the cached device copies of the weights over these host storages (None: all)."""
+        raise NotImplementedError
+
+    def release_weights(self, tensors=None) -> int:
+        """Free the device copies of these weights (None: every cached weight) and every graph's
+        device state (a captured graph holds the weights' addresses), and give the freed memory
+        back to the driver; a later run uploads what it reads again. A one-shot pipeline calls
+        this when a stage is done with its model (sd-cli frees each stage's buffers too). Returns
+        the weight bytes freed."""
+        from ..ops.tensor import Tensor
+        with self._lock:
+            self._activate()
+            before = self.weight_bytes()
+            self.release_graphs()
+            storages = None if tensors is None else \
+                [s for s in (Tensor.storage.__get__(t.owner) for t in tensors) if s is not None]  # never fills a lazy leaf
+            self._drop_weights(storages)
+            self._after_release()
+            self.memory.empty_cache()
+            return before - self.weight_bytes()
+
     def graph_bytes(self, plan=None) -> tuple[int, int]:
         """(device bytes kept for the graph planned as `plan`, for every other graph): arenas,
         input and output buffers held between runs."""

@@ -285,6 +285,13 @@ class CudaBackend(GraphStates):
             ptr = self._weights.pop(key)
             self.device.defer(lambda p=ptr: self.device.allocator.free(p))
 
+    def _drop_weights(self, storages) -> None:
+        if storages is None:
+            for addr in {k[0] for k in self._weights}:
+                self._storage_gone(addr)
+        for st in storages or ():
+            self._storage_gone(_address(st))
+
     def weight_bytes(self) -> int:
         return sum(k[2] for k in self._weights)
 

@@ -403,6 +403,11 @@ class VulkanBackend(GraphStates):
         if hit is not None:
             self.device.free(hit[0])
 
+    def _drop_weights(self, storages) -> None:
+        ids = None if storages is None else {id(s) for s in storages}
+        for key in [k for k in self._weights if ids is None or k[0] in ids]:
+            self._drop_weight(key)
+
     def weight_bytes(self) -> int:
         return sum(k[2] for k in self._weights)
 

@@ -49,6 +49,7 @@ SHAPES = [
     ("SDXL self 32x32 (1024px)", 2, 20, 1024, 1024, 64),
     ("SDXL cross 32x32", 2, 20, 1024, 77, 64),
     ("Flux 1024px (4096+512 tok)", 1, 24, 4608, 4608, 128),
+    ("SD3.5 Large 1024px CFG (4096+333 tok)", 2, 38, 4429, 4429, 64),   # head dim 64 at DiT lengths
     ("VAE mid-block 64x64", 1, 1, 4096, 4096, 512),
 ]
 QUICK = {"SD1.5 self 64x64", "SDXL self 64x64 (1024px)", "SDXL self 32x32 (1024px)"}

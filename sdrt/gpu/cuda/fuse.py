@@ -95,6 +95,9 @@ from .ops.norm import (layer_norm_modulated, rms_norm_modulated, rms_norm_rope, 
                        takes_rms_rope)
 
 
+HALF = ("F16", "BF16")
+
+
 def _skip(node, xs, out, rt) -> None:
     """The slot of a node whose work a later fused kernel does."""
 
@@ -233,6 +236,21 @@ def _sole_reader(nodes, out, j, node, uses, op: str) -> int | None:
     return None
 
 
+def _binary_reader(nodes, out, j, node, uses, outputs, op: str):
+    """(index, other operand) of F32 `node`'s only reader when that is an F32 binary `op` of
+    node's shape over node's whole output and one other tensor (node not a graph output);
+    (None, None) otherwise."""
+    if id(node) in outputs or node.dtype.name != "F32":
+        return None, None
+    k = _sole_reader(nodes, out, j, node, uses, op)
+    if k is None:
+        return None, None
+    other = _other(nodes[k], node)
+    if other is None or nodes[k].dtype.name != "F32" or tuple(nodes[k].ne4) != tuple(node.ne4):
+        return None, None
+    return k, other
+
+
 def _other(node, prev):
     """node's operand that is not prev's whole output, when node is binary over (prev, other)."""
     a, b = node.src
@@ -272,13 +290,13 @@ def _fuse_modulation(nodes, out, j, uses, outputs, node_ptr) -> None:
     if not _chain_reads_safe(nodes, out, j, ka, skipped, (x, scale, shift), node_ptr):
         return
     out[j], out[km] = (_skip, ()), (_skip, ())
-    out[ka] = (_norm_slot(layer_norm_modulated, ln, modulation=ln), (x, scale, shift))
+    out[ka] = (_norm_slot(layer_norm_modulated, ln, writes=HALF), (x, scale, shift))
 
 
 def _norm_slot(kernel, norm, **marks):
     """The kernel function of a fused norm chain's last slot: `kernel(rt, *xs, out, eps)` with the
     eps of norm node `norm` (layer_norm_modulated, rms_norm_scaled); `marks` are attributes other
-    passes read (`modulation`: _writable)."""
+    passes read (`writes`: the dtypes _writable may store it as)."""
     eps = float(norm.params["eps"])
 
     def slot(node, xs, out, rt):
@@ -293,15 +311,9 @@ def _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr) -> None:
     """rms_norm(x) -> mul(., w), w a vector of x's ne[0] values, the mul the norm's only reader
     (the DiT blocks' QK RMSNorm): the rms kernel with w as its weight, in the mul's slot."""
     rn = nodes[j]
-    if rn.src[0].dtype.name != "F32" or rn.dtype.name != "F32" or id(rn) in outputs:
-        return
-    km = _sole_reader(nodes, out, j, rn, uses, "mul")
-    if km is None:
-        return
-    mul = nodes[km]
-    w = _other(mul, rn)
-    if (w is None or mul.dtype.name != "F32" or tuple(mul.ne4) != tuple(rn.ne4) or w.dtype.name not in FLOATS
-            or w.ne4[0] != rn.ne4[0] or any(d != 1 for d in w.ne4[1:])):
+    km, w = _binary_reader(nodes, out, j, rn, uses, outputs, "mul")
+    if (km is None or rn.src[0].dtype.name != "F32" or w.dtype.name not in FLOATS or w.ne4[0] != rn.ne4[0]
+            or any(d != 1 for d in w.ne4[1:])):
         return
     x = rn.src[0]
     if not _chain_reads_safe(nodes, out, j, km, {id(rn)}, (x, w), node_ptr):
@@ -317,12 +329,9 @@ def _fuse_rms_modulation(nodes, out, j, km, uses, outputs, node_ptr) -> bool:
     broadcasting over its rows (Z-Image's adaLN: s = 1 + scale, [C, 1, N]): rms_norm_modulated
     in that mul's slot, which may write the F16/BF16 of the GEMM reading it."""
     rn, mul = nodes[j], nodes[km]
-    k2 = _sole_reader(nodes, out, km, mul, uses, "mul") if id(mul) not in outputs else None
-    if k2 is None:
-        return False
-    m2, (x, w) = nodes[k2], out[km][1]
-    s, ne = _other(nodes[k2], mul), tuple(mul.ne4)
-    if (s is None or m2.dtype.name != "F32" or tuple(m2.ne4) != ne or not _broadcasts_to(s, ne) or s.ne4[0] != ne[0]
+    k2, s = _binary_reader(nodes, out, km, mul, uses, outputs, "mul")
+    (x, w), ne = out[km][1], tuple(mul.ne4)
+    if (k2 is None or not _broadcasts_to(s, ne) or s.ne4[0] != ne[0]
             or not _chain_reads_safe(nodes, out, j, k2, {id(rn), id(mul)}, (x, w, s), node_ptr)):
         return False
     out[km] = (_skip, ())
@@ -358,15 +367,9 @@ def _fuse_silu_mul(nodes, out, j, uses, outputs, node_ptr) -> None:
     the mul (a SwiGLU feed-forward: Z-Image, the Qwen LLMs): elementwise.silu_mul in the mul's
     slot, which may write the F16/BF16 of the GEMM reading it."""
     si = nodes[j]
-    if id(si) in outputs or si.dtype.name != "F32" or si.src[0].dtype.name != "F32":
-        return
-    km = _sole_reader(nodes, out, j, si, uses, "mul")
-    if km is None:
-        return
-    mul = nodes[km]
-    b = _other(mul, si)
+    km, b = _binary_reader(nodes, out, j, si, uses, outputs, "mul")
     a = si.src[0]
-    if (b is None or mul.dtype.name != "F32" or b.dtype.name != "F32" or tuple(mul.ne4) != tuple(si.ne4)
+    if (km is None or a.dtype.name != "F32" or b.dtype.name != "F32"
             or not _chain_reads_safe(nodes, out, j, km, {id(si)}, (a, b), node_ptr, in_place=(a, b))):
         return
     out[j] = (_skip, ())
@@ -378,7 +381,7 @@ def _silu_mul_slot(node, xs, out, rt) -> None:
 
 
 _silu_mul_slot.__name__ = "silu_mul"
-_silu_mul_slot.writes = ("F16", "BF16")
+_silu_mul_slot.writes = HALF
 
 
 def _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr) -> None:
@@ -386,16 +389,10 @@ def _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr) -> None:
     operand it computes, x and y of the output's shape, g broadcasting (a DiT block's gate): one
     gated_add in the add's slot."""
     mul = nodes[j]
-    if id(mul) in outputs or mul.dtype.name != "F32":
-        return
-    ka = _sole_reader(nodes, out, j, mul, uses, "add")
+    ka, x = _binary_reader(nodes, out, j, mul, uses, outputs, "add")
     if ka is None:
         return
-    add = nodes[ka]
-    x = _other(add, mul)
-    ne = tuple(add.ne4)
-    if x is None or add.dtype.name != "F32" or tuple(mul.ne4) != ne:
-        return
+    ne = tuple(mul.ne4)
     a, b = mul.src
     y, g = (a, b) if tuple(a.ne4) == ne else (b, a)
     if (tuple(y.ne4) != ne or tuple(x.ne4) != ne or not _broadcasts_to(g, ne)
@@ -484,7 +481,6 @@ def _writing_into(att):
     return attention_into_cont_
 
 
-HALF = ("F16", "BF16")
 ANY = "any"   # a reader that takes whichever half dtype the writer gives (the geglu, F32 itself)
 _NORMS = ("layer_norm", "layer_norm_affine", "group_norm", "group_norm_affine")
 _MOVERS = ("cont", "cast")
@@ -501,8 +497,8 @@ def _writable(node, fn, srcs) -> tuple[str, ...]:
         return (srcs[0].dtype.name,) if srcs[0].dtype.name in HALF else ()
     if fn is mul_mat_add_bias_gelu:                  # or its fallback's gelu kernel, any
         return HALF
-    if getattr(fn, "modulation", None) is not None or getattr(fn, "writes", None):
-        return HALF
+    if getattr(fn, "writes", None):                  # fused slots marked so (the norms' chains, silu_mul)
+        return fn.writes
     if fn is conv2d or getattr(fn, "direct_conv", None) is not None:   # conv3x3_mma writes F16
         cv = getattr(fn, "direct_conv", node)
         ok = takes_direct(cv) and (len(cv.src) < 3 or bias_axis(cv.src[2], cv.ne[2]) is not None)

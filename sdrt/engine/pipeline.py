@@ -511,11 +511,7 @@ class Pipeline:
         from ..models.names import split_part_names
         from ..ops.backend import get_backend
         from .placement import classify_tensor
-        groups: dict[str, list] = {}
-        for c in components:
-            dev = self.executors.get(c, "cpu")
-            if isinstance(dev, str) and dev != "cpu":
-                groups.setdefault(dev, []).append(c)
+        groups = self._gpus_keeping_weights(components)
         total, skip = 0, split_part_names(self.models.tensors) if groups else set()
         for dev, comps in groups.items():
             ts = [t for n, t in self.models.tensors.items()
@@ -537,8 +533,17 @@ class Pipeline:
         if not self.one_shot:
             return 0
         from ..ops.backend import get_backend
-        devs = {d for d in (self.executors.get(c, "cpu") for c in components) if isinstance(d, str) and d != "cpu"}
-        return sum(get_backend(d).release_weights() for d in devs)
+        return sum(get_backend(d).release_weights() for d in self._gpus_keeping_weights(components))
+
+    def _gpus_keeping_weights(self, components) -> dict[str, list[str]]:
+        """{device: those of `components` computing there} for the devices that keep the weights
+        themselves (an executor named by a string other than "cpu"; a residency manager's is an object)."""
+        out: dict[str, list[str]] = {}
+        for c in components:
+            dev = self.executors.get(c, "cpu")
+            if isinstance(dev, str) and dev != "cpu":
+                out.setdefault(dev, []).append(c)
+        return out
 
     def release_weight_pages(self, *components: str) -> int:
         """Drop this process's pages of the memory-mapped weights of `components` ("te",

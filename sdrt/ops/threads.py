@@ -52,24 +52,25 @@ def one_blas_thread():
 
 class _Pool:
     """A lazily made pool of Python threads, remade when the thread count changes."""
-    lock = threading.Lock()
-    ex: ThreadPoolExecutor | None = None
-    n = 0
 
-    @classmethod
-    def get(cls, n: int) -> ThreadPoolExecutor:
-        with cls.lock:
-            if cls.ex is None or cls.n != n:
-                if cls.ex is not None:
-                    cls.ex.shutdown(wait=True)
-                cls.ex = ThreadPoolExecutor(n, thread_name_prefix="sdrt-task")
-                cls.n = n
-            return cls.ex
+    def __init__(self, name: str):
+        self.name, self.lock, self.ex, self.n = name, threading.Lock(), None, 0
+
+    def get(self, n: int) -> ThreadPoolExecutor:
+        with self.lock:
+            if self.ex is None or self.n != n:
+                if self.ex is not None:
+                    self.ex.shutdown(wait=True)
+                self.ex = ThreadPoolExecutor(n, thread_name_prefix=self.name)
+                self.n = n
+            return self.ex
+
+
+_TASKS, _COPIES = _Pool("sdrt-task"), _Pool("sdrt-copy")
 
 
 COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
 _COPY_SPLIT = 4 << 20      # bytes below which one thread copies
-_copy_pool: ThreadPoolExecutor | None = None
 
 
 def copy_into(dst, src) -> None:
@@ -77,20 +78,17 @@ def copy_into(dst, src) -> None:
     when large: one thread's memcpy out of the page cache runs at a fraction of the memory's
     speed (numpy releases the GIL for the copy). Weight uploads into pinned memory and the
     joining of split weights use it."""
-    global _copy_pool
     n = src.nbytes
     k = min(COPY_THREADS, n // _COPY_SPLIT)
     if k <= 1:
         dst[:n] = src
         return
-    if _copy_pool is None:
-        _copy_pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="sdrt-copy")
     step = -(-n // k)
 
     def part(i):
         dst[i:i + step] = src[i:i + step]
-    for f in [_copy_pool.submit(part, i) for i in range(0, n, step)]:
-        f.result()
+    for _ in _COPIES.get(COPY_THREADS).map(part, range(0, n, step)):
+        pass
 
 
 def run_tasks(fn, jobs) -> None:
@@ -105,5 +103,5 @@ def run_tasks(fn, jobs) -> None:
             fn(j)
         return
     with one_blas_thread():
-        for _ in _Pool.get(workers).map(fn, jobs):
+        for _ in _TASKS.get(workers).map(fn, jobs):
             pass

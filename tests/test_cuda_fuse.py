@@ -25,10 +25,12 @@ def _addresses(plan):
     return node_addresses(plan, 0, 1 << 36, [(1 << 40) + i * (1 << 30) for i in range(len(plan.outputs))])
 
 
-def launches(graph):
-    """fuse.launch_lists over the graph's plan."""
+def launches(graph, real=False):
+    """fuse.launch_lists over the graph's plan, with stand-in kernels or (real) the CUDA backend's."""
     plan = graph.plan()
-    kernels = [[own] * len(seg.nodes) for seg in plan.segments]
+    if real:
+        import_families(cuda_ops)
+    kernels = [[CUDA.find(n).fn if real else own for n in seg.nodes] for seg in plan.segments]
     lists = fuse.launch_lists(graph, plan, kernels, _addresses(plan))
     return [(n, fn, srcs) for seg, lst in zip(plan.segments, lists) for n, (fn, srcs) in zip(seg.nodes, lst)]
 
@@ -403,3 +405,14 @@ def test_dit_chains_not_fused():
     y2 = F.linear(x, w, b)
     assert "mul_mat_add_bias_gelu" not in _by_name(Graph(F.add(F.gelu(y2, approximate="tanh"), y2)))
     assert _by_name(Graph(F.silu(F.gelu(F.linear(x, w, b), approximate="tanh"))))["mul_mat_add_bias_gelu"] == 1
+
+
+def test_a_node_takes_part_in_one_fusion():
+    """silu(y) * gate + x: the SwiGLU fusion takes the mul first, so the gated residual must leave
+    it (it took the mul's sources once, reading the skipped silu's never-written buffer)."""
+    x, y, gate = leaf(rand(2, 50, 64)), leaf(rand(2, 50, 64)), leaf(rand(2, 1, 64))
+    lst = launches(Graph(F.silu(F.add(x, F.mul(F.silu(y), gate)))), real=True)
+    assert [(n.op, fn.__name__) for n, fn, _ in lst] == [("silu", "_skip"), ("mul", "silu_mul"), ("add", "binary"),
+                                                         ("silu", "unary")]
+    skipped = {id(n) for n, fn, _ in lst if fn is fuse._skip}
+    assert not any(id(t.owner) in skipped for _, _, srcs in lst for t in srcs)

@@ -17,7 +17,7 @@ from sdrt.ops import threads
 from sdrt.ops.tensor import Tensor
 
 
-@pytest.mark.parametrize("n", [0, 1, 4 << 20, (4 << 20) + 1, (8 << 20) - 3, 33 << 20])
+@pytest.mark.parametrize("n", [0, 1, 4 << 20, (4 << 20) + 1, (8 << 20) - 3, 33 << 20, (33 << 20) + 5])
 def test_copy_into_copies_every_byte(n, monkeypatch):
     monkeypatch.setattr(threads, "COPY_THREADS", 3)    # uneven split across the threads
     src = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)

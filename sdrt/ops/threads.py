@@ -86,7 +86,8 @@ def copy_into(dst, src) -> None:
     step = -(-n // k)
 
     def part(i):
-        dst[i:i + step] = src[i:i + step]
+        end = min(i + step, n)
+        dst[i:end] = src[i:end]
     for _ in _COPIES.get(COPY_THREADS).map(part, range(0, n, step)):
         pass
 

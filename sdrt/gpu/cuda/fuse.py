@@ -146,7 +146,8 @@ def launch_lists(graph, plan, kernels, node_ptr) -> list[list[tuple]]:
     lists = []
     for seg, fns in zip(plan.segments, kernels):
         nodes = seg.nodes
-        out = [(fn, tuple(n.src)) for fn, n in zip(fns, nodes)]
+        out = _Slots((fn, tuple(n.src)) for fn, n in zip(fns, nodes))
+        out.own = fns
         j = 0
         while j < len(nodes) - 1:
             mm, add = nodes[j], nodes[j + 1]
@@ -168,20 +169,23 @@ def launch_lists(graph, plan, kernels, node_ptr) -> list[list[tuple]]:
                 out[j + 2] = (mul_mat_add_bias_residual, (*mm.src, add.src[1], res))
                 j += 3
         for j, cv in enumerate(nodes):
-            if cv.op == "conv2d" and out[j][0] is not _skip and takes_direct(cv):
+            if cv.op == "conv2d" and out.is_own(j) and takes_direct(cv):
                 _fuse_conv_epilogue(nodes, out, j, only_feeds)
         for j, n in enumerate(nodes):
-            if n.op in ("layer_norm", "layer_norm_affine") and out[j][0] is not _skip:
+            if not out.is_own(j):            # already part of an earlier fusion
+                continue
+            if n.op in ("layer_norm", "layer_norm_affine"):
                 _fuse_modulation(nodes, out, j, uses, outputs, node_ptr)
-            elif n.op == "rms_norm" and out[j][0] is not _skip:
+            elif n.op == "rms_norm":
                 _fuse_rms_scale(nodes, out, j, uses, outputs, node_ptr)
-            elif n.op == "mul" and out[j][0] is not _skip:
+            elif n.op == "mul":
                 _fuse_gated_residual(nodes, out, j, uses, outputs, node_ptr)
-            elif n.op == "silu" and out[j][0] is unary:
+            elif n.op == "silu" and fns[j] is unary:
                 _fuse_silu_mul(nodes, out, j, uses, outputs, node_ptr)
         for j in range(len(nodes) - 1):
             att, c = nodes[j], nodes[j + 1]
-            if (att.op == "attention" and attention_plan(att)[0] == "flash" and _merges_heads(c, att)
+            if (att.op == "attention" and out.is_own(j) and out.is_own(j + 1) and attention_plan(att)[0] == "flash"
+                    and _merges_heads(c, att)
                     and uses.get(id(att)) == 1
                     and id(att) not in outputs and not _overlaps_sources(c, att, node_ptr)):
                 out[j] = (_skip, ())
@@ -225,14 +229,23 @@ def _chain_reads_safe(nodes, out, j, k, skipped, reads, node_ptr, in_place=()) -
     return True
 
 
+class _Slots(list):
+    """A segment's launch list, [(fn, tensors it reads)], with `own` the nodes' own kernels: a
+    slot holding something else is a fused kernel or skipped, and takes part in no other fusion."""
+    own: list
+
+    def is_own(self, k) -> bool:
+        return self[k][0] is self.own[k]
+
+
 def _sole_reader(nodes, out, j, node, uses, op: str) -> int | None:
     """Index of the node after j reading `node` when that is node's only reader, runs `op` and
-    has not been fused away already."""
+    is not part of a fusion already."""
     if uses.get(id(node)) != 1:
         return None
     for k in range(j + 1, len(nodes)):
         if any(s.owner is node for s in nodes[k].src):
-            return k if nodes[k].op == op and out[k][0] is not _skip else None
+            return k if nodes[k].op == op and out.is_own(k) else None
     return None
 
 

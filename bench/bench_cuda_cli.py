@@ -19,6 +19,8 @@ shift 3 / Flux's 1.15, passed explicitly to both so neither side picks another d
           stack, the Wan-2.1 VAE), 20 steps, true CFG 2.5 (sd.cpp's docs/qwen_image.md)
   flux    Flux.1-dev (11.9 B, tools/make_flux_checkpoint.py; CLIP-L, T5-XXL, ae), 20 steps, cfg 1,
           guidance 3.5
+  sd15    SD1.5 at 512x512, sdxl SDXL at 1024x1024 (issue 18's whole command): one F16 checkpoint
+          (tools/make_sd_checkpoint.py), 20 steps, cfg 7; no reduced form (--depth is ignored)
 Files are BF16 (the released type; the VAEs as the makers write them), written into
 DIR/<family>-<shape>/ with --jobs processes when missing, and that folder is deleted after the
 family unless --keep (the H200's disk is 64 GB: Qwen-Image alone is 41 + 15 GB).
@@ -35,8 +37,9 @@ its peak memory above the idle baseline ('-' without nvidia-smi):
   sdrt-vram  the same with --max-vram GIB (--max-vram, default 8)
   sdcli      SDCLI ... --diffusion-fa (--sdcli-args: sd-cli's fast attention on CUDA; nothing else:
              --vae-tiling / --offload-to-cpu trade speed for memory)
-Reported per run: sampling s/step (each log's "sampling completed, taking Xs" / steps), the
-whole command's wall time, the stage times both log (loading tensors, get_learned_condition,
+Reported per engine (--runs N: the last of N runs of its command, the first's wall time beside it):
+sampling s/step (each log's "sampling completed, taking Xs" / steps), the whole command's wall
+time, the time from the command's start to its first step's progress line, the stage times both log (loading tensors, get_learned_condition,
 decode_first_stage, generate_image), the peak GPU MiB and the PSNR of each sdrt image against
 sd-cli's. A markdown table per family; ratio = sd-cli s/step / engine s/step (> 1: faster than sd-cli).
 """
@@ -46,6 +49,7 @@ import argparse
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -69,7 +73,10 @@ FAMILIES = {   # title, steps, cfg args
     "zimage": ("Z-Image-Turbo", 8, ["--cfg-scale", "1"]),
     "qwen": ("Qwen-Image", 20, ["--cfg-scale", "2.5"]),
     "flux": ("Flux.1-dev", 20, ["--cfg-scale", "1", "--guidance", "3.5"]),
+    "sd15": ("SD1.5", 20, ["--cfg-scale", "7"]),
+    "sdxl": ("SDXL", 20, ["--cfg-scale", "7"]),
 }
+FIRST_STEP_RE = re.compile(r"\|\s*1/\d+ - ")   # the progress bar's first step (sd.cpp's and sdrt's)
 ENGINES = ("sdrt", "sdrt-vram", "sdcli")
 
 
@@ -110,6 +117,10 @@ def family_files(name, a):
         makes = [(p["--diffusion-model"], tool(mk, "--component", "transformer", "--type", "bf16", *size, *j)),
                  (p["--llm"], tool(mk, "--component", "llm", "--type", "bf16", *size, *j)),
                  (p["--vae"], tool(mk, "--component", "vae"))]
+    elif name in ("sd15", "sdxl"):      # one checkpoint (F16, the UNet, VAE and CLIPs); no reduced form
+        d = os.path.join(a.dir, f"{name}-full")
+        p = {"--model": os.path.join(d, f"{name}-f16.safetensors")}
+        makes = [(p["--model"], tool("make_sd_checkpoint.py", "--arch", name))]
     else:
         d = os.path.join(a.dir, "flux-" + (f"d{n}-te{te}" if n else "full"))
         p = {f: os.path.join(d, f[2:] + ".safetensors") for f in ("--diffusion-model", "--vae", "--clip_l", "--t5xxl")}
@@ -142,7 +153,8 @@ def make_files(name, a):
         out = d + ".part" if zimage else path + ".part"
         cmd = argv if zimage else [*argv, "-o", out]
         try:
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=left)
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               timeout=None if left == float("inf") else left)
         except subprocess.TimeoutExpired:
             print(f"{name}: making {os.path.basename(path)} cut by --budget", flush=True)
             return False
@@ -160,10 +172,15 @@ def make_files(name, a):
     return True
 
 
+def size_of(name, a):
+    return a.size or (512 if name == "sd15" else 1024)
+
+
 def run_args(name, a, paths, out):
     steps = a.steps or FAMILIES[name][1]
     files = [x for kv in paths.items() for x in kv]
-    return [*files, "-p", PROMPT, "-W", str(a.size), "-H", str(a.size), "--steps", str(steps),
+    size = str(size_of(name, a))
+    return [*files, "-p", PROMPT, "-W", size, "-H", size, "--steps", str(steps),
             *FAMILIES[name][2], "--sampling-method", "euler", "--scheduler", "discrete", "-s", str(SEED),
             "-o", out, "-v", *(["-t", str(a.threads)] if a.threads else [])]
 
@@ -179,15 +196,36 @@ def parse_log(text, steps):
     return r
 
 
+def run_child(cmd, env, timeout):
+    """(output, return code or a reason, wall s, s from start to the first sampling step's progress
+    line or None): the child's output is read as it comes, so the first step is timed."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    chunks, first = [], None
+    while True:
+        if time.perf_counter() - t0 > timeout:
+            p.kill()
+            p.wait()
+            return b"".join(chunks).decode(errors="replace"), "timeout (--budget / --child-timeout)", \
+                time.perf_counter() - t0, first
+        ready, _, _ = select.select([p.stdout], [], [], 0.5)
+        if not ready:
+            continue
+        b = os.read(p.stdout.fileno(), 1 << 16)
+        if not b:
+            break
+        chunks.append(b)
+        if first is None and FIRST_STEP_RE.search(b"".join(chunks[-2:]).decode(errors="replace")):
+            first = time.perf_counter() - t0
+    rc = p.wait()
+    return b"".join(chunks).decode(errors="replace"), rc, time.perf_counter() - t0, first
+
+
 def run_engine(name, a, eng, paths):
-    left = a.deadline - time.monotonic()
-    if left < 30:
-        print(f"{name} {eng} skipped: {left:.0f} s of --budget left", flush=True)
-        return None
-    folder = os.path.dirname(paths["--diffusion-model"])
+    """The engine's command --runs times (the first a warm-up of the page cache and the machine):
+    the last run's figures, and the first's wall time and first step."""
+    folder = os.path.dirname(next(iter(paths.values())))
     out = os.path.join(folder, f"{eng}.png")
-    if os.path.exists(out):
-        os.remove(out)
     args = run_args(name, a, paths, out)
     if eng == "sdcli":
         cmd = [a.sdcli, *args, *a.sdcli_args.split()]
@@ -195,30 +233,35 @@ def run_engine(name, a, eng, paths):
         cmd = [sys.executable, "-m", "sdrt.cli.main", *args, "--backend", a.backend]
         if eng == "sdrt-vram":
             cmd += ["--max-vram", str(a.max_vram)]
-    gpu = shutil.which("nvidia-smi") is not None
-    base = GpuPeak.used() if gpu else 0
-    mon = GpuPeak()
-    if gpu:
-        mon.start()
-    t0 = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath(ROOT), os.environ.get("PYTHONPATH", "")]))
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
-                           timeout=min(a.child_timeout, left))
-        text, rc = p.stdout, p.returncode
-    except subprocess.TimeoutExpired as e:
-        o = e.stdout or ""
-        text, rc = (o.decode(errors="replace") if isinstance(o, bytes) else o), "timeout (--budget / --child-timeout)"
-    wall = time.perf_counter() - t0
-    mon.stop.set()
-    if gpu:
-        mon.join()
-    r = parse_log(text, a.steps or FAMILIES[name][1])
-    if rc or "step_s" not in r or not os.path.exists(out):
-        print(f"{name} {eng} failed ({rc}) after {wall:.0f} s:\n{text[-3000:]}", flush=True)
+    gpu = shutil.which("nvidia-smi") is not None
+    runs = []
+    for k in range(a.runs):
+        left = a.deadline - time.monotonic()
+        if left < 30:
+            print(f"{name} {eng} run {k + 1} skipped: {left:.0f} s of --budget left", flush=True)
+            break
+        if os.path.exists(out):
+            os.remove(out)
+        base = GpuPeak.used() if gpu else 0
+        mon = GpuPeak()
+        if gpu:
+            mon.start()
+        text, rc, wall, first = run_child(cmd, env, min(a.child_timeout, left))
+        mon.stop.set()
+        if gpu:
+            mon.join()
+        r = parse_log(text, a.steps or FAMILIES[name][1])
+        if rc or "step_s" not in r or not os.path.exists(out):
+            print(f"{name} {eng} failed ({rc}) after {wall:.0f} s:\n{text[-3000:]}", flush=True)
+            break
+        r.update(wall_s=wall, first_step_s=first, png=out, peak_mib=(mon.peak - base) if gpu else None)
+        print(f"{name} {eng} run {k + 1}: {json.dumps(r)}", flush=True)
+        runs.append(r)
+    if not runs:
         return None
-    r.update(wall_s=wall, png=out, peak_mib=(mon.peak - base) if gpu else None)
-    print(f"{name} {eng}: {json.dumps(r)}", flush=True)
+    r = runs[-1]
+    r.update(runs=len(runs), first_wall_s=runs[0]["wall_s"], first_run_first_step_s=runs[0]["first_step_s"])
     return r
 
 
@@ -257,19 +300,23 @@ def table(name, a, res):
     steps = a.steps or FAMILIES[name][1]
     title, _, cfg = FAMILIES[name]
     ref = res.get("sdcli", {}).get("step_s")
-    lines = [f"\n{title}{' (reduced: depth %d)' % a.depth if a.depth else ''}, {a.size}x{a.size}, {steps} steps, "
+    lines = [f"\n{title}{' (reduced: depth %d)' % a.depth if a.depth else ''}, {size_of(name, a)}px, {steps} steps, "
              f"{' '.join(cfg)}, euler/discrete, seed {SEED}, backend {a.backend}; peak = nvidia-smi memory.used "
              "above idle; ratio = sd-cli s/step / engine s/step\n",
-             "| engine | s/step | whole command s | load s | conditioning s | sampling s | decode s "
-             "| peak GPU MiB | PSNR vs sd-cli dB | sd-cli s/step / engine s/step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| engine | s/step | whole command s (first run) | first step at s | load s | conditioning s "
+             "| sampling s | decode s | peak GPU MiB | PSNR vs sd-cli dB | sd-cli s/step / engine s/step "
+             "| sd-cli wall / engine wall |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ref_wall = res.get("sdcli", {}).get("wall_s")
     for eng, r in res.items():
         st = r["stages"]
         ratio = ref / r["step_s"] if ref and r["step_s"] else None
-        lines.append(f"| {eng} | {r['step_s']:.3f} | {r['wall_s']:.1f} | {fmt(st.get('loading tensors'))} | "
-                     f"{fmt(st.get('get_learned_condition'))} | {fmt(st.get('sampling'))} | "
-                     f"{fmt(st.get('decode_first_stage'))} | {fmt(r['peak_mib'], 'd')} | "
-                     f"{fmt(r.get('psnr_vs_sdcli'))} | {fmt(ratio)} |")
+        wall = f"{r['wall_s']:.1f}" + (f" ({r['first_wall_s']:.1f})" if r["runs"] > 1 else "")
+        lines.append(f"| {eng} | {r['step_s']:.3f} | {wall} | {fmt(r['first_step_s'])} | "
+                     f"{fmt(st.get('loading tensors'))} | {fmt(st.get('get_learned_condition'))} | "
+                     f"{fmt(st.get('sampling'))} | {fmt(st.get('decode_first_stage'))} | {fmt(r['peak_mib'], 'd')} | "
+                     f"{fmt(r.get('psnr_vs_sdcli'))} | {fmt(ratio)} | "
+                     f"{fmt(ref_wall / r['wall_s'] if ref_wall else None)} |")
     return "\n".join(lines)
 
 
@@ -282,7 +329,7 @@ def main(argv=None):
     ap.add_argument("--backend", default="cuda0", help="sdrt's backend (cpu: a smoke run without a GPU)")
     ap.add_argument("--max-vram", default="8", help="GiB of the sdrt-vram engine's --max-vram")
     ap.add_argument("--dir", default="/tmp/cli", help="where the files and images go")
-    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--size", type=int, default=0, help="image side (0: SD1.5 512, the others 1024)")
     ap.add_argument("--steps", type=int, default=0, help="sampling steps (0: the family's: 20, Z-Image 8)")
     ap.add_argument("--threads", type=int, default=0, help="-t of both CLIs (0: their default)")
     ap.add_argument("--depth", type=int, default=0, help="reduced files for a smoke run: N blocks / layers (0: full)")
@@ -291,6 +338,8 @@ def main(argv=None):
     ap.add_argument("--sd3-variant", default="sd3.5-large", choices=("sd3.5-large", "sd3.5-medium", "sd3-medium"),
                     help="the sd35l family's shapes (sd3.5-medium --depth 24: the smallest sd-cli loads)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes of the file makers")
+    ap.add_argument("--runs", type=int, default=1, help="runs of each engine's command; the last is reported "
+                    "(2: after a warm-up run, as issue 18 compares), the first's wall time beside it")
     ap.add_argument("--keep", action="store_true", help="keep each family's files after its runs")
     ap.add_argument("--child-timeout", type=float, default=1800, help="seconds one engine's run may take")
     ap.add_argument("--budget", type=float, default=0, help="seconds for the whole run (0: none); makers and "

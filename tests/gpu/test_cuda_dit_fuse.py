@@ -163,7 +163,9 @@ def test_rms_norm_scaled_exact(cuda, rng, monkeypatch, wdt):
 
 def test_rms_norm_scaled_stored_for_the_join(cuda, rng, monkeypatch):
     """SD3.5's QK norms: rms_norm(q) * w per stream, joined for the attention: the fused rms kernel
-    writes the join's F16 (rms_norm_f32_to_f16), the bits the join's own rounding made."""
+    writes the join's F16 (rms_norm_f32_to_f16). Against the run stored F32, within the attention's
+    F16 level: with F32 q/k/v the attention takes its F32-view path, which rounds P in another
+    order (the H200 showed 2e-3 of the scale), so the join's bits are not compared through it."""
     D, H = 64, 2
     qs = [F.mul(F.rms_norm(leaf(randn(rng, 1, L, H, D)), 1e-6), leaf(randn(rng, D))) for L in (30, 50)]
     a = F.concat(*qs, 2).permute(0, 2, 1, 3)                       # [D, L, H, 1] view of the join
@@ -172,7 +174,7 @@ def test_rms_norm_scaled_stored_for_the_join(cuda, rng, monkeypatch):
     g, on, off = on_off(cuda, monkeypatch, out, "store_half")
     assert list(cuda._states[g].half.values()).count("F16") == 3 and "rms_norm_scaled" in kernel_names(cuda, g)
     for x, y in zip(on, off):
-        np.testing.assert_array_equal(x["out"], y["out"])
+        assert_within_scale(x["out"], y["out"], 3e-3, "rms stored F16 vs F32")
         assert_within_scale(x["out"], want, 3e-3, "rms stored F16 vs cpu")
 
 

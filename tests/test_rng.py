@@ -98,3 +98,30 @@ def test_registry_and_errors():
     with pytest.raises(UsageError, match="valid: std_default, cuda, cpu"):
         R.make_rng("gpu")
     assert R.make_rng("cuda", 1).randn((2, 3)).shape == (2, 3)
+
+
+def test_philox_box_muller_matches_libm():
+    """The numpy Box-Muller against Python's math (C's libm, which sd.cpp calls), value by value,
+    on 200k random Philox outputs (the extremes included)."""
+    import math
+    rng = np.random.default_rng(7)
+    g0, g1 = (rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32) for _ in range(2))
+    g0[:2], g1[:2] = (0, 0xFFFFFFFF), (0xFFFFFFFF, 0)
+    c = np.float32(2.3283064e-10)
+    c2pi = np.float32(c * np.float32(6.2831855))
+    u = g0.astype(np.float32) * c + c / np.float32(2)
+    v = g1.astype(np.float32) * c2pi + c2pi / np.float32(2)
+    want = np.array([np.float32(float(np.float32(math.sqrt(-2.0 * math.log(a)))) * math.sin(b))
+                     for a, b in zip(u.tolist(), v.tolist())], np.float32)
+    np.testing.assert_array_equal(R.philox_box_muller(g0, g1), want)
+
+
+def test_default_rng_loads_no_numba():
+    """A GPU run's noise (and -t) must not load Numba (~0.8 s of a one-image CUDA command)."""
+    import subprocess
+    import sys
+    code = ("import sys; from sdrt.ops.threads import set_threads; set_threads(1); "
+            "from sdrt.engine.rng import make_rng; make_rng('cuda', 1).randn(8); "
+            "assert 'numba' not in sys.modules, 'numba loaded'; "
+            "import sdrt.ops.cpu, numba; assert numba.get_num_threads() == 1, numba.get_num_threads()")
+    subprocess.run([sys.executable, "-c", code], check=True)

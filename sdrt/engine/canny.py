@@ -28,6 +28,10 @@ import math
 import numpy as np
 from numba import njit
 
+from ..ops.numba_target import configure as _configure_numba
+
+_configure_numba()  # the target and -t before this module's kernels compile
+
 __all__ = ["canny", "gaussian_kernel"]
 
 F32 = np.float32

@@ -7,7 +7,8 @@ streams: attention's exp pass went from 0.39 to 0.26 ns per score here (Xeon, Em
 one thread), its whole softmax 0.57 -> 0.47 ns.
 
 `configure()` must run before the process's first Numba compile or cache load (the target
-machine is made once per process); the CPU backend and the RNG call it when imported. It sets
+machine is made once per process); every module with Numba kernels calls it when imported. It
+also applies a thread count set before Numba was loaded (ops.threads.set_threads). It sets
 NUMBA_CPU_FEATURES (host features + `-prefer-256-bit`) through the environment, because Numba
 re-reads its config from there before every compile; a NUMBA_CPU_NAME or NUMBA_CPU_FEATURES
 the user set is kept, and so is SDRT_NUMBA_PREFER_256=1 (the old tuning). The feature string is
@@ -25,6 +26,13 @@ def configure() -> None:
     if _done:
         return
     _done = True
+    _tune_target()
+    from . import threads
+    if threads._threads is not None:        # -t given before Numba was loaded
+        threads.set_numba_threads()
+
+
+def _tune_target() -> None:
     env = os.environ
     if env.get("NUMBA_CPU_FEATURES") or env.get("NUMBA_CPU_NAME") or env.get("SDRT_NUMBA_PREFER_256") == "1":
         return

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,18 +19,26 @@ def default_threads() -> int:
 
 
 def set_threads(n: int | None) -> int:
-    """Use `n` threads (<= 0 or None: the default) for Numba kernels and BLAS; returns n."""
+    """Use `n` threads (<= 0 or None: the default) for Numba kernels and BLAS; returns n. Numba's
+    pool is set now when Numba is loaded, else when it is (numba_target.configure, which every
+    module with Numba kernels runs first): a GPU run need not load Numba at all."""
     global _threads
     n = default_threads() if not n or n <= 0 else int(n)
-    import numba
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    _threads = n
+    if "numba" in sys.modules:
+        set_numba_threads()
     try:
         from threadpoolctl import threadpool_limits
         threadpool_limits(n, user_api="blas")
     except ImportError:
         pass
-    _threads = n
     return n
+
+
+def set_numba_threads() -> None:
+    """Numba's pool to the -t threads (numba_target.configure calls it when Numba loads)."""
+    import numba
+    numba.set_num_threads(min(get_threads(), numba.config.NUMBA_NUM_THREADS))
 
 
 def get_threads() -> int:

@@ -77,3 +77,30 @@ def test_the_scan_sees_imports():
     # the scan is not vacuous: it finds the layering's known edges
     g = package_graph()
     assert "ops" in g["gpu"] and "ops" in g["models"] and "engine" in g["cli"]
+
+
+def test_gpu_path_loads_no_cpu_kernels(tmp_path):
+    """What a GPU run does on the host (parse sd-cli's flags, load the files, draw the noise) loads
+    neither sdrt.ops.cpu nor Numba: they cost a one-image CUDA command ~1.5 s (profiled on the
+    H200). The CPU kernels load with the CPU backend."""
+    import subprocess
+    import sys
+    tests = os.path.dirname(os.path.abspath(__file__))
+    code = f"""
+import sys
+sys.path.insert(0, {tests!r})
+import flux_tiny
+from sdrt.cli.main import build_parser
+from sdrt.engine.model_manager import load_models
+from sdrt.engine.params import ModelParams
+from sdrt.engine.rng import make_rng
+from sdrt.ops.threads import set_threads
+build_parser()
+set_threads(2)
+args = flux_tiny.write({str(tmp_path)!r})
+load_models(ModelParams(model=args[1]))
+make_rng("cuda", 42).randn((1, 16, 8, 8))
+bad = [m for m in ("numba", "sdrt.ops.cpu") if m in sys.modules]
+assert not bad, bad
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -18,7 +18,7 @@ import pytest
 from opcheck import leaf, run, values
 
 from sdrt.errors import OpError
-from sdrt.ops import api as F
+from sdrt.ops import api as F, weight_policy
 from sdrt.ops.cpu import bf16gemm as bg
 from sdrt.ops.cpu import conv as cpu_conv
 from sdrt.ops.cpu.conv_winograd import winograd_applies
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(bg._k is None, reason="the bf16 GEMM extension i
 @pytest.fixture(autouse=True)
 def _no_f32_model(monkeypatch):
     """A model loaded with --type f32 earlier in the session turns the kernel off: not here."""
-    monkeypatch.setattr(bg, "_f32_type", False)
+    monkeypatch.setattr(weight_policy, "f32_type", False)
 
 
 def to_bf16(x):
@@ -162,9 +162,9 @@ def test_selector(monkeypatch):
     with pytest.raises(OpError):
         bg.set_path("fast")
     with bg.using_path("scalar"):           # --type f32 wins over any setting, until another type
-        bg.follow_weight_type("f32")
+        weight_policy.follow_weight_type("f32")
         assert bg.active_path() is None and bg.path_for("F16") is None
-        bg.follow_weight_type(None)
+        weight_policy.follow_weight_type(None)
         assert bg.active_path() == "scalar"
     with pytest.raises(OpError, match="do not match"):
         bg.gemm(np.zeros((2, 3), np.float32), "F32", np.zeros((4, 2), np.float32), "F32",

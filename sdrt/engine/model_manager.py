@@ -33,6 +33,7 @@ from ..io.detect import (
 )
 from ..models.names import convert_names
 from ..models.families import COMMON_ROLES, component, components, family_of
+from ..ops.weight_policy import follow_weight_type
 from .params import ModelParams
 
 __all__ = ["DM", "TAE", "VAE", "LoadedModels", "load_models"]
@@ -244,8 +245,7 @@ def load_models(params: ModelParams) -> LoadedModels:
         pred = prediction_type(files.get("model") or files.get("diffusion_model") or tensors, version)
         prediction = {"flow": "sd3_flow"}.get(pred, pred)
     tensors = _vectors_to_f32(_apply_wtype(tensors, params.type, params.tensor_type_rules))
-    from ..ops.cpu import bf16gemm
-    bf16gemm.follow_weight_type(params.type)  # --type f32 keeps F16 storage: compute stays exact
+    follow_weight_type(params.type)  # --type f32 keeps F16 storage: compute stays exact
     if params.control_net:
         tensors.update(_load_controlnet(params.control_net, files, paths))
     return LoadedModels(tensors=tensors, version=version, prediction=prediction, paths=paths, files=files,

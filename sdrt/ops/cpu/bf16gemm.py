@@ -18,7 +18,7 @@ bit-identical; the scalar path is the reference model the tests hold the SIMD pa
 CPU has it, else off), "avx512bf16", "scalar" (the model: slow, for tests), or "off" (widen the
 weights to float32 and multiply with BLAS: the exact path). F32 weights (an F32 checkpoint) never
 come here, and `--type f32` (which keeps F16 storage, widened exactly) turns the kernel off for
-its model (`follow_weight_type`), whatever the setting. A knob of its
+its model (sdrt.ops.weight_policy), whatever the setting. A knob of its
 own, not SDRT_QGEMM's: a different precision class for different weight types, and either can be
 turned off alone when an image must match a reference.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import OpError
+from .. import weight_policy
 from ..kernel_choice import KernelChoice
 
 try:
@@ -42,7 +43,6 @@ _CODES = {"F32": 0, "F16": 1, "BF16": 2}
 
 _CHOICE = KernelChoice("SDRT_BF16GEMM", "bf16 GEMM", PATHS)
 set_path, using_path = _CHOICE.set, _CHOICE.using
-_f32_type = False           # a model loaded with --type f32 (follow_weight_type)
 
 
 def available_paths() -> tuple[str, ...]:
@@ -52,18 +52,9 @@ def available_paths() -> tuple[str, ...]:
     return tuple(p for p in _BEST_FIRST if _k.path_available(PATHS[p]))
 
 
-def follow_weight_type(wtype: str | None) -> None:
-    """Called as a model loads with its `--type`: f32 asks for float32 compute, but sdrt keeps
-    F16/BF16 weights in their storage under it (its kernels widen them exactly), so the bf16
-    GEMM is off while such a model is in use, whatever SDRT_BF16GEMM/set_path say; any other
-    type (or none) hands the choice back to them."""
-    global _f32_type
-    _f32_type = (wtype or "").lower() == "f32"
-
-
 def active_path() -> str | None:
     """The path F16/BF16 weights use now, or None for the exact float32 path."""
-    return None if _f32_type else _CHOICE.pick(available_paths())
+    return None if weight_policy.f32_type else _CHOICE.pick(available_paths())
 
 
 def path_for(weight_type: str) -> str | None:

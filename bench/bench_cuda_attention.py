@@ -90,8 +90,9 @@ def kernel_call(d: CudaDev, node, force: str | None = None, variant=None):
             k.fn(node, xs, out, d.rt)
         finally:
             GA.FORCE_PATH, GA.USE_WGMMA = saved[:2]
-            GA.MMA_VARIANT.update(saved[2])
-            GA.WGMMA_VARIANT.update(saved[3])
+            for table, was in ((GA.MMA_VARIANT, saved[2]), (GA.WGMMA_VARIANT, saved[3])):
+                table.clear()               # a head dim the variant added goes again
+                table.update(was)
     return call, xs, out
 
 

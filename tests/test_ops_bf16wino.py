@@ -13,7 +13,7 @@ from opcheck import leaf, run, values
 from test_ops_bf16gemm import _conv_np, model_gemm
 
 from sdrt.errors import OpError
-from sdrt.ops import api as F
+from sdrt.ops import api as F, weight_policy
 from sdrt.ops.cpu import bf16gemm as bg
 from sdrt.ops.cpu import conv_winograd as cw
 
@@ -24,7 +24,7 @@ f32 = np.float32
 
 @pytest.fixture(autouse=True)
 def _no_f32_model(monkeypatch):
-    monkeypatch.setattr(bg, "_f32_type", False)
+    monkeypatch.setattr(weight_policy, "f32_type", False)
 
 
 def _g4(a, b, e):

@@ -416,3 +416,59 @@ def test_a_node_takes_part_in_one_fusion():
                                                          ("silu", "unary")]
     skipped = {id(n) for n, fn, _ in lst if fn is fuse._skip}
     assert not any(id(t.owner) in skipped for _, _, srcs in lst for t in srcs)
+
+
+def _kernels(plan):
+    import_families(cuda_ops)
+    return [[CUDA.find(n).fn for n in seg.nodes] for seg in plan.segments]
+
+
+def assert_layout_sound(graph, plan, half):
+    """No two nodes live at once share bytes in `plan` (their extents: half for `half`'s nodes),
+    but an element-wise node taking over the buffer of the source it reads last (same offset)."""
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    last = dict(pos)
+    for n in graph.nodes:
+        for s in n.src:
+            if s.owner.op is not None:
+                last[id(s.owner)] = max(last[id(s.owner)], pos[id(n)])
+    for offsets in [seg.offsets for seg in plan.segments] + [plan.cross_offsets]:
+        spans = [(offsets[id(n)], offsets[id(n)] + (n.nbytes // 2 if id(n) in half else n.nbytes), n)
+                 for n in graph.nodes if id(n) in offsets]
+        for i, (lo, hi, a) in enumerate(spans):
+            for lo2, hi2, b in spans[i + 1:]:
+                if not (lo < hi2 and lo2 < hi):
+                    continue
+                first, second = (a, b) if pos[id(a)] < pos[id(b)] else (b, a)
+                if last[id(first)] < pos[id(second)]:
+                    continue
+                assert (last[id(first)] == pos[id(second)] and offsets[id(first)] == offsets[id(second)]
+                        and any(s.owner is first for s in second.src)), f"{first.op} and {second.op} overlap"
+
+
+def test_layout_sizes_half_stored_nodes_at_half():
+    """fuse.layout re-plans with the F16/BF16-stored nodes at half their bytes: a smaller arena
+    (Flux blocks, BF16 weights), every node sized half stored half, and a sound layout; the
+    decisions are the F32 plan's but for what the new placement allows or forbids."""
+    from flux_block_graph import flux_blocks_graph
+    g = flux_blocks_graph("BF16")
+    plan = g.plan()
+    kernels = _kernels(plan)
+    lay, lists, half = fuse.layout(g, plan, kernels, True, True)
+    assert lay is not plan and lay.arena_bytes < plan.arena_bytes
+    _, _, half0 = fuse.layout(g, plan, kernels, True, False)
+    assert half0 == {}
+    assert_layout_sound(g, lay, half)
+    assert_layout_sound(g, plan, {})
+    names = Counter(fn.__name__ for lst in lists for fn, _ in lst)
+    names0 = Counter(fn.__name__ for lst in fuse.launch_lists(g, plan, kernels, _addresses(plan)) for fn, _ in lst)
+    assert names == names0, (names, names0)
+    print(f"arena {plan.arena_bytes} -> {lay.arena_bytes}, {len(half)} half-stored")
+
+
+def test_layout_unfused_is_the_plan():
+    from flux_block_graph import flux_blocks_graph
+    g = flux_blocks_graph("BF16")
+    plan = g.plan()
+    lay, lists, half = fuse.layout(g, plan, _kernels(plan), False, True)
+    assert lay is plan and half == {} and all(fn is not fuse._skip for lst in lists for fn, _ in lst)

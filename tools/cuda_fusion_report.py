@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Which CUDA fusions and half-precision stores the backend would use on each DiT family's graph,
-without a GPU: fuse.launch_lists and fuse.half_nodes over the planned graph of the tiny golden
-models in tests/fixtures, with the CUDA kernel table (the same decision pass the backend runs).
+without a GPU: fuse.layout (launch_lists and half_nodes, and the re-plan with the half-stored nodes
+in half their bytes) over the planned graph of the tiny golden models in tests/fixtures, with the
+CUDA kernel table (the same pass the backend runs).
 
     python tools/cuda_fusion_report.py [--family flux,sd3m,sd35l,zimage,qwen] [--dtype BF16]
 
-Per family: the fused kernels and how often they fire, the element-wise kernels left unfused,
-and the nodes stored as F16/BF16 by op. A family whose modulations or MLP gates show up as
+Per family: the activation bytes (arena + cross-segment) planned in F32 and as stored, the fused
+kernels and how often they fire, the element-wise kernels left unfused, and the nodes stored as
+F16/BF16 by op. A family whose modulations or MLP gates show up as
 unfused `binary`/`unary` slots is where the next fusion pays (docs/cuda.md, "Fusion and the
 element-wise walk").
 """
@@ -26,7 +28,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from sdrt.gpu.cuda import fuse  # noqa: E402
 from sdrt.gpu.cuda import ops as cuda_ops  # noqa: E402
 from sdrt.gpu.cuda.table import CUDA  # noqa: E402
-from sdrt.gpu.device_backend import import_families, node_addresses  # noqa: E402
+from sdrt.gpu.device_backend import import_families  # noqa: E402
 from sdrt.ops.graph import Graph  # noqa: E402
 from sdrt.ops.tensor import Tensor  # noqa: E402
 
@@ -74,22 +76,20 @@ FAMILIES = {
 }
 
 
-def report(graph) -> tuple[Counter, Counter, Counter]:
+def report(graph) -> tuple[Counter, Counter, Counter, tuple[int, int]]:
     plan = graph.plan()
-    ptr = node_addresses(plan, 0, 1 << 36, [(1 << 40) + i * (1 << 30) for i in range(len(plan.outputs))])
     kernels = [[CUDA.find(n).fn for n in seg.nodes] for seg in plan.segments]
-    lists = fuse.launch_lists(graph, plan, kernels, ptr)
-    stored = fuse.half_nodes(graph, plan, lists, ptr)
+    layout, lists, stored = fuse.layout(graph, plan, kernels, True, True)
     # a fused slot runs another function than its node's own kernel (and is not a skipped one)
     fused = Counter(fn.__name__ for ks, lst in zip(kernels, lists) for own, (fn, _) in zip(ks, lst)
                     if fn is not own and fn is not fuse._skip)
     unfused = Counter()
-    for seg, lst in zip(plan.segments, lists):
+    for seg, lst in zip(layout.segments, lists):
         for n, (fn, _) in zip(seg.nodes, lst):
             if fn.__name__ in ELEMENTWISE:
                 unfused[n.op] += 1
-    return (fused, unfused,
-            Counter(f"{n.op}->{stored[id(n)]}" for n in graph.nodes if id(n) in stored))
+    return (fused, unfused, Counter(f"{n.op}->{stored[id(n)]}" for n in graph.nodes if id(n) in stored),
+            (plan.arena_bytes + plan.cross_bytes, layout.arena_bytes + layout.cross_bytes))
 
 
 def main(argv=None) -> int:
@@ -99,8 +99,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import_families(cuda_ops)
     for name in a.family.split(","):
-        fused, unfused, stored = report(FAMILIES[name](a.dtype))
-        print(f"{name}:")
+        fused, unfused, stored, (f32, laid) = report(FAMILIES[name](a.dtype))
+        print(f"{name}: activations {f32 / 2**10:.0f} KiB planned F32, {laid / 2**10:.0f} KiB as stored")
         print("  fused:   " + ", ".join(f"{k} x{v}" for k, v in sorted(fused.items())))
         print("  unfused element-wise: " + ", ".join(f"{k} x{v}" for k, v in sorted(unfused.items())))
         print("  stored:  " + ", ".join(f"{k} x{v}" for k, v in sorted(stored.items())))

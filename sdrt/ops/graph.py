@@ -156,8 +156,13 @@ class Graph:
         self.segment_index = seg_of
 
     # ---- planning -----------------------------------------------------------------------
-    def plan(self) -> Plan:
+    def plan(self, sizes: dict[int, int] | None = None) -> Plan:
+        """Slots for every computed node; `sizes` ({id(node): bytes}) overrides the bytes of nodes a
+        backend stores in fewer (the CUDA backend's F32 results kept as F16/BF16)."""
         nodes = self.nodes
+
+        def size(n: Tensor) -> int:
+            return _align(sizes.get(id(n), n.nbytes) if sizes else n.nbytes)
         pos = {id(n): i for i, n in enumerate(nodes)}
         last_use = {id(n): pos[id(n)] for n in nodes}
         crossing: set[int] = set()
@@ -176,7 +181,9 @@ class Graph:
         def inplace_src(n: Tensor) -> Tensor | None:
             """The computed input whose buffer `n` may take over: an element-wise op (OpDef
             .inplace) reading, with the same shape, type and contiguous layout, a node whose
-            last consumer is `n`, in the same segment, and read through no other view here."""
+            last consumer is `n`, in the same segment, and read through no other view here; with
+            `sizes`, a node of no more bytes than the input's (a half-stored result over an F32
+            one keeps the F32 slot)."""
             if id(n) in own_arena or not getattr(OPS.get(n.op), "inplace", False):
                 return None
             for s in n.src:
@@ -184,7 +191,7 @@ class Graph:
                 if (o.op is not None and id(o) not in own_arena and last_use[id(o)] == pos[id(n)]
                         and self.segment_index[id(o)] == self.segment_index[id(n)]
                         and s.ne == n.ne and s.dtype == n.dtype and s.offset == o.offset
-                        and s.is_contiguous() and o.nbytes == n.nbytes
+                        and s.is_contiguous() and size(o) >= size(n)
                         and all(t is s or t.owner is not o for t in n.src)):
                     return o
             return None
@@ -206,23 +213,27 @@ class Graph:
             node (inplace_src) gets its input's offset, and the input's slot passes to it."""
             arena, live = _Arena(), []  # heap of (last use, seq, node)
             handed_on: set[int] = set()
+            slot: dict[int, int] = {}   # bytes of the slot each node holds (an in-place node: its input's)
             for k, n in enumerate(members):
                 while live and live[0][0] < pos[id(n)]:
                     dead = heapq.heappop(live)[2]
                     if id(dead) not in handed_on:
-                        arena.release(offsets[id(dead)], _align(dead.nbytes))
+                        arena.release(offsets[id(dead)], slot[id(dead)])
                 if id(n) in offsets:  # placed with the attention before it
                     continue
                 src = inplace_src(n)
                 if src is not None and id(src) in offsets:
                     offsets[id(n)] = offsets[id(src)]
+                    slot[id(n)] = slot[id(src)]
                     handed_on.add(id(src))
                 else:
-                    offsets[id(n)] = arena.alloc(_align(n.nbytes))
+                    offsets[id(n)] = arena.alloc(size(n))
+                    slot[id(n)] = size(n)
                 heapq.heappush(live, (last_use[id(n)], k, n))
                 c = placed_with.get(id(n))
                 if c is not None:
-                    offsets[id(c)] = arena.alloc(_align(c.nbytes))
+                    offsets[id(c)] = arena.alloc(size(c))
+                    slot[id(c)] = size(c)
                     heapq.heappush(live, (last_use[id(c)], k + 0.5, c))
             return arena.top
 
@@ -238,8 +249,8 @@ class Graph:
         return Plan(segments, outputs,
                     arena_bytes=max((s.arena_bytes for s in segments), default=0),
                     cross_offsets=cross_offsets, cross_bytes=cross_bytes,
-                    output_bytes=sum(_align(n.nbytes) for n in outputs),
-                    naive_bytes=sum(_align(n.nbytes) for n in nodes))
+                    output_bytes=sum(size(n) for n in outputs),
+                    naive_bytes=sum(size(n) for n in nodes))
 
     # ---- running ------------------------------------------------------------------------
     def run(self, backend="cpu", on_segment=None, residency=None) -> dict[str, Tensor]:

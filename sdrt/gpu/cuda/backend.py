@@ -2,10 +2,11 @@
 
 `Graph.run("cuda0")` calls `run_graph(graph, plan, on_segment, residency)`:
 
-- Device memory per graph, from the same Plan as the CPU runner: one arena for every segment's
-  intermediates (plan.arena_bytes), one for tensors crossing segments (plan.cross_bytes), one
-  buffer per output; kept with the graph (freed when the Graph is garbage) so later runs reuse
-  the same addresses.
+- Device memory per graph, from the CPU runner's planner with the F32 results fuse.py stores as
+  F16/BF16 in half their bytes (`fuse.layout`): one arena for every segment's intermediates
+  (layout.arena_bytes), one for tensors crossing segments (layout.cross_bytes), one buffer per
+  output; kept with the graph (freed when the Graph is garbage) so later runs reuse the same
+  addresses.
 - Leaves. A leaf is an INPUT when its storage is a writeable numpy array that was not registered
   as a weight (`register_weights`): the UNet's holders (np.empty arrays refilled every call),
   timesteps, positions. Inputs are copied to the device on every run (host -> pinned -> device).
@@ -92,10 +93,27 @@ class _GraphState:
         self.captured = None
         self.nbytes = 0                  # device bytes held (a residency manager counts idle graphs')
         self._residency = residency      # asked to make room when an allocation fails
-        self.arena = self._alloc(plan.arena_bytes)
-        self.cross = self._alloc(plan.cross_bytes)
-        self.node_ptr = node_addresses(plan, self.arena, self.cross,
-                                       [self._alloc(_align(n.nbytes)) for n in plan.outputs])
+        # every node's kernel, before anything runs; then the fused runs of nodes and the F32 results
+        # stored as F16/BF16 (fuse.py), which lay the graph out again (`layout`: those nodes in half
+        # their bytes): per segment [(fn, the tensors it reads)] in node order, {id: dtype} (seen
+        # through DevTensor.half_of)
+        kernels = []
+        for seg in plan.segments:
+            ks = []
+            for n in seg.nodes:
+                k = backend.find(n)
+                if k is None:
+                    srcs = ", ".join(s.dtype.name for s in n.src)
+                    raise UnsupportedError(f"backend {backend.name!r} has no kernel for {n.op}({srcs}) -> "
+                                           f"{n.dtype.name}" + (f" (node {n.name})" if n.name else ""))
+                ks.append(k.fn)
+            kernels.append(ks)
+        self.layout, self.kernels, self.half = fuse.layout(graph, plan, kernels, backend.fuse, backend.store_half)
+        layout = self.layout
+        self.arena = self._alloc(layout.arena_bytes)
+        self.cross = self._alloc(layout.cross_bytes)
+        self.node_ptr = node_addresses(layout, self.arena, self.cross,
+                                       [self._alloc(_align(n.nbytes)) for n in layout.outputs])
         # leaves: owners in first-use order, split into inputs and weights
         self.leaves: dict[int, object] = {}
         for n in graph.nodes:
@@ -117,33 +135,10 @@ class _GraphState:
                 self.inputs.append((o, ptr, pin))
                 self.input_ptr[id(o)] = ptr
         self.outputs: list[tuple[object, int, PinnedBuffer]] = []  # (node, device ptr, pinned)
-        for n in plan.outputs:
+        for n in layout.outputs:
             pin = PinnedBuffer(backend.device, _align(n.nbytes))
             self.pinned.append(pin)
             self.outputs.append((n, self.node_ptr[id(n)], pin))
-        # every node's kernel, before anything runs; then the fused runs of nodes (fuse.py): per
-        # segment [(fn, the tensors it reads)] in node order
-        kernels = []
-        for seg in plan.segments:
-            ks = []
-            for n in seg.nodes:
-                k = backend.find(n)
-                if k is None:
-                    srcs = ", ".join(s.dtype.name for s in n.src)
-                    raise UnsupportedError(f"backend {backend.name!r} has no kernel for {n.op}({srcs}) -> "
-                                           f"{n.dtype.name}" + (f" (node {n.name})" if n.name else ""))
-                ks.append(k.fn)
-            kernels.append(ks)
-        # and the F32 results stored as F16/BF16 (fuse.half_nodes: {id: dtype}; seen through
-        # DevTensor.half_of)
-        fusing = backend.fuse
-        if fusing:
-            self.kernels = fuse.launch_lists(graph, plan, kernels, self.node_ptr)
-        else:
-            self.kernels = [[(fn, tuple(n.src)) for fn, n in zip(ks, seg.nodes)]
-                            for ks, seg in zip(kernels, plan.segments)]
-        self.half = fuse.half_nodes(graph, plan, self.kernels, self.node_ptr) \
-            if fusing and backend.store_half else {}
         self.launches: list | None = None    # [(fn, node, xs, out)] once weights have fixed addresses
         self.captured: cudagraph.CapturedGraph | None = None
         self.capture_ok = True
@@ -313,9 +308,11 @@ class CudaBackend(GraphStates):
         if state is None or state.plan is not plan:
             state = self._states[graph] = _GraphState(self, graph, plan, residency)
             if debug:
-                log.info("%s plan: %d nodes, %d segments, arena %.1f MB, cross-segment %.1f MB, outputs %.1f MB, "
-                         "%d inputs, %d weight leaves", self.name, len(graph.nodes), len(plan.segments),
-                         plan.arena_bytes / 2**20, plan.cross_bytes / 2**20, plan.output_bytes / 2**20,
+                lay = state.layout
+                log.info("%s plan: %d nodes, %d segments, arena %.1f MB (all F32: %.1f), cross-segment %.1f MB, "
+                         "outputs %.1f MB, %d inputs, %d weight leaves", self.name, len(graph.nodes), len(plan.segments),
+                         lay.arena_bytes / 2**20, plan.arena_bytes / 2**20, lay.cross_bytes / 2**20,
+                         lay.output_bytes / 2**20,
                          len(state.inputs), len(state.leaves) - len(state.inputs))
         state.runs += 1
         for leaf, _, pin in state.inputs:     # host -> pinned (the copies to the device are enqueued)
@@ -379,7 +376,7 @@ class CudaBackend(GraphStates):
         fixed = residency is None     # weight addresses stay put: keep the launch list for capture
         launches = [] if fixed else None
         timings = []
-        for k, seg in enumerate(state.plan.segments):
+        for k, seg in enumerate(state.layout.segments):
             if on_segment is not None:
                 on_segment(k, seg.name, seg.nodes)
             if residency is not None:

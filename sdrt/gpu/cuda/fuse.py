@@ -59,6 +59,9 @@ to call and the tensors it reads (`kernels`: each segment's kernel functions in 
 Nothing runs between the fused slots, so w, x and r are as the unfused kernels would have read
 them, and the planner placed no other live tensor in the product's buffer.
 
+`layout(graph, plan, kernels, fusing, store_half)` does both and lays the nodes out again with the
+half-stored ones in half their bytes (so storing them lowers the peak, not only the traffic).
+
 `half_nodes(graph, plan, lists, node_ptr)` then picks the F32 results to store in half precision,
 {id: "F16" or "BF16"}, as PyTorch's fp16/bf16 activations are, where that costs no accuracy the
 reader keeps: a node whose every reader would round it to that one dtype anyway (a GEMM reading
@@ -89,6 +92,7 @@ from .ops.conv import gemm_dtype as conv_gemm_dtype
 from .ops.elementwise import binary, gated_add, silu_mul, unary
 from .ops.layout import concat
 from .devtensor import padded_nb
+from ..device_backend import node_addresses
 from .ops.matmul import (gemm_input_dtype, mul_mat, mul_mat_add_bias, mul_mat_add_bias_gelu,
                          mul_mat_add_bias_residual)
 from .ops.norm import (layer_norm_modulated, rms_norm_modulated, rms_norm_rope, rms_norm_rope_staged, rms_norm_scaled,
@@ -199,12 +203,25 @@ def _gelu_of(g, add) -> bool:
     return g.op == "gelu_tanh" and g.dtype.name == "F32" and add.dtype.name == "F32" and _is_whole(g.src[0], add)
 
 
+class Addresses(dict):
+    """{id(node): address}, with the bytes of the nodes a plan laid out in fewer than their F32
+    size (`layout`'s half-sized ones): the overlap checks below read a node's extent here."""
+
+    def __init__(self, ptr, sized=None):
+        super().__init__(ptr)
+        self.sized = sized or {}
+
+
+def _extent(n, node_ptr) -> int:
+    return getattr(node_ptr, "sized", {}).get(id(n), n.nbytes)
+
+
 def _buffer_overlaps(a, b, node_ptr) -> bool:
     """Whether computed nodes a and b have overlapping buffers."""
     if id(a) not in node_ptr or id(b) not in node_ptr:
         return False
     pa, pb = node_ptr[id(a)], node_ptr[id(b)]
-    return pa < pb + b.nbytes and pb < pa + a.nbytes
+    return pa < pb + _extent(b, node_ptr) and pb < pa + _extent(a, node_ptr)
 
 
 def _chain_reads_safe(nodes, out, j, k, skipped, reads, node_ptr, in_place=()) -> bool:
@@ -477,10 +494,11 @@ def _merges_heads(c, att) -> bool:
 def _overlaps_sources(c, att, node_ptr) -> bool:
     """Whether c's buffer overlaps a computed source of att (the planner may put c where a
     source that att reads for the last time was): att cannot then write c while reading it."""
-    lo, hi = node_ptr[id(c)], node_ptr[id(c)] + c.nbytes
+    lo, hi = node_ptr[id(c)], node_ptr[id(c)] + _extent(c, node_ptr)
     for s in att.src:
         o = s.owner
-        if o.op is not None and id(o) in node_ptr and node_ptr[id(o)] < hi and lo < node_ptr[id(o)] + o.nbytes:
+        if (o.op is not None and id(o) in node_ptr and node_ptr[id(o)] < hi
+                and lo < node_ptr[id(o)] + _extent(o, node_ptr)):
             return True
     return False
 
@@ -558,11 +576,11 @@ def _over_a_source(n, srcs, node_ptr) -> bool:
     written as F16/BF16 there, element i's two bytes would land on an F32 element another thread
     has yet to read."""
     lo = node_ptr[id(n)]
-    hi = lo + n.nbytes
+    hi = lo + _extent(n, node_ptr)
     for t in srcs:
         o = t.owner
         p = node_ptr.get(id(o)) if o.op is not None else None
-        if p is not None and o is not n and p < hi and lo < p + o.nbytes:
+        if p is not None and o is not n and p < hi and lo < p + _extent(o, node_ptr):
             return True
     return False
 
@@ -600,3 +618,42 @@ def half_nodes(graph, plan, lists, node_ptr) -> dict[int, str]:
         if d in can:
             store[id(n)] = d
     return store
+
+
+LAYOUT_ROUNDS = 4
+
+
+def layout(graph, plan, kernels, fusing: bool, store_half: bool):
+    """(device plan, launch lists, half-stored {id: dtype}) of a graph planned as `plan` (F32
+    sizes). Fusions and half storage are decided on the nodes' addresses, and a re-plan giving
+    the half-stored nodes half their bytes moves nodes, which may change what is decided there:
+    each round re-plans with the nodes the last one stored half, until the decisions on a plan
+    store half exactly the nodes it sized so (a node sized half that its plan stores F32 keeps
+    its F32 size from then on). Without that within LAYOUT_ROUNDS, the last plan if every node
+    it sized half is stored half, else the F32 plan. Decided on stand-in addresses (the arena
+    at 0, the cross buffer and each output far apart, as the real blocks are disjoint): the
+    decisions only compare addresses within a buffer."""
+    if not fusing:
+        return plan, [[(fn, tuple(n.src)) for fn, n in zip(ks, seg.nodes)]
+                      for ks, seg in zip(kernels, plan.segments)], {}
+
+    def decide(p, sized):
+        ptr = Addresses(node_addresses(p, 0, 1 << 48, [(1 << 50) + (i << 44) for i in range(len(p.outputs))]),
+                        {i: by_id[i].nbytes // 2 for i in sized})
+        lists = launch_lists(graph, p, kernels, ptr)
+        return lists, (half_nodes(graph, p, lists, ptr) if store_half else {})
+
+    by_id = {id(n): n for n in graph.nodes}
+    lists, half = decide(plan, {})
+    first = (plan, lists, half)
+    p, sized, banned = plan, {}, set()
+    for _ in range(LAYOUT_ROUNDS):
+        misfits = {i for i in sized if i not in half}     # sized half, stored F32: F32-sized for good
+        banned |= misfits
+        want = {i: d for i, d in half.items() if i not in banned}
+        if not misfits and want.keys() == sized.keys():
+            return p, lists, half
+        sized = want
+        p = graph.plan({i: by_id[i].nbytes // 2 for i in sized})
+        lists, half = decide(p, sized)
+    return (p, lists, half) if all(i in half for i in sized) else first

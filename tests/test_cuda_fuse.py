@@ -2,9 +2,11 @@
 linear-layer bias adds become one bias-epilogue GEMM, and which must stay separate; which F32
 results are stored as F16. The kernels' numbers are checked against the CPU on a GPU
 (tests/gpu/test_cuda_fuse.py)."""
+import os
 from collections import Counter
 
 import numpy as np
+import pytest
 from opcheck import leaf
 
 from sdrt.gpu.cuda import fuse
@@ -464,6 +466,27 @@ def test_layout_sizes_half_stored_nodes_at_half():
     names0 = Counter(fn.__name__ for lst in fuse.launch_lists(g, plan, kernels, _addresses(plan)) for fn, _ in lst)
     assert names == names0, (names, names0)
     print(f"arena {plan.arena_bytes} -> {lay.arena_bytes}, {len(half)} half-stored")
+
+
+def _report_tool():
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "cuda_fusion_report.py")
+    spec = importlib.util.spec_from_file_location("cuda_fusion_report", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("family", ["flux", "sd3m", "sd35l", "zimage", "qwen"])
+def test_layouts_sound_on_every_dit_family(family):
+    """The planner's layout (every node live at once in bytes of its own) and fuse.layout's, on
+    the tiny golden models of each DiT family (tools/cuda_fusion_report.py's graphs)."""
+    g = _report_tool().FAMILIES[family]("BF16")
+    plan = g.plan()
+    assert_layout_sound(g, plan, {})
+    lay, _, half = fuse.layout(g, plan, _kernels(plan), True, True)
+    assert_layout_sound(g, lay, half)
+    assert lay.arena_bytes + lay.cross_bytes <= plan.arena_bytes + plan.cross_bytes
 
 
 def test_layout_unfused_is_the_plan():

@@ -208,34 +208,48 @@ class Graph:
                 placed_with[id(o)] = n
 
         def plan_arena(members, offsets) -> int:
-            """Offsets for `members` (in run order) in one arena; each is freed once the run
-            has passed its last consumer (which may be a node outside `members`). An in-place
-            node (inplace_src) gets its input's offset, and the input's slot passes to it."""
-            arena, live = _Arena(), []  # heap of (last use, seq, node)
-            handed_on: set[int] = set()
-            slot: dict[int, int] = {}   # bytes of the slot each node holds (an in-place node: its input's)
-            for k, n in enumerate(members):
-                while live and live[0][0] < pos[id(n)]:
-                    dead = heapq.heappop(live)[2]
-                    if id(dead) not in handed_on:
-                        arena.release(offsets[id(dead)], slot[id(dead)])
-                if id(n) in offsets:  # placed with the attention before it
+            """Offsets for `members` (in run order) in one arena; returns its bytes. A node's
+            buffer lives from its own step to its last consumer's (which may be outside
+            `members`); an in-place node (inplace_src) continues its input's buffer, and a cont
+            placed with the attention before it starts its buffer at the attention's step (apart
+            from the attention's inputs). The buffers are placed largest first, each at the
+            lowest offset clear of the placed buffers whose lifetimes meet its own (the "greedy
+            by size" offline plan: peaks close to the live bytes, which placing in run order
+            missed by leaving holes too small for a late large tensor)."""
+            bufs: list[list] = []       # [bytes, first step, last step, nodes]
+            buf_of: dict[int, list] = {}
+            for n in members:
+                if id(n) in buf_of:     # a cont placed with the attention before it
                     continue
                 src = inplace_src(n)
-                if src is not None and id(src) in offsets:
-                    offsets[id(n)] = offsets[id(src)]
-                    slot[id(n)] = slot[id(src)]
-                    handed_on.add(id(src))
+                b = buf_of.get(id(src)) if src is not None else None
+                if b is not None:
+                    b[2] = max(b[2], last_use[id(n)])
+                    b[3].append(n)
                 else:
-                    offsets[id(n)] = arena.alloc(size(n))
-                    slot[id(n)] = size(n)
-                heapq.heappush(live, (last_use[id(n)], k, n))
+                    b = [size(n), pos[id(n)], last_use[id(n)], [n]]
+                    bufs.append(b)
+                buf_of[id(n)] = b
                 c = placed_with.get(id(n))
                 if c is not None:
-                    offsets[id(c)] = arena.alloc(size(c))
-                    slot[id(c)] = size(c)
-                    heapq.heappush(live, (last_use[id(c)], k + 0.5, c))
-            return arena.top
+                    cb = [size(c), pos[id(n)], last_use[id(c)], [c]]
+                    bufs.append(cb)
+                    buf_of[id(c)] = cb
+            placed: list[tuple[int, int, int, int]] = []   # (offset, end, first step, last step)
+            top = 0
+            for nbytes, first, last, group in sorted(bufs, key=lambda b: (-b[0], b[1])):
+                busy = sorted((o, e) for o, e, f, l in placed if f <= last and first <= l)
+                off, best = 0, None
+                for o, e in busy:           # gaps between the busy spans, smallest that fits
+                    if o - off >= nbytes and (best is None or o - off < best[1]):
+                        best = (off, o - off)
+                    off = max(off, e)
+                off = best[0] if best is not None else off
+                placed.append((off, off + nbytes, first, last))
+                top = max(top, off + nbytes)
+                for n in group:
+                    offsets[id(n)] = off
+            return top
 
         names = [c.cut for c in self.cut_nodes] + [None]
         segments = [Segment(nm, []) for nm in names]

@@ -11,7 +11,8 @@ Named cut points (`mark_cut(t, "model.blocks.3")`) split the graph into segments
 the cut nodes are reached: segment k holds what cut k needs that earlier segments did not
 compute. Each segment is planned on its own; tensors crossing a boundary live in a second
 arena planned by liveness over the whole run (freed after their last consumer). A runner can
-bring weights in segment by segment (see `on_segment`).
+bring weights in segment by segment (see `on_segment`). Offsets are placed largest buffer first
+(`plan`'s plan_arena).
 """
 from __future__ import annotations
 

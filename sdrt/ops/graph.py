@@ -16,8 +16,6 @@ bring weights in segment by segment (see `on_segment`). Offsets are placed large
 """
 from __future__ import annotations
 
-import bisect
-import heapq
 import logging
 import os
 import time
@@ -43,43 +41,6 @@ def mark_cut(t: Tensor, name: str) -> Tensor:
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-class _Arena:
-    """Best-fit offset allocator with coalescing (the plan only; no memory is touched)."""
-
-    def __init__(self):
-        self.free: list[tuple[int, int]] = []  # sorted (offset, size)
-        self.top = 0
-
-    def alloc(self, size: int) -> int:
-        best = None
-        for i, (off, sz) in enumerate(self.free):
-            if sz >= size and (best is None or sz < self.free[best][1]):
-                best = i
-        if best is None:
-            # grow, merging with a free block that ends at the top
-            if self.free and sum(self.free[-1]) == self.top:
-                off, _ = self.free.pop()
-            else:
-                off = self.top
-            self.top = off + size
-            return off
-        off, sz = self.free.pop(best)
-        if sz > size:
-            bisect.insort(self.free, (off + size, sz - size))
-        return off
-
-    def release(self, off: int, size: int):
-        i = bisect.bisect(self.free, (off, size))
-        self.free.insert(i, (off, size))
-        # coalesce with neighbours
-        if i + 1 < len(self.free) and off + size == self.free[i + 1][0]:
-            size += self.free.pop(i + 1)[1]
-            self.free[i] = (off, size)
-        if i > 0 and sum(self.free[i - 1]) == off:
-            poff, psz = self.free.pop(i - 1)
-            self.free[i - 1] = (poff, psz + size)
 
 
 @dataclass
@@ -236,17 +197,24 @@ class Graph:
                     cb = [size(c), pos[id(n)], last_use[id(c)], [c]]
                     bufs.append(cb)
                     buf_of[id(c)] = cb
-            placed: list[tuple[int, int, int, int]] = []   # (offset, end, first step, last step)
+            # placed buffers' offsets, ends and lifetimes as arrays: the lifetime test is one
+            # vectorized pass per buffer (graphs of thousands of nodes in one segment: ESRGAN)
+            k = len(bufs)
+            first_step = np.array([b[1] for b in bufs], np.int64)
+            last_step = np.array([b[2] for b in bufs], np.int64)
+            start, end = np.zeros(k, np.int64), np.zeros(k, np.int64)
+            placed = np.zeros(k, bool)
             top = 0
-            for nbytes, first, last, group in sorted(bufs, key=lambda b: (-b[0], b[1])):
-                busy = sorted((o, e) for o, e, f, l in placed if f <= last and first <= l)
+            for i in sorted(range(k), key=lambda i: (-bufs[i][0], bufs[i][1])):
+                nbytes, first, last, group = bufs[i]
+                meet = np.flatnonzero(placed & (first_step <= last) & (last_step >= first))
                 off, best = 0, None
-                for o, e in busy:           # gaps between the busy spans, smallest that fits
-                    if o - off >= nbytes and (best is None or o - off < best[1]):
+                for o, e in sorted(zip(start[meet].tolist(), end[meet].tolist())):
+                    if o - off >= nbytes and (best is None or o - off < best[1]):   # the smallest gap that fits
                         best = (off, o - off)
                     off = max(off, e)
                 off = best[0] if best is not None else off
-                placed.append((off, off + nbytes, first, last))
+                start[i], end[i], placed[i] = off, off + nbytes, True
                 top = max(top, off + nbytes)
                 for n in group:
                     offsets[id(n)] = off

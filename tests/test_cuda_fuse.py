@@ -495,3 +495,5 @@ def test_layout_unfused_is_the_plan():
     plan = g.plan()
     lay, lists, half = fuse.layout(g, plan, _kernels(plan), False, True)
     assert lay is plan and half == {} and all(fn is not fuse._skip for lst in lists for fn, _ in lst)
+    lay, _, half = fuse.layout(g, plan, _kernels(plan), True, True, replan=False)   # SDRT_CUDA_HALF_LAYOUT=0
+    assert lay is plan and half

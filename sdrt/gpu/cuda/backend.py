@@ -108,7 +108,8 @@ class _GraphState:
                                            f"{n.dtype.name}" + (f" (node {n.name})" if n.name else ""))
                 ks.append(k.fn)
             kernels.append(ks)
-        self.layout, self.kernels, self.half = fuse.layout(graph, plan, kernels, backend.fuse, backend.store_half)
+        self.layout, self.kernels, self.half = fuse.layout(graph, plan, kernels, backend.fuse, backend.store_half,
+                                                           backend.half_layout)
         layout = self.layout
         self.arena = self._alloc(layout.arena_bytes)
         self.cross = self._alloc(layout.cross_bytes)
@@ -197,6 +198,7 @@ class CudaBackend(GraphStates):
 
     fuse = True         # fuse.py's fused runs (SDRT_CUDA_FUSE=0: every node alone)
     store_half = True   # fuse.half_nodes (SDRT_CUDA_HALF=0: every result as typed)
+    half_layout = True  # fuse.layout's re-plan (SDRT_CUDA_HALF_LAYOUT=0: half-stored results keep F32 slots)
 
     def __init__(self, index: int = 0):
         self.name = f"cuda{index}"
@@ -211,6 +213,7 @@ class CudaBackend(GraphStates):
         self._pending_upload = None   # event of the last weight upload on the copy stream
         self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"
         self.store_half = os.environ.get("SDRT_CUDA_HALF", "1") != "0"
+        self.half_layout = os.environ.get("SDRT_CUDA_HALF_LAYOUT", "1") != "0"
 
     def __repr__(self):
         return f"CudaBackend({self.name}: {self.device.info.describe()})"

@@ -623,7 +623,7 @@ def half_nodes(graph, plan, lists, node_ptr) -> dict[int, str]:
 LAYOUT_ROUNDS = 4
 
 
-def layout(graph, plan, kernels, fusing: bool, store_half: bool):
+def layout(graph, plan, kernels, fusing: bool, store_half: bool, replan: bool = True):
     """(device plan, launch lists, half-stored {id: dtype}) of a graph planned as `plan` (F32
     sizes). Fusions and half storage are decided on the nodes' addresses, and a re-plan giving
     the half-stored nodes half their bytes moves nodes, which may change what is decided there:
@@ -632,7 +632,8 @@ def layout(graph, plan, kernels, fusing: bool, store_half: bool):
     its F32 size from then on). Without that within LAYOUT_ROUNDS, the last plan if every node
     it sized half is stored half, else the F32 plan. Decided on stand-in addresses (the arena
     at 0, the cross buffer and each output far apart, as the real blocks are disjoint): the
-    decisions only compare addresses within a buffer."""
+    decisions only compare addresses within a buffer. `replan` False: the F32 plan's decisions
+    on the F32 plan."""
     if not fusing:
         return plan, [[(fn, tuple(n.src)) for fn, n in zip(ks, seg.nodes)]
                       for ks, seg in zip(kernels, plan.segments)], {}
@@ -647,7 +648,7 @@ def layout(graph, plan, kernels, fusing: bool, store_half: bool):
     lists, half = decide(plan, {})
     first = (plan, lists, half)
     p, sized, banned = plan, {}, set()
-    for _ in range(LAYOUT_ROUNDS):
+    for _ in range(LAYOUT_ROUNDS if replan else 0):
         misfits = {i for i in sized if i not in half}     # sized half, stored F32: F32-sized for good
         banned |= misfits
         want = {i: d for i, d in half.items() if i not in banned}

@@ -34,7 +34,7 @@ bench/patch_sdcli_zimage.py; Flux and Qwen-Image count their blocks.
 Engines, each its own process, one after the other; the parent polls nvidia-smi every 0.1 s for
 its peak memory above the idle baseline ('-' without nvidia-smi):
   sdrt       python -m sdrt.cli.main ... --backend BACKEND
-  sdrt-vram  the same with --max-vram GIB (--max-vram, default 8)
+  sdrt-vram  the same with --max-vram GIB (--max-vram, default 8) and --vram-args
   sdcli      SDCLI ... --diffusion-fa (--sdcli-args: sd-cli's fast attention on CUDA; nothing else:
              --vae-tiling / --offload-to-cpu trade speed for memory)
 Reported per engine (--runs N: the last of N runs of its command, the first's wall time beside it):
@@ -232,7 +232,7 @@ def run_engine(name, a, eng, paths):
     else:
         cmd = [sys.executable, "-m", "sdrt.cli.main", *args, "--backend", a.backend]
         if eng == "sdrt-vram":
-            cmd += ["--max-vram", str(a.max_vram)]
+            cmd += ["--max-vram", str(a.max_vram), *a.vram_args.split()]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath(ROOT), os.environ.get("PYTHONPATH", "")]))
     gpu = shutil.which("nvidia-smi") is not None
     runs = []
@@ -328,6 +328,8 @@ def main(argv=None):
     ap.add_argument("--sdcli-args", default="--diffusion-fa", help="what sd-cli gets besides the common flags")
     ap.add_argument("--backend", default="cuda0", help="sdrt's backend (cpu: a smoke run without a GPU)")
     ap.add_argument("--max-vram", default="8", help="GiB of the sdrt-vram engine's --max-vram")
+    ap.add_argument("--vram-args", default="", help="more flags of the sdrt-vram engine (issue 18: "
+                    "--offload-to-cpu with --max-vram 3 for SDXL)")
     ap.add_argument("--dir", default="/tmp/cli", help="where the files and images go")
     ap.add_argument("--size", type=int, default=0, help="image side (0: SD1.5 512, the others 1024)")
     ap.add_argument("--steps", type=int, default=0, help="sampling steps (0: the family's: 20, Z-Image 8)")

@@ -14,7 +14,9 @@ the same machine, one after the other:
 * sdcli: `sd-cli --steps N --diffusion-fa` on the same checkpoint; its "sampling completed,
   taking X s" and "decode_first_stage completed, taking Y s" lines (sampling includes its
   per-step overheads, which is what a user sees as it/s).
-Prints one table: it/s of the CFG step, VAE decode ms, and sdrt's ratio to each peer.
+Prints one table: it/s of the CFG step, VAE decode ms, the peak of each engine's own allocator
+(torch.cuda.max_memory_allocated; sdrt's device allocator, weights and graphs: issue 18 done-means
+3's "PyTorch eager's allocation") and sdrt's ratio to each peer.
 """
 from __future__ import annotations
 
@@ -68,7 +70,9 @@ def run_sdrt(arch, ckpt, steps):
     vae = AutoencoderKL(mf.tensors)
     graph = F.Graph({"img": vae.decode_graph(Tensor.from_numpy(z))})  # built once: replayed
     dec = time_calls(lambda: graph.run("cuda0"), 5)["step_s"]
-    return dict(step_s=step, first_call_s=first, decode_s=dec)
+    from sdrt.ops.backend import get_backend
+    peak = get_backend("cuda0").memory_stats()["peak"]     # sdrt's allocator: weights + graphs + scratch
+    return dict(step_s=step, first_call_s=first, decode_s=dec, peak_alloc_mib=peak / 2**20)
 
 
 def run_torch(arch, steps):
@@ -100,7 +104,8 @@ def run_torch(arch, steps):
         vae.decode(z)
 
     return dict(step_s=time_calls(step, steps, torch.cuda.synchronize)["step_s"],
-                decode_s=time_calls(dec, 5, torch.cuda.synchronize)["step_s"], torch=torch.__version__)
+                decode_s=time_calls(dec, 5, torch.cuda.synchronize)["step_s"], torch=torch.__version__,
+                peak_alloc_mib=torch.cuda.max_memory_allocated() / 2**20)
 
 
 def run_sdcli(arch, ckpt, steps, sdcli):
@@ -158,12 +163,14 @@ def main():
     tf = ARCH[a.arch]["tflop"]
     print(f"\n{a.arch} {ARCH[a.arch]['size']}x{ARCH[a.arch]['size']}, CFG step = batch-2 UNet forward "
           f"({tf} TFLOP), {a.steps} timed steps\n")
-    print("| engine | it/s | ms per step | TFLOP/s | VAE decode ms | sdrt it/s / engine it/s |\n|---|---:|---:|---:|---:|---:|")
+    print("| engine | it/s | ms per step | TFLOP/s | VAE decode ms | peak allocated MiB | sdrt it/s / engine it/s |\n"
+          "|---|---:|---:|---:|---:|---:|---:|")
     s = res.get("sdrt", {}).get("step_s")
     for eng, r in res.items():
         ratio = f"{r['step_s'] / s:.2f}" if s else "-"
+        peak = f"{r['peak_alloc_mib']:.0f}" if "peak_alloc_mib" in r else "-"     # sd-cli: not reported
         print(f"| {eng} | {1 / r['step_s']:.2f} | {r['step_s'] * 1e3:.1f} | {tf / r['step_s']:.0f} | "
-              f"{r['decode_s'] * 1e3:.0f} | {ratio} |")
+              f"{r['decode_s'] * 1e3:.0f} | {peak} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -215,3 +215,24 @@ def test_convert_mode_still_works(tmp_path):
 def test_list_devices(capsys):
     assert cli.main(["--list-devices"]) == 0
     assert capsys.readouterr().out.startswith("cpu\t")
+
+
+def test_the_command_exits_fast_with_its_code_and_files(tmp_path):
+    """`python -m sdrt` (the `sdrt` console script's `console`) ends the process without the
+    interpreter's teardown: the image is written whole (the same bytes as main() in this
+    process), output flushed, the exit code main()'s; errors exit 2 with their one line."""
+    import subprocess
+    import sys
+    import flux_tiny
+    args = flux_tiny.write(str(tmp_path / "m"))
+    common = [*args, "-p", "a cat", "-W", "64", "-H", "64", "--steps", "1", "-s", "3", "--cfg-scale", "1"]
+    here = tmp_path / "here.png"
+    assert cli.main([*common, "-o", str(here)]) == 0
+    there = tmp_path / "there.png"
+    p = subprocess.run([sys.executable, "-m", "sdrt", *common, "-o", str(there), "-v"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert there.read_bytes() == here.read_bytes()
+    assert "1/1 images saved" in p.stdout + p.stderr           # the last log line got out
+    p = subprocess.run([sys.executable, "-m", "sdrt", "--steps", "x"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("sdrt: error:"), (p.returncode, p.stderr)

@@ -236,3 +236,7 @@ def test_the_command_exits_fast_with_its_code_and_files(tmp_path):
     assert "1/1 images saved" in p.stdout + p.stderr           # the last log line got out
     p = subprocess.run([sys.executable, "-m", "sdrt", "--steps", "x"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.startswith("sdrt: error:"), (p.returncode, p.stderr)
+    prof = tmp_path / "prof.out"                # under a profiler: the normal exit, which writes it
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "sdrt", "--version"], check=True,
+                   capture_output=True, timeout=60)
+    assert prof.stat().st_size > 0

@@ -457,8 +457,11 @@ def console() -> None:
     """The `sdrt` command (and `python -m sdrt`): main(), then the process ends without the
     interpreter's teardown. Every output is written and closed by then; the teardown (Numba's and
     LLVM's finalizers, a GPU context, every module's objects) took 0.2-0.4 s of each command here.
-    An error that escapes main() takes the normal way out, with its traceback."""
+    An error that escapes main() takes the normal way out, with its traceback; so does a run under
+    a profiler or tracer (cProfile, coverage), which writes its results at the normal exit."""
     rc = main()
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(rc)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -42,6 +42,24 @@ def cpu(out):
     return {k: v.numpy().astype(np.float32) for k, v in Graph(out).run("cpu").items()}
 
 
+def assert_fused_exact(cuda, monkeypatch, out, kernel, tol, what):
+    """`kernel` fires in out's graph, bit for bit the unfused kernels, within tol of the CPU."""
+    want = cpu(out)["out"]
+    g, on, off = on_off(cuda, monkeypatch, out, "fuse")
+    assert kernel in kernel_names(cuda, g)
+    for a, b in zip(on, off):
+        np.testing.assert_array_equal(a["out"], b["out"])
+        assert_within_scale(a["out"], want, tol, what)
+
+
+def assert_stored_as_packed(cuda, monkeypatch, out, dtype, kernel, what):
+    """`kernel` writes `dtype` for the GEMM of `out`: the product as with the F32 result packed."""
+    g, on, off = on_off(cuda, monkeypatch, out, "store_half")
+    assert set(cuda._states[g].half.values()) == {dtype} and kernel in kernel_names(cuda, g)
+    for a, b in zip(on, off):
+        assert_within_scale(a["out"], b["out"], 1e-6, what)
+
+
 # ---- element-wise producers writing the GEMM's dtype ------------------------------------------
 @pytest.mark.parametrize("wdt", ["BF16", "F16"])
 @pytest.mark.parametrize("producer", ["gelu", "add", "layer_norm", "concat_rows", "cont", "group_norm", "geglu",
@@ -124,12 +142,7 @@ def test_modulation_fused_exact(cuda, rng, monkeypatch, n, vdt):
     mod = chunks(F.silu(leaf(randn(rng, n, 2 * C), vdt)), 2) if vdt == "F32" else \
         chunks(leaf(randn(rng, n, 2 * C), vdt), 2)
     out = F.silu(modulate(F.layer_norm(x, 1e-6), mod[0], mod[1]))
-    want = cpu(out)["out"]
-    g, on, off = on_off(cuda, monkeypatch, out, "fuse")
-    assert "layer_norm_modulated" in kernel_names(cuda, g)
-    for a, b in zip(on, off):
-        np.testing.assert_array_equal(a["out"], b["out"])
-        assert_within_scale(a["out"], want, 1e-5, "modulation vs cpu")
+    assert_fused_exact(cuda, monkeypatch, out, "layer_norm_modulated", 1e-5, "modulation vs cpu")
 
 
 @pytest.mark.parametrize("wdt", ["BF16", "F16"])
@@ -140,10 +153,7 @@ def test_modulation_stored_for_the_gemm(cuda, rng, monkeypatch, wdt):
     mod = chunks(leaf(randn(rng, 2, 2 * C)), 2)
     w = leaf(randn(rng, 128, C) / 16, wdt)
     out = F.mul_mat(w, modulate(F.layer_norm(x, 1e-6), mod[0], mod[1]))     # layer_norm_mod_f32_to_*
-    g, on, off = on_off(cuda, monkeypatch, out, "store_half")
-    assert set(cuda._states[g].half.values()) == {wdt} and "layer_norm_modulated" in kernel_names(cuda, g)
-    for a, b in zip(on, off):
-        assert_within_scale(a["out"], b["out"], 1e-6, "modulation stored vs packed")
+    assert_stored_as_packed(cuda, monkeypatch, out, wdt, "layer_norm_modulated", "modulation stored vs packed")
 
 
 @pytest.mark.parametrize("wdt", ["F32", "BF16"])
@@ -153,12 +163,7 @@ def test_rms_norm_scaled_exact(cuda, rng, monkeypatch, wdt):
     t = leaf(randn(rng, 2, 90, 3 * 128))                            # [3C, L, N], C = 2 heads x 64
     q = t.view((64, 2, 90, 2), (4, 4 * 64, t.nb[1], t.nb[2]))
     out = F.silu(F.mul(F.rms_norm(q, 1e-6), leaf(randn(rng, 64), wdt)))
-    want = cpu(out)["out"]
-    g, on, off = on_off(cuda, monkeypatch, out, "fuse")
-    assert "rms_norm_scaled" in kernel_names(cuda, g)
-    for a, b in zip(on, off):
-        np.testing.assert_array_equal(a["out"], b["out"])
-        assert_within_scale(a["out"], want, 1e-5, "rms_norm_scaled vs cpu")
+    assert_fused_exact(cuda, monkeypatch, out, "rms_norm_scaled", 1e-5, "rms_norm_scaled vs cpu")
 
 
 def test_rms_norm_scaled_stored_for_the_join(cuda, rng, monkeypatch):
@@ -214,18 +219,9 @@ def test_rms_modulation_fused_exact(cuda, rng, monkeypatch, n):
     x = leaf(randn(rng, n, 77, C) * 3 + 1)
     s = F.scale(chunks(F.silu(leaf(randn(rng, n, 2 * C))), 2)[1], 1.0, 1.0)
     h = F.mul(F.mul(F.rms_norm(x, 1e-6), leaf(randn(rng, C))), s)
-    out = F.silu(h)
-    want = cpu(out)["out"]
-    g, on, off = on_off(cuda, monkeypatch, out, "fuse")
-    assert "rms_norm_modulated" in kernel_names(cuda, g)
-    for a, b in zip(on, off):
-        np.testing.assert_array_equal(a["out"], b["out"])
-        assert_within_scale(a["out"], want, 1e-5, "rms modulation vs cpu")
+    assert_fused_exact(cuda, monkeypatch, F.silu(h), "rms_norm_modulated", 1e-5, "rms modulation vs cpu")
     gemm = F.mul_mat(leaf(randn(rng, 64, C) / 16, "BF16"), h)
-    g, on, off = on_off(cuda, monkeypatch, gemm, "store_half")
-    assert set(cuda._states[g].half.values()) == {"BF16"} and "rms_norm_modulated" in kernel_names(cuda, g)
-    for a, b in zip(on, off):
-        assert_within_scale(a["out"], b["out"], 1e-6, "rms modulation stored vs packed")
+    assert_stored_as_packed(cuda, monkeypatch, gemm, "BF16", "rms_norm_modulated", "rms modulation stored vs packed")
 
 
 @pytest.mark.parametrize("wdt", ["F32", "BF16"])
@@ -235,12 +231,7 @@ def test_silu_mul_fused_exact(cuda, rng, monkeypatch, wdt):
     x = leaf(randn(rng, 2, 70, 64))
     w1, w3 = (leaf(randn(rng, 176, 64) / 8, wdt) for _ in range(2))
     out = F.mul_mat(leaf(randn(rng, 64, 176) / 13, wdt), F.mul(F.silu(F.mul_mat(w1, x)), F.mul_mat(w3, x)))
-    want = cpu(out)["out"]
-    g, on, off = on_off(cuda, monkeypatch, out, "fuse")
-    assert "silu_mul" in kernel_names(cuda, g)
-    for a, b in zip(on, off):
-        np.testing.assert_array_equal(a["out"], b["out"])
-        assert_within_scale(a["out"], want, 2e-2 if wdt == "BF16" else 1e-5, "silu_mul vs cpu")
+    assert_fused_exact(cuda, monkeypatch, out, "silu_mul", 2e-2 if wdt == "BF16" else 1e-5, "silu_mul vs cpu")
 
 
 @pytest.mark.parametrize("D", [64, 128])

@@ -76,7 +76,7 @@ EOF
     rm -rf "$work/ext" && mkdir -p "$work/ext/sdrt/ops"
     cp setup.py pyproject.toml "$work/ext/" && cp -r sdrt/ops/quant "$work/ext/sdrt/ops/"
     rm -f "$work"/ext/sdrt/ops/quant/*.so "$work"/ext/sdrt/ops/quant/_quants.c
-    mkdir -p "$work/ext/sdrt/ops/cpu" && cp sdrt/ops/cpu/_bf16.pyx sdrt/ops/cpu/_bf16gemm.h "$work/ext/sdrt/ops/cpu/"
+    mkdir -p "$work/ext/sdrt/ops/cpu" && cp sdrt/ops/cpu/_bf16.pyx sdrt/ops/cpu/_bf16*.h "$work/ext/sdrt/ops/cpu/"
     (cd "$work/ext" && "$work/venv/bin/python" setup.py -q build_ext --inplace > /dev/null 2>&1)
     cp "$work"/ext/sdrt/ops/quant/_quants.cpython-312-*.so "$work"/ext/sdrt/ops/cpu/_bf16.cpython-312-*.so .whl/ext/
     strip --strip-debug .whl/ext/*.so

@@ -77,7 +77,8 @@ EOF
     cp setup.py pyproject.toml "$work/ext/" && cp -r sdrt/ops/quant "$work/ext/sdrt/ops/"
     rm -f "$work"/ext/sdrt/ops/quant/*.so "$work"/ext/sdrt/ops/quant/_quants.c
     mkdir -p "$work/ext/sdrt/ops/cpu" && cp sdrt/ops/cpu/_bf16.pyx sdrt/ops/cpu/_bf16*.h "$work/ext/sdrt/ops/cpu/"
-    (cd "$work/ext" && "$work/venv/bin/python" setup.py -q build_ext --inplace > /dev/null 2>&1)
+    (cd "$work/ext" && "$work/venv/bin/python" setup.py -q build_ext --inplace > "$work/ext.log" 2>&1) \
+        || { tail -20 "$work/ext.log" >&2; echo "device_setup prepare: the extension build failed" >&2; exit 1; }
     cp "$work"/ext/sdrt/ops/quant/_quants.cpython-312-*.so "$work"/ext/sdrt/ops/cpu/_bf16.cpython-312-*.so .whl/ext/
     strip --strip-debug .whl/ext/*.so
     ext_stamp > .whl/ext/_quants.stamp

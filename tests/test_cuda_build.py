@@ -48,6 +48,9 @@ def test_allocator_size_classes():
     assert r(1) == r(512) == 512 and r(513) == 1024 and r(1 << 20) == 1 << 20
     for n in [1000, 5000, 123_457, 10**9 + 7]:
         assert n <= r(n) <= max(512, n * 1.125) and r(r(n)) == r(n)
+    # a weight's block: 512-B aligned only (Flux's 15360x3072 BF16 linear2 is 90 MiB, class 96)
+    fit = CachingAllocator.fit_size
+    assert fit(1) == 512 and fit(513) == 1024 and fit(90 << 20) == 90 << 20 and r(90 << 20) == 96 << 20
 
 
 def test_kernel_source_digest_covers_local_headers(tmp_path):

@@ -243,7 +243,7 @@ class CudaBackend(GraphStates):
         key = (addr, off, size)
         ptr = self._weights.get(key)
         if ptr is None:
-            ptr = self.device.allocator.alloc(size)
+            ptr = self.device.allocator.alloc(size, fit=True)
             self._pending_upload = self.memory.upload(ptr, st[off:off + size], "copy")
             self._weights[key] = ptr
         return ptr

@@ -237,7 +237,8 @@ def test_silu_mul_fused_exact(cuda, rng, monkeypatch, wdt):
 @pytest.mark.parametrize("D", [64, 128])
 def test_rms_norm_rope_staged(cuda, rng, monkeypatch, D):
     """Qwen-Image's form: q = rms_norm(reshape(to_q(x))) * w, the projection dead after the norm,
-    so the planner gives its buffer to the rope's output: rms_norm_rope through scratch."""
+    so the planner may give its buffer to the rope's output: rms_norm_rope through scratch there
+    (which of the two the planner overlaps is its choice; one of them is)."""
     from sdrt.models.diffusion.flux import flux_ids, flux_pe
     from sdrt.models.diffusion.flux_blocks import roped
     H, N, lens = 3, 1, (20, 70)
@@ -250,7 +251,9 @@ def test_rms_norm_rope_staged(cuda, rng, monkeypatch, D):
     out = F.silu(F.attention(r, r, r))
     want = cpu(out)["out"]
     g, on, off = on_off(cuda, monkeypatch, out, "fuse")
-    assert kernel_names(cuda, g).count("rms_norm_rope_staged") == 2
+    names = kernel_names(cuda, g)
+    assert names.count("rms_norm_rope_staged") >= 1
+    assert names.count("rms_norm_rope_staged") + names.count("rms_norm_rope") == 2
     for a, b in zip(on, off):
         assert_within_scale(a["out"], b["out"], 3e-3, "staged vs unfused")
         assert_within_scale(a["out"], want, 3e-3, "staged vs cpu")

@@ -287,6 +287,8 @@ def bench_family(name, a):
     for eng, r in res.items():
         if eng != "sdcli" and ref:
             r["psnr_vs_sdcli"] = psnr(r["png"], ref)
+        if eng == "sdrt-vram" and "sdrt" in res:     # the budgeted run's image against the resident one
+            r["psnr_vs_sdrt"] = psnr(r["png"], res["sdrt"]["png"])
     if not a.keep:
         shutil.rmtree(d, ignore_errors=True)
     return res
@@ -317,6 +319,8 @@ def table(name, a, res):
                      f"{fmt(st.get('sampling'))} | {fmt(st.get('decode_first_stage'))} | {fmt(r['peak_mib'], 'd')} | "
                      f"{fmt(r.get('psnr_vs_sdcli'))} | {fmt(ratio)} | "
                      f"{fmt(ref_wall / r['wall_s'] if ref_wall else None)} |")
+    if "psnr_vs_sdrt" in res.get("sdrt-vram", {}):
+        lines.append(f"\nsdrt-vram image vs sdrt's: {fmt(res['sdrt-vram']['psnr_vs_sdrt'])} dB (inf: identical)")
     return "\n".join(lines)
 
 

@@ -230,7 +230,7 @@ def run_engine(name, a, eng, paths):
     if eng == "sdcli":
         cmd = [a.sdcli, *args, *a.sdcli_args.split()]
     else:
-        cmd = [sys.executable, "-m", "sdrt.cli.main", *args, "--backend", a.backend]
+        cmd = [sys.executable, "-m", "sdrt.cli.main", *args, "--backend", a.backend, *a.sdrt_args.split()]
         if eng == "sdrt-vram":
             cmd += ["--max-vram", str(a.max_vram), *a.vram_args.split()]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -248,6 +248,10 @@ def run_engine(name, a, eng, paths):
         if gpu:
             mon.start()
         text, rc, wall, first = run_child(cmd, env, min(a.child_timeout, left))
+        if a.save_logs:
+            os.makedirs(a.save_logs, exist_ok=True)
+            with open(os.path.join(a.save_logs, f"{name}-{eng}-{k + 1}.log"), "w") as f:
+                f.write(f"$ {' '.join(cmd)}\n{text}")
         mon.stop.set()
         if gpu:
             mon.join()
@@ -332,6 +336,9 @@ def main(argv=None):
     ap.add_argument("--sdcli-args", default="--diffusion-fa", help="what sd-cli gets besides the common flags")
     ap.add_argument("--backend", default="cuda0", help="sdrt's backend (cpu: a smoke run without a GPU)")
     ap.add_argument("--max-vram", default="8", help="GiB of the sdrt-vram engine's --max-vram")
+    ap.add_argument("--sdrt-args", default="", help="more flags of both sdrt engines (e.g. --log-level debug: "
+                    "the start-up timeline)")
+    ap.add_argument("--save-logs", default="", help="a folder for every run's whole log (FAMILY-ENGINE-RUN.log)")
     ap.add_argument("--vram-args", default="", help="more flags of the sdrt-vram engine (issue 18: "
                     "--offload-to-cpu with --max-vram 3 for SDXL)")
     ap.add_argument("--dir", default="/tmp/cli", help="where the files and images go")

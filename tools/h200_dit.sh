@@ -14,7 +14,8 @@
 # compile run: Flux's, 0.134 s/step, was measured in the fifth session), $DIT_STEPS, $DIT_BUDGET (s).
 # cli: bench_cuda_cli.py, the whole CLI of $CLI_FAMILIES (default zimage,sd35l; sd15,sdxl for issue 18,
 # with CLI_RUNS=2: the second run of each command reported; $CLI_ARGS more bench flags, e.g.
-# CLI_ENGINES=sdrt,sdrt-vram,sdcli CLI_ARGS="--max-vram 3 --vram-args=--offload-to-cpu") at 1024x1024 with each
+# CLI_ENGINES=sdrt,sdrt-vram,sdcli CLI_ARGS="--max-vram 3 --vram-args=--offload-to-cpu"; the start-up timeline:
+# CLI_ARGS="--sdrt-args=--log-level=debug", every run's log in $OUT/cli_logs) at 1024x1024 with each
 # family's steps/cfg, sdrt (--backend cuda0) vs sd-cli CUDA --diffusion-fa ($CLI_ENGINES, default
 # sdrt,sdcli), full-size random bf16 files in /tmp/cli. sd-cli builds in the background first
 # (bench/build_sdcli_cuda.sh from $SDCLI_SRC, default .whl/sdcpp/sdcpp_src.tar.xz: carry .whl with
@@ -73,7 +74,7 @@ if has cli; then
     left=$(( CB - (SECONDS - t0) )); [ $left -ge 1 ] || left=1      # (--budget 0 would mean none)
     timeout $(( left + 30 )) python3 bench/bench_cuda_cli.py --family $F --dir /tmp/cli --sdcli $SDCLI \
         --engines ${CLI_ENGINES:-sdrt,sdcli} --runs ${CLI_RUNS:-1} --jobs 16 --budget $left $KEEP $CLI_ARGS \
-        --json "$OUT/cli.json" 2>&1 | cut -c1-700 | tail -40
+        --save-logs "$OUT/cli_logs" --json "$OUT/cli.json" 2>&1 | cut -c1-700 | tail -40
 fi
 } 2>&1 | tee "$OUT/bench.log"
 if has tests; then

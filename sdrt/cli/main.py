@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import sys
+import time
 
 from .. import __version__
 from ..errors import SdrtError, UsageError
@@ -268,14 +269,29 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+class _SinceStart(logging.Formatter):
+    """--log-level debug: each line with the seconds since the process started (a start-up timeline)."""
+
+    def __init__(self):
+        super().__init__("[%(levelname)-7s] %(since_start)s %(message)s")
+        from ..engine.pipeline import process_age
+        age = process_age()
+        self.start = time.time() - (age or 0.0)
+
+    def format(self, record):
+        record.since_start = f"{record.created - self.start:7.3f}s"
+        return super().format(record)
+
+
 def _setup_logging(level: str):
     logging.addLevelName(15, "VERBOSE")
     root = logging.getLogger()
     root.setLevel(LOG_LEVELS[level])
-    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
+    h = next((h for h in root.handlers if isinstance(h, _StderrHandler)), None)
+    if h is None:
         h = _StderrHandler()
-        h.setFormatter(logging.Formatter("[%(levelname)-7s] %(message)s"))
         root.addHandler(h)
+    h.setFormatter(_SinceStart() if LOG_LEVELS[level] <= logging.DEBUG else logging.Formatter("[%(levelname)-7s] %(message)s"))
 
 
 def list_devices() -> list[tuple[str, str]]:

@@ -202,7 +202,9 @@ class CudaBackend(GraphStates):
 
     def __init__(self, index: int = 0):
         self.name = f"cuda{index}"
+        t0 = time.perf_counter()
         self.device = CudaDevice(index)
+        log.debug("%s: context and streams in %.1f ms", self.name, (time.perf_counter() - t0) * 1e3)
         self.rt = CudaRuntime(self.device)
         self.memory = self.rt.memory
         self.families = import_families(ops)
@@ -307,9 +309,14 @@ class CudaBackend(GraphStates):
         t0 = time.perf_counter()
         if residency is not None:
             residency.begin_graph(plan, self.rt.scratch_capacity)
+        timing = log.isEnabledFor(logging.DEBUG)
+        uploaded = self.weight_bytes() if timing else 0
         state = self._states.get(graph)
         if state is None or state.plan is not plan:
             state = self._states[graph] = _GraphState(self, graph, plan, residency)
+            if timing:
+                log.debug("%s: new graph of %d nodes: kernels, fusions, layout and buffers in %.1f ms", self.name,
+                          len(graph.nodes), (time.perf_counter() - t0) * 1e3)
             if debug:
                 lay = state.layout
                 log.info("%s plan: %d nodes, %d segments, arena %.1f MB (all F32: %.1f), cross-segment %.1f MB, "
@@ -338,8 +345,11 @@ class CudaBackend(GraphStates):
             how = "eager"
         stream.synchronize()
         result = self._collect(graph, state)
-        log.log(logging.INFO if debug else logging.DEBUG, "%s: run %d of %d nodes: %s, %.2f ms", self.name,
-                state.runs, len(graph.nodes), how, (time.perf_counter() - t0) * 1e3)
+        if debug or timing:
+            uploaded = self.weight_bytes() - uploaded if timing else 0
+            log.log(logging.INFO if debug else logging.DEBUG, "%s: run %d of %d nodes: %s, %.2f ms%s", self.name,
+                    state.runs, len(graph.nodes), how, (time.perf_counter() - t0) * 1e3,
+                    f" (weights uploaded in it: {uploaded / 2**20:.1f} MB)" if uploaded else "")
         return result
 
     def _try_capture(self, state: _GraphState, stream) -> str:

@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_ulonglong, c_void_p
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,7 +287,9 @@ class CudaDevice:
         mod = self._modules.get(name)
         if mod is None:
             self.activate()
+            t0 = time.perf_counter()
             mod = self._modules[name] = _load_module(self, name)
+            log.debug("cuda%d: kernels/%s.fatbin loaded in %.1f ms", self.index, name, (time.perf_counter() - t0) * 1e3)
         return mod
 
     def close(self) -> None:

@@ -8,10 +8,15 @@ launches into one CUDA graph.
 """
 from __future__ import annotations
 
+import logging
+import time
+
 from ...errors import OpError, UnsupportedError
 from .cublas import Cublas
 from .devtensor import SUFFIX as _SUFFIX
 from .driver import CudaDevice, CudaDriverError, StagingRing, pycuda_driver
+
+log = logging.getLogger("sdrt.cuda")
 
 DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 _ARGCHARS = set("Piqf")
@@ -182,7 +187,10 @@ class CudaRuntime:
     @property
     def cublas(self) -> Cublas:
         if self._cublas is None:
+            t0 = time.perf_counter()
             self._cublas = Cublas(self.dev)
+            log.debug("cuda%d: cuBLAS %d loaded, handle and workspace made in %.1f ms", self.dev.index,
+                      self._cublas.version, (time.perf_counter() - t0) * 1e3)
         return self._cublas
 
     def gemm(self, transa: bool, transb: bool, m: int, n: int, k: int, a: int, a_dtype: str, lda: int,

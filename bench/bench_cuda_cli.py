@@ -110,11 +110,12 @@ def family_files(name, a):
                                                "--vae", *size, *j))]
     elif name == "qwen":
         d = os.path.join(a.dir, "qwen-" + (f"d{n}-te{te}" if n else "full"))
-        p = {"--diffusion-model": os.path.join(d, "dit-bf16.safetensors"),
+        dit = "dit-bf16.safetensors" if a.dit_type == "bf16" else f"dit-{a.dit_type}.gguf"
+        p = {"--diffusion-model": os.path.join(d, dit),
              "--llm": os.path.join(d, "llm-bf16.safetensors"), "--vae": os.path.join(d, "vae.safetensors")}
         size = ["--depth", str(n), "--llm-layers", str(te), "--llm-ffn", "512"] if n else ["--full"]
         mk = "make_qwen_image_checkpoint.py"
-        makes = [(p["--diffusion-model"], tool(mk, "--component", "transformer", "--type", "bf16", *size, *j)),
+        makes = [(p["--diffusion-model"], tool(mk, "--component", "transformer", "--type", a.dit_type, *size, *j)),
                  (p["--llm"], tool(mk, "--component", "llm", "--type", "bf16", *size, *j)),
                  (p["--vae"], tool(mk, "--component", "vae"))]
     elif name in ("sd15", "sdxl"):      # one checkpoint (F16, the UNet, VAE and CLIPs); no reduced form
@@ -336,6 +337,8 @@ def main(argv=None):
     ap.add_argument("--sdcli-args", default="--diffusion-fa", help="what sd-cli gets besides the common flags")
     ap.add_argument("--backend", default="cuda0", help="sdrt's backend (cpu: a smoke run without a GPU)")
     ap.add_argument("--max-vram", default="8", help="GiB of the sdrt-vram engine's --max-vram")
+    ap.add_argument("--dit-type", default="bf16", help="Qwen-Image's DiT file: bf16 (safetensors) or a quantized "
+                    "type (a GGUF as sd-cli's -M convert writes it; issue 20: q4_K with --max-vram 12)")
     ap.add_argument("--sdrt-args", default="", help="more flags of both sdrt engines (e.g. --log-level debug: "
                     "the start-up timeline)")
     ap.add_argument("--save-logs", default="", help="a folder for every run's whole log (FAMILY-ENGINE-RUN.log)")
@@ -365,6 +368,8 @@ def main(argv=None):
     bad = [f for f in fams if f not in FAMILIES]
     if bad:
         raise SystemExit(f"--family: unknown {', '.join(bad)} (one of {', '.join(FAMILIES)})")
+    if a.dit_type != "bf16" and fams != ["qwen"]:
+        raise SystemExit(f"--dit-type {a.dit_type}: only for --family qwen")
     a.engines = [e for e in a.engines.split(",") if e]
     if set(a.engines) - set(ENGINES):
         raise SystemExit(f"--engines: one or more of {', '.join(ENGINES)}, not {a.engines}")

@@ -203,7 +203,9 @@ def write_streamed(component: str, path: str, depth: int = 1, llm_layers: int = 
                    dtype: str = "bf16", jobs: int = 1) -> str:
     """The same values as `write`, every tensor in `dtype` (bf16, as the released files), made and
     written one tensor at a time (jobs > 1: forked processes a window ahead, make_flux_checkpoint's
-    in_parallel), so a full-size 20 B transformer needs a few GB of RAM, not 80."""
+    in_parallel), so a full-size 20 B transformer needs a few GB of RAM, not 80. A quantized dtype
+    (q8_0, q4_K, ...) writes a GGUF as sd-cli's `-M convert --type` does (its rules say which tensors
+    stay BF16), the names as in the safetensors file (city96's Qwen-Image GGUFs keep them too)."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import make_flux_checkpoint as mkflux
     from sdrt.io import write_safetensors
@@ -212,13 +214,26 @@ def write_streamed(component: str, path: str, depth: int = 1, llm_layers: int = 
     if component not in ("transformer", "llm", "llm_vl"):
         raise SystemExit(f"--type {dtype}: for the transformer and the LLM (the VAE's 5-D convs: f16 via `write`)")
     dt = parse_type(dtype)
+    if dt is None:
+        raise SystemExit(f"--type {dtype!r}: not a type sdrt writes")
     shapes = shapes_of(component, False, depth, llm_layers, llm_ffn)
-    ps = [TensorPlan(n, dt, tuple(reversed(s)), lambda n=n, s=s: f32_to_raw(values(n, s, seed), dt))
-          for n, s in shapes.items()]
+    bf16 = parse_type("bf16")
+
+    def make(n, s, t):
+        x = values(n, s, seed)
+        return mkflux.quantize_like_sd_cpp(x.reshape(-1, s[-1]), t) if t.is_quantized else f32_to_raw(x, t)
+
+    ps = []
+    for n, s in shapes.items():
+        ne = tuple(reversed(s))
+        t = mkflux.export_type(n, mkflux.Tensor(bf16, ne, nb=(0,) * len(ne), storage=np.zeros(8, np.uint8)), dt) \
+            if dt.is_quantized else dt
+        ps.append(TensorPlan(n, t, ne, lambda n=n, s=s, t=t: make(n, s, t)))
     if jobs > 1:
         ps = mkflux.in_parallel(ps, jobs)
-    write_safetensors(path, ps, metadata={"sdrt.random_weights": f"qwen-image {component} depth={depth} "
-                                          f"llm_layers={llm_layers} seed={seed} (noise, not a trained model)"})
+    meta = {"sdrt.random_weights": f"qwen-image {component} depth={depth} llm_layers={llm_layers} seed={seed} "
+                                   "(noise, not a trained model)"}
+    (mkflux.write_gguf if dt.is_quantized else write_safetensors)(path, ps, metadata=meta)
     return path
 
 
@@ -233,9 +248,10 @@ def main():
     ap.add_argument("--llm-ffn", type=int, default=512)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--full", action="store_true", help="the released shapes: 60 DiT blocks, 28 LLM layers, FFN 18944")
-    ap.add_argument("--type", default="f16", choices=("f16", "bf16"),
+    ap.add_argument("--type", default="f16",
                     help="f16: matrices f16, vectors f32 (in memory); bf16: every tensor BF16, streamed "
-                    "(transformer / llm; the VAE stays f16)")
+                    "(transformer / llm; the VAE stays f16); a quantized type (q8_0, q4_K, ...): a GGUF of the "
+                    "transformer / llm, streamed, as sd-cli's -M convert --type writes it")
     ap.add_argument("--jobs", type=int, default=1, help="processes making bf16 tensors (same bytes)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-o", "--output", required=True)
@@ -247,8 +263,8 @@ def main():
             setattr(a, k, v)
 
     def one(c, path):
-        if a.type == "bf16" and c != "vae":
-            return write_streamed(c, path, a.depth, a.llm_layers, a.llm_ffn, a.seed, "bf16", a.jobs)
+        if a.type != "f16" and c != "vae":
+            return write_streamed(c, path, a.depth, a.llm_layers, a.llm_ffn, a.seed, a.type, a.jobs)
         return write(c, path, a.tiny, a.depth, a.llm_layers, a.llm_ffn, a.seed)
 
     if a.component == "all":

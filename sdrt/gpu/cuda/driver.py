@@ -344,7 +344,7 @@ class CachingAllocator:
     @staticmethod
     def fit_size(nbytes: int) -> int:
         """A long-lived block's size: 512-B aligned, no size class (a weight is freed rarely and
-        comes back at its own size; Flux's size classes added 608 MiB to its 22.2 GiB)."""
+        comes back at its own size; a class adds up to 1/8, hundreds of MiB over a DiT's weights)."""
         return max(512, -(-nbytes // 512) * 512)
 
     def alloc(self, nbytes: int, fit: bool = False) -> int:

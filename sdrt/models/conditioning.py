@@ -187,6 +187,8 @@ class Conditioner:
         chunks = ids.reshape(k, CHUNK_LEN)
         outs, pooled_name = {}, None
         for m, (spec, model) in enumerate(self.models):
+            if zero_out_masked and not spec.pooled:
+                continue        # the context is all zeros: only a pooled output is still needed
             cid = chunks
             if spec.zero_after_eos:
                 cid = chunks.copy()
@@ -199,12 +201,14 @@ class Conditioner:
             hidden, pooled = model.forward(cid, clip_skip=clip_skip, final_ln=spec.final_ln,
                                            custom=self.embeddings.table(m),
                                            eos_index=eos_index if spec.pooled else None, cut_prefix=f"te{m}")
-            outs[f"h{m}"] = hidden
+            if not zero_out_masked:
+                outs[f"h{m}"] = hidden
             if pooled is not None:
                 pooled_name = f"p{m}"
                 outs[pooled_name] = pooled
-        res = F.Graph(outs).run(self.backend)
-        hs = [res[f"h{m}"].to_f32().reshape(k, CHUNK_LEN, -1) for m in range(len(self.models))]
+        res = F.Graph(outs).run(self.backend) if outs else {}
+        hs = [res[f"h{m}"].to_f32().reshape(k, CHUNK_LEN, -1) if f"h{m}" in res
+              else np.zeros((k, CHUNK_LEN, model.config.hidden), np.float32) for m, (_, model) in enumerate(self.models)]
         h = hs[0] if len(hs) == 1 else np.concatenate(hs, axis=-1)          # [k, 77, C]
         ctx = np.empty_like(h)
         for c in range(k):

@@ -1,4 +1,5 @@
 """sdrt.io.png: sd-cli's infotext, our PNG encoder, JPEG/WebP metadata, output names, atomic writes."""
+import io
 import json
 import os
 import struct
@@ -198,3 +199,36 @@ def test_atomic_write_interrupted_encoder(tmp_path, monkeypatch):
 def test_write_creates_folders(tmp_path):
     p = P.write_image(tmp_path / "a" / "b" / "c.png", np.zeros((1, 1, 3), np.uint8))
     assert os.path.isfile(p)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("n", [0, 100, (1 << 20) - 1, 3 * (1 << 20) + 17])
+def test_deflate_in_strips_is_one_zlib_stream(threads, n):
+    """png.deflate over several threads: one valid zlib stream (strips joined by sync flushes,
+    each primed with the bytes before it) that inflates to the data, about zlib.compress's size."""
+    from sdrt.io.png import deflate
+    from sdrt.ops.threads import get_threads, set_threads
+    data = np.random.default_rng(n).integers(0, 6, n, dtype=np.uint8).tobytes()
+    before = get_threads()
+    try:
+        set_threads(threads)
+        z = deflate(data)
+    finally:
+        set_threads(before)
+    assert zlib.decompress(z) == data
+    assert len(z) <= len(zlib.compress(data, 6)) * 1.01 + 64
+
+
+def test_large_png_written_in_strips_decodes():
+    from sdrt.io.png import encode_png
+    from sdrt.ops.threads import get_threads, set_threads
+    img = np.random.default_rng(1).integers(0, 256, (700, 640, 3), dtype=np.uint8)
+    img[:, :320] //= 16                                   # something to compress
+    before = get_threads()
+    try:
+        set_threads(4)
+        b = encode_png(img, "a cat")
+    finally:
+        set_threads(before)
+    from PIL import Image
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(b)).convert("RGB")), img)

@@ -101,6 +101,15 @@ def copy_into(dst, src) -> None:
         pass
 
 
+def map_threads(fn, items) -> list:
+    """[fn(x) for x in items] on up to get_threads() Python threads, for work that releases the GIL
+    without BLAS in it (zlib, copies)."""
+    items = list(items)
+    if min(get_threads(), len(items)) <= 1:
+        return [fn(x) for x in items]
+    return list(_TASKS.get(max(1, get_threads())).map(fn, items))
+
+
 def run_tasks(fn, jobs) -> None:
     """fn(job) for every job, on get_threads() Python threads each running single-thread BLAS
     (and nogil Numba): a free worker takes the next job, so a core taken by another process

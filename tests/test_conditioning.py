@@ -137,6 +137,26 @@ def test_conditioner_matches_torch_reference(fam, tmp_path):
         assert np.abs(neg.context).max() > 0
 
 
+@pytest.mark.parametrize("fam", ["sd1", "sdxl"])
+def test_encode_many_is_encode_per_prompt(fam, tmp_path):
+    """One graph for several prompts (a long one of several chunks, a zeroed one, a short one)
+    gives each prompt what encode gives it alone: chunks are independent batch items."""
+    d, cond = _conditioner(fam, tmp_path)
+    prompts = dict(zip(d["prompt_names"].tolist(), d["prompts"].tolist()))
+    long = max(prompts.values(), key=lambda p: cond.tokenize(p)[0].size)
+    assert cond.tokenize(long)[0].size > 77
+    reqs = [(long, False), ("", True), ("a red cat", False)]
+    many = cond.encode_many(reqs, width=768, height=1024)
+    for (p, zero), got in zip(reqs, many):
+        one = cond.encode(p, 768, 1024, zero_out_masked=zero)
+        assert got.context.shape == one.context.shape and got.ids.tolist() == one.ids.tolist()
+        np.testing.assert_allclose(got.context, one.context, rtol=1e-5, atol=1e-6)
+        assert (got.y is None) == (one.y is None) == (fam != "sdxl")
+        if got.y is not None:
+            np.testing.assert_allclose(got.y, one.y, rtol=1e-5, atol=1e-6)
+    assert not many[1].context.any()
+
+
 def test_context_widths_and_defaults(tmp_path):
     _, cond = _conditioner("sdxl", tmp_path)
     assert cond.context_dim == 64 + 96 and cond.default_clip_skip == 2

@@ -389,23 +389,29 @@ class Pipeline:
         refs = dict(ref_latents=tuple(latents.ref_latents),
                     ref_index_mode="increase" if gp.increase_ref_index else "fixed")
 
+        def wrap(c, concat):
+            return Cond(np.asarray(c.context, F32), None if getattr(c, "y", None) is None else np.asarray(c.y, F32),
+                        concat, guidance=dg, **refs)
+
         def run(text, zero_out, concat):
             kw = {"clip_skip": gp.clip_skip}
             if "zero_out_masked" in accepts:
                 kw["zero_out_masked"] = zero_out
             if "ref_images" in accepts and latents.ref_pixels:      # Qwen-Image-Edit's vision tokens
                 kw["ref_images"] = latents.ref_pixels
-            c = enc(text, width, height, **kw)
-            return Cond(np.asarray(c.context, F32), None if getattr(c, "y", None) is None else np.asarray(c.y, F32),
-                        concat, guidance=dg, **refs)
+            return wrap(enc(text, width, height, **kw), concat)
 
-        cond = run(gp.prompt, False, latents.concat)
-        uncond = img_cond = None
-        if guidance.use_uncond:
-            zero_out = self.family.zero_empty_negative and not gp.negative_prompt and self.prediction != "edm_v"
+        if not guidance.use_uncond:
+            return run(gp.prompt, False, latents.concat), None, None
+        zero_out = self.family.zero_empty_negative and not gp.negative_prompt and self.prediction != "edm_v"
+        if hasattr(self.conditioner, "encode_many"):        # both prompts through one text-encoder graph
+            c, u = self.conditioner.encode_many([(gp.prompt, False), (gp.negative_prompt, zero_out)], width, height,
+                                                clip_skip=gp.clip_skip)
+            cond, uncond = wrap(c, latents.concat), wrap(u, latents.uncond_concat)
+        else:
+            cond = run(gp.prompt, False, latents.concat)
             uncond = run(gp.negative_prompt, zero_out, latents.uncond_concat)
-            if guidance.use_img_cond:
-                img_cond = Cond(uncond.context, uncond.y, latents.concat, guidance=dg, **refs)
+        img_cond = Cond(uncond.context, uncond.y, latents.concat, guidance=dg, **refs) if guidance.use_img_cond else None
         return cond, uncond, img_cond
 
     def sample_one(self, seed: int, ctx_rng, smp_rng, plan: SamplePlan, guidance: GuidancePlan, latents: Latents,

@@ -177,55 +177,76 @@ class Conditioner:
                crop: tuple[int, int] = (0, 0), target_size: tuple[int, int] | None = None) -> Cond:
         """Cond of one prompt. width/height: the image size in pixels (needed for SDXL's y);
         orig_size / target_size (h, w) default to (height, width), crop (top, left) to (0, 0)."""
-        if not isinstance(prompt, str):
-            raise UsageError(f"prompt must be a string, got {type(prompt).__name__}")
+        return self.encode_many([(prompt, zero_out_masked)], width, height, clip_skip, orig_size=orig_size,
+                                crop=crop, target_size=target_size)[0]
+
+    def encode_many(self, prompts, width: int | None = None, height: int | None = None, clip_skip: int = -1, *,
+                    orig_size: tuple[int, int] | None = None, crop: tuple[int, int] = (0, 0),
+                    target_size: tuple[int, int] | None = None) -> list[Cond]:
+        """The Conds of several (prompt, zero_out_masked) pairs from one graph: each text model runs
+        once over the chunks of every prompt that needs it (a zeroed prompt only needs a pooled
+        output). Chunks are independent batch items, so each prompt's values are encode's."""
+        prompts = [(p, bool(z)) for p, z in prompts]
+        for p, _ in prompts:
+            if not isinstance(p, str):
+                raise UsageError(f"prompt must be a string, got {type(p).__name__}")
         clip_skip = int(clip_skip) if clip_skip is not None else -1
         if clip_skip <= 0:
             clip_skip = self.default_clip_skip
-        ids, weights = self.tokenize(prompt)
-        k = ids.size // CHUNK_LEN
-        chunks = ids.reshape(k, CHUNK_LEN)
-        outs, pooled_name = {}, None
+        toks = [self.tokenize(p) for p, _ in prompts]
+        chunks = [ids.reshape(-1, CHUNK_LEN) for ids, _ in toks]
+        outs, rows = {}, {}            # rows[m]: {prompt index: its first row in model m's batch}
         for m, (spec, model) in enumerate(self.models):
-            if zero_out_masked and not spec.pooled:
-                continue        # the context is all zeros: only a pooled output is still needed
-            cid = chunks
+            sel = [i for i, (_, zero) in enumerate(prompts) if spec.pooled or not zero]
+            if not sel:
+                continue        # every context here is zeroed and this model has no pooled output
+            rows[m] = dict(zip(sel, np.cumsum([0] + [len(chunks[i]) for i in sel[:-1]]).tolist()))
+            cid = np.concatenate([chunks[i] for i in sel])
+            eos_index = None
             if spec.zero_after_eos:
-                cid = chunks.copy()
+                cid = cid.copy()
                 is_eos = cid == EOS_ID
-                first = np.where(is_eos.any(1), is_eos.argmax(1), CHUNK_LEN - 1)
-                cid[np.arange(CHUNK_LEN)[None, :] > first[:, None]] = 0
-                eos_index = first
-            else:
-                eos_index = None
+                eos_index = np.where(is_eos.any(1), is_eos.argmax(1), CHUNK_LEN - 1)
+                cid[np.arange(CHUNK_LEN)[None, :] > eos_index[:, None]] = 0
             hidden, pooled = model.forward(cid, clip_skip=clip_skip, final_ln=spec.final_ln,
                                            custom=self.embeddings.table(m),
                                            eos_index=eos_index if spec.pooled else None, cut_prefix=f"te{m}")
-            if not zero_out_masked:
+            if not all(prompts[i][1] for i in sel):
                 outs[f"h{m}"] = hidden
             if pooled is not None:
-                pooled_name = f"p{m}"
-                outs[pooled_name] = pooled
-        res = F.Graph(outs).run(self.backend) if outs else {}
-        hs = [res[f"h{m}"].to_f32().reshape(k, CHUNK_LEN, -1) if f"h{m}" in res
-              else np.zeros((k, CHUNK_LEN, model.config.hidden), np.float32) for m, (_, model) in enumerate(self.models)]
-        h = hs[0] if len(hs) == 1 else np.concatenate(hs, axis=-1)          # [k, 77, C]
-        ctx = np.empty_like(h)
-        for c in range(k):
-            ctx[c] = apply_token_weights(h[c], weights[c * CHUNK_LEN:(c + 1) * CHUNK_LEN])
-        if zero_out_masked:
-            ctx[:] = 0.0
-        y = None
-        if pooled_name is not None:
-            y = self._vector(res[pooled_name].to_f32().reshape(k, -1)[0], width, height, orig_size, crop, target_size)
-        return Cond(ctx.reshape(1, k * CHUNK_LEN, -1), y, ids, weights)
+                outs[f"p{m}"] = pooled
+        res = {k: v.to_f32() for k, v in F.Graph(outs).run(self.backend).items()} if outs else {}
+        conds = []
+        for i, ((_, zero), (ids, weights)) in enumerate(zip(prompts, toks)):
+            k = len(chunks[i])
+            hs = []
+            for m, (_, model) in enumerate(self.models):
+                if zero or f"h{m}" not in res:
+                    hs.append(np.zeros((k, CHUNK_LEN, model.config.hidden), np.float32))
+                else:
+                    r = rows[m][i]
+                    hs.append(res[f"h{m}"].reshape(-1, CHUNK_LEN, model.config.hidden)[r:r + k])
+            h = hs[0] if len(hs) == 1 else np.concatenate(hs, axis=-1)      # [k, 77, C]
+            ctx = np.zeros_like(h)
+            if not zero:
+                for c in range(k):
+                    ctx[c] = apply_token_weights(h[c], weights[c * CHUNK_LEN:(c + 1) * CHUNK_LEN])
+            y = None
+            pooled = [m for m in rows if f"p{m}" in res]
+            if pooled:          # the pooled output of the prompt's first chunk
+                m = pooled[-1]
+                p = res[f"p{m}"].reshape(sum(len(chunks[j]) for j in rows[m]), -1)[rows[m][i]]
+                y = self._vector(p, width, height, orig_size, crop, target_size)
+            conds.append(Cond(ctx.reshape(1, k * CHUNK_LEN, -1), y, ids, weights))
+        return conds
 
     def encode_pair(self, prompt: str, negative_prompt: str = "", width: int | None = None,
                     height: int | None = None, clip_skip: int = -1, **kw) -> tuple[Cond, Cond]:
-        """(cond, uncond) as sd-cli makes them: SDXL's empty negative prompt gives a zero context."""
-        cond = self.encode(prompt, width, height, clip_skip, **kw)
+        """(cond, uncond) as sd-cli makes them, from one graph: SDXL's empty negative prompt gives
+        a zero context."""
         zero = self.zero_empty_negative and not negative_prompt
-        return cond, self.encode(negative_prompt, width, height, clip_skip, zero_out_masked=zero, **kw)
+        cond, uncond = self.encode_many([(prompt, False), (negative_prompt, zero)], width, height, clip_skip, **kw)
+        return cond, uncond
 
     def _vector(self, pooled, width, height, orig_size, crop, target_size) -> np.ndarray:
         no_size = width is None or height is None or int(width) <= 0 or int(height) <= 0

@@ -6,7 +6,8 @@ API
     c = cond.encode("a (lovely:1.2) cat", width=1024, height=1024, clip_skip=-1)
     c.context   # float32 [1, 77*k, C]: C = 768 (SD1), 1024 (SD2), 2048 (SDXL: CLIP-L | bigG)
     c.y         # float32 [1, 2816] for SDXL (pooled bigG 1280 + 6 x 256 size embeddings), else None
-    pos, neg = cond.encode_pair(prompt, negative_prompt, width=w, height=h)
+    pos, neg = cond.encode_pair(prompt, negative_prompt, width=w, height=h)   # one graph for both
+    conds = cond.encode_many([(prompt, False), ("", True)], width=w, height=h)  # (prompt, zero_out_masked)
 
 `table` maps canonical tensor names to Tensors (a ModelFile's `.tensors` after sdrt.models.names;
 raw original / diffusers names are converted here too). `version` is a sdrt.io.detect version

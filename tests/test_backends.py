@@ -75,3 +75,22 @@ def test_residency_protocols():
     from sdrt.engine.residency import HostPageRelease, ResidencyManager
     assert isinstance(ResidencyManager.__new__(ResidencyManager), B.Residency)
     assert isinstance(HostPageRelease(), B.SegmentHooks) and not isinstance(HostPageRelease(), B.Residency)
+
+
+def test_warm_up_starts_the_devices_a_spec_names(fake, monkeypatch):
+    """--backend's devices (auto-fit: device 0 of each backend that can warm up) get warm_up(index);
+    a failing warm-up is swallowed (the device's own error comes at its first use)."""
+    calls = []
+
+    def warm(index):
+        calls.append(index)
+        if index == 3:
+            raise RuntimeError("no such device")
+    entry = B._REGISTRY["fake"]
+    monkeypatch.setitem(B._REGISTRY, "fake", B.BackendEntry(**{**entry.__dict__, "warm_up": warm}))
+    monkeypatch.setitem(B._REGISTRY, "cuda", B.BackendEntry(**{**B._REGISTRY["cuda"].__dict__, "warm_up": None}))
+    B.warm_up("diffusion=fake1,te=cpu,vae=fake1")
+    B.warm_up("cpu")
+    B.warm_up(None)
+    B.warm_up("fake3")
+    assert calls == [1, 0, 3]

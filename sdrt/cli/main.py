@@ -428,6 +428,9 @@ def params_from_args(args):
 def _img_gen(args) -> int:
     import os
 
+    from .. import gpu  # noqa: F401  (registers the device backends; light)
+    from ..ops.backend import warm_up
+    warm_up(args.backend)             # the GPU driver starts while the model loads
     from ..io.png import output_paths, write_image
     mp, gp = params_from_args(args)
     for flag, path in (("-i/--init-img", gp.init_image), ("--mask", gp.mask_image), ("--control-image", gp.control_image),

@@ -96,6 +96,7 @@ class BackendEntry:
     indexed: bool = False                         # names are prefix + device index
     device: bool = True                           # a compute device (placement, --list-devices)
     has_memory: bool = False                      # its own device memory (a GPU for placement)
+    warm_up: Callable | None = None               # (index) -> None: start making the device's context
 
 
 _REGISTRY: dict[str, BackendEntry] = {}
@@ -104,14 +105,17 @@ _BACKENDS: dict[str, object] = {}
 
 def register_backend(prefix: str, factory: Callable, list_devices: Callable, *,
                      unavailable_reason: Callable | None = None, kernels: Callable | None = None,
-                     indexed: bool = True, device: bool = True, has_memory: bool = True) -> BackendEntry:
+                     indexed: bool = True, device: bool = True, has_memory: bool = True,
+                     warm_up: Callable | None = None) -> BackendEntry:
     """Register a backend. `factory(index)` makes the backend of device `prefix<index>` (index
     None for a backend that is not indexed); `list_devices()` lists the usable ones as
     [(name, description)]; `unavailable_reason()` says why there is none; `kernels()` returns
-    its kernel table without touching a device. Registering a prefix again replaces it."""
+    its kernel table without touching a device; `warm_up(index)` starts making a device's context
+    in the background (see warm_up). Registering a prefix again replaces it."""
     if not re.fullmatch(r"[a-z][a-z_]*", prefix):
         raise ValueError(f"backend prefix {prefix!r}: lower-case letters only")
-    entry = BackendEntry(prefix, factory, list_devices, unavailable_reason, kernels, indexed, device, has_memory)
+    entry = BackendEntry(prefix, factory, list_devices, unavailable_reason, kernels, indexed, device, has_memory,
+                         warm_up)
     _REGISTRY[prefix] = entry
     for name in [n for n in _BACKENDS if _split(n, entry) is not None]:
         del _BACKENDS[name]
@@ -160,6 +164,24 @@ def get_backend(name):
         raise UnsupportedError(f"backend {name!r} is not available: no such device (have: {have})")
     be = _BACKENDS[name] = entry.factory(None if index == -1 else index)
     return be
+
+
+def warm_up(spec: str | None) -> None:
+    """Start making the contexts of the devices a --backend spec names (None: auto-fit, which takes
+    a GPU when there is one: device 0 of each backend that can warm up) in the background, so that
+    a driver's start-up overlaps the imports and file reading before the first use. Never raises:
+    a device that is not there is found by the caller later, with its message."""
+    if spec is None:
+        names = [f"{e.prefix}0" for e in entries() if e.warm_up is not None]
+    else:
+        names = re.findall(r"[a-z][a-z_]*\d+", spec)
+    for name in dict.fromkeys(names):
+        e = entry_of(name)
+        if e is not None and e.warm_up is not None:
+            try:
+                e.warm_up(_split(name, e))
+            except Exception:   # noqa: BLE001  (a warm-up is an optimisation only)
+                pass
 
 
 def list_devices() -> list[tuple[str, str]]:

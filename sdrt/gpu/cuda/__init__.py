@@ -63,6 +63,23 @@ def devices() -> list[tuple[str, str]]:
     return out
 
 
+def warm_up(index: int) -> None:
+    """cuInit and device `index`'s primary context made on a daemon thread through ctypes, which
+    releases the GIL, so the driver's start-up (~0.3 s) overlaps the caller's imports and file
+    reading; pycuda's retain then finds the context made (this retain is kept for the process)."""
+    import threading
+
+    def run():
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+            if lib.cuInit(0) == 0 and lib.cuDeviceGet(ctypes.byref(dev), int(index)) == 0:
+                lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+        except OSError:
+            pass
+    threading.Thread(target=run, name="sdrt-cuda-warm-up", daemon=True).start()
+
+
 def _make(index: int):
     from .backend import get
     return get(index)
@@ -76,4 +93,4 @@ def _kernels():
     return CUDA
 
 
-register_backend("cuda", _make, devices, unavailable_reason=unavailable_reason, kernels=_kernels)
+register_backend("cuda", _make, devices, unavailable_reason=unavailable_reason, kernels=_kernels, warm_up=warm_up)

@@ -272,11 +272,10 @@ def run_engine(name, a, eng, paths):
 
 def psnr(p, q):
     from PIL import Image
-    x, y = (np.asarray(Image.open(f).convert("RGB"), np.float64) for f in (p, q))
-    if x.shape != y.shape:
-        return None
-    mse = float(np.mean((x - y) ** 2))
-    return float("inf") if mse == 0 else float(10 * np.log10(255.0 ** 2 / mse))
+
+    from sdrt.io.images import psnr as psnr_of
+    x, y = (np.asarray(Image.open(f).convert("RGB")) for f in (p, q))
+    return psnr_of(x, y, peak=255.0) if x.shape == y.shape else None
 
 
 def bench_family(name, a):

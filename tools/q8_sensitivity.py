@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 def psnr(a: str, b: str) -> float:
     from PIL import Image
-    x, y = (np.asarray(Image.open(f).convert("RGB"), np.float64) for f in (a, b))
-    mse = float(np.mean((x - y) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+
+    from sdrt.io.images import psnr as psnr_of
+    return psnr_of(*(np.asarray(Image.open(f).convert("RGB")) for f in (a, b)), peak=255.0)
 
 
 def ggml_tables() -> tuple[np.ndarray, np.ndarray]:

@@ -428,7 +428,7 @@ def params_from_args(args):
 def _img_gen(args) -> int:
     import os
 
-    from .. import gpu  # noqa: F401  (registers the device backends; light)
+    from .. import engine  # noqa: F401  (registers the device backends; light)
     from ..ops.backend import warm_up
     warm_up(args.backend)             # the GPU driver starts while the model loads
     from ..io.png import output_paths, write_image

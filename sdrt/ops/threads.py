@@ -116,11 +116,9 @@ def run_tasks(fn, jobs) -> None:
     delays one job, not every barrier of a fork-join GEMM. Used for many independent GEMMs
     (attention's tiles, Winograd's 16 products)."""
     jobs = list(jobs)
-    workers = max(1, get_threads())
-    if workers == 1 or len(jobs) == 1:
+    if min(get_threads(), len(jobs)) <= 1:
         for j in jobs:
             fn(j)
         return
     with one_blas_thread():
-        for _ in _TASKS.get(workers).map(fn, jobs):
-            pass
+        map_threads(fn, jobs)

@@ -1,0 +1,99 @@
+"""Where each stage's weights are, stage by stage: read ahead into the page cache before a CPU
+stage, uploaded to a GPU before its first step, freed from a GPU after its stage (a one-shot run),
+their file pages dropped after a CPU stage. The Pipeline's methods for these (a mixin over its
+`models`, `executors` and `one_shot`)."""
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger("sdrt")
+
+
+class StageWeights:
+    """Mixin of Pipeline: `models` (the loaded weights, or None), `executors` ({component: "cpu",
+    a device name, or a residency manager}) and `one_shot` come from it."""
+
+    def read_ahead_weights(self, *components: str):
+        """Start reading the mapped weights of `components` (in this order) into the page cache on
+        a background thread (sdrt.engine.prefetch); returns its stop Event, or None."""
+        if self.models is None:
+            return None
+        from .placement import classify_tensor
+        from .prefetch import read_by_rows, start_read_ahead
+        want = [c for c in components if self.executors.get(c, "cpu") == "cpu"]
+        groups: dict[str, list] = {c: [] for c in want}
+        for name, t in self.models.tensors.items():
+            c = classify_tensor(name)
+            if c in groups and not read_by_rows(name):
+                groups[c].append(t)
+        return start_read_ahead([(c, ts) for c, ts in groups.items() if ts])
+
+    def upload_device_weights(self, *components: str) -> int:
+        """Upload the weights of `components` that compute on a GPU keeping its weights there (no
+        residency manager) before their model first runs, as sd-cli does at load: the first step
+        of the sampling loop then costs what the others do. Left out, for their first use: the
+        parts of split diffusers tensors (the model joins them into new tensors) and the weights
+        with a run-time LoRA (the model may multiply by a folded copy). Returns the bytes uploaded."""
+        if self.models is None:
+            return 0
+        from ..models.common import RUNTIME_LORA
+        from ..models.names import split_part_names
+        from ..ops.backend import get_backend
+        from .placement import classify_tensor
+        groups = self._gpus_keeping_weights(components)
+        total, skip = 0, split_part_names(self.models.tensors) if groups else set()
+        for dev, comps in groups.items():
+            ts = [t for n, t in self.models.tensors.items()
+                  if classify_tensor(n) in comps and n not in skip and t not in RUNTIME_LORA]
+            t0 = time.time()
+            n = get_backend(dev).preload_weights(ts)
+            if n:
+                log.info("%s weights uploaded to %s: %.1f MB in %.2fs", "/".join(comps), dev, n / 2**20,
+                         time.time() - t0)
+            total += n
+        return total
+
+    def release_device_stage(self, *components: str) -> int:
+        """A one-shot pipeline (`one_shot`, the CLI) after the stage of `components`: each GPU they
+        computed on without a residency manager drops its cached weights and every graph's device
+        memory, given back to the driver (backend.release_weights; what a later stage reads is
+        uploaded again, as the diffusion model is anyway), so that the process peak is its largest
+        stage's, as sd-cli frees each stage's buffers. Returns the weight bytes freed."""
+        if not self.one_shot:
+            return 0
+        from ..ops.backend import get_backend
+        return sum(get_backend(d).release_weights() for d in self._gpus_keeping_weights(components))
+
+    def _gpus_keeping_weights(self, components) -> dict[str, list[str]]:
+        """{device: those of `components` computing there} for the devices that keep the weights
+        themselves (an executor named by a string other than "cpu"; a residency manager's is an object)."""
+        out: dict[str, list[str]] = {}
+        for c in components:
+            dev = self.executors.get(c, "cpu")
+            if isinstance(dev, str) and dev != "cpu":
+                out.setdefault(dev, []).append(c)
+        return out
+
+    def release_weight_pages(self, *components: str) -> int:
+        """Drop this process's pages of the memory-mapped weights of `components` ("te",
+        "diffusion", "vae") computing on the CPU, once a request is done with them; returns the
+        bytes covered. They are clean file pages, read again from the page cache on next use;
+        keeping them through the VAE decode raises the peak RSS well above sd-cli's (the
+        measurements: bench/README.md, "Facts moved out of the code")."""
+        if self.models is None:
+            return 0
+        from ..ops.tensor import Tensor
+        from .placement import classify_tensor
+        from .residency import release_file_pages
+        want = {c for c in components if self.executors.get(c, "cpu") == "cpu"}
+        done, total = set(), 0
+        for name, t in self.models.tensors.items():
+            o = t.owner
+            if id(o) in done or classify_tensor(name) not in want:
+                continue
+            done.add(id(o))
+            st = Tensor.storage.__get__(o)   # the raw slot: never fills a lazily converted leaf
+            if st is not None and release_file_pages(st, o.offset, o.span_bytes()):
+                total += o.span_bytes()
+        return total

@@ -475,6 +475,40 @@ def test_disk_params_drop_file_pages_cpu_params_keep_them(tmp_path):
     assert not release_file_pages(ram, 0, U) and ram.sum() == U
 
 
+def test_cpu_params_from_a_file_are_uploaded_from_pinned_copies(tmp_path):
+    """--offload-to-cpu on a device with a pinned pool: a `cpu` weight read from the file map is
+    copied into the pool on its first upload (its file pages dropped) and every upload after
+    that, re-staged after an eviction, comes from the copy; `disk` weights and RAM weights never
+    go there; a full pool leaves the rest on the plain path; the bytes are the same."""
+    from sdrt.io.base import map_file
+    p = tmp_path / "w.bin"
+    data = np.random.default_rng(5).integers(0, 255, 16 * U, dtype=np.uint8)
+    p.write_bytes(data.tobytes())
+    mm = map_file(str(p))[0]
+    cpu = [Tensor.from_buffer(mm, "F32", (4 * N,), offset=i * 4 * U, name=f"c{i}") for i in range(2)]
+    disk = [Tensor.from_buffer(mm, "F32", (4 * N,), offset=(2 + i) * 4 * U, name=f"d{i}") for i in range(2)]
+    ram = weight(4, 9, "ram")
+    sim = SimulatedDevice(64 * U, pinned_limit=6 * U)         # room for one of the two cpu weights
+    mgr = manager(sim, block_bytes=4 * U)
+    mgr.register(cpu + [ram], "diffusion", params="cpu")
+    mgr.register(disk, "diffusion", params="disk")
+    everything = cpu + disk + [ram]
+    for run in range(2):
+        sim.events.clear()
+        mgr.begin_segment(0, None, everything)
+        for i, t in enumerate(cpu + disk):
+            np.testing.assert_array_equal(sim.view(mgr.device_ptr(t), 4 * U), data[i * 4 * U:(i + 1) * 4 * U])
+        np.testing.assert_array_equal(sim.view(mgr.device_ptr(ram), 4 * U), ram.numpy().view(np.uint8))
+        mgr.end_segment(0)
+        kinds = sorted(e[0] for e in sim.events if e[0].startswith("upload"))
+        assert kinds == ["upload"] * 4 + ["upload_pinned"], run   # c0 pinned; c1 (pool full), d0, d1, ram not
+        assert mgr.stats.pinned == 4 * U                       # (no begin_graph: not reset) copied once
+        assert mgr._entries[id(cpu[0].owner)].pinned is not None
+        assert mgr._entries[id(cpu[1].owner)].pinned is None
+        mgr.release_all()                                      # evicted: staged again from the copy
+    assert _rss_of_mapping(mm) < 8 * U                         # c0's pages dropped, d0/d1's too
+
+
 # ---- one budget per device: te + unet + vae on a GPU that keeps arenas and caches freed blocks -----
 
 class SimGpu:

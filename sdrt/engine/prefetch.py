@@ -20,6 +20,8 @@ import threading
 
 import numpy as np
 
+from ..ops.threads import mem_available
+
 log = logging.getLogger("sdrt")
 
 CHUNK = 64 * 2**20
@@ -33,18 +35,6 @@ ROW_LOOKUP_TABLES = ("embed_tokens.weight", "token_embedding.weight", "shared.we
 def read_by_rows(name: str) -> bool:
     """Whether `name` is a token embedding table (left to page faults, not read ahead)."""
     return name.endswith(ROW_LOOKUP_TABLES)
-
-
-def mem_available() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes (None where there is none)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _mapped_paths() -> list[tuple[int, int, int, str]]:

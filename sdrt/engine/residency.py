@@ -37,7 +37,9 @@ segment runs, every weight it reads must be on the device; the `ResidencyManager
 The device-memory object (`memory`) is duck-typed: name, mem_get_info() -> (free, total),
 alloc(n) -> ptr (raises DeviceOutOfMemoryError), free(ptr), upload(ptr, host_u8, stream) ->
 event, wait(event, stream), synchronize(), and optionally record(stream) -> event, stats() ->
-{"in_use": bytes, "cached": bytes} and empty_cache() (a caching allocator's). The `graphs`
+{"in_use": bytes, "cached": bytes}, empty_cache() (a caching allocator's), and pinned_pool() -> a
+pool whose copy(host_u8) returns a pinned host copy (None when full) with upload_pinned(ptr, copy,
+stream) -> event (the CUDA backend's: `cpu` weights from a file map are uploaded from there). The `graphs`
 object (the backend, optional): graph_bytes(plan) -> (device bytes held for that graph, for
 all others) and release_graphs(keep_plan) -> bytes released. `sdrt.engine.simulated_device`
 implements the memory contract on the host for tests (with a caching allocator's size classes if asked).
@@ -69,10 +71,15 @@ def _mb(n: int) -> str:
 
 # ---- host side -------------------------------------------------------------------------------------
 
+def read_only_file_map(storage) -> bool:
+    """True for a read-only map of a model file (its bytes never change while it is open)."""
+    return isinstance(storage, np.memmap) and getattr(storage, "mode", None) == "r"
+
+
 def release_file_pages(storage: np.ndarray, start: int, nbytes: int) -> bool:
     """Drop this process's pages of a read-only file map (they are re-read from the page cache or
     the file on the next access). Anything else (RAM arrays, writable maps) is left alone."""
-    if not isinstance(storage, np.memmap) or getattr(storage, "mode", None) != "r" or nbytes <= 0:
+    if not read_only_file_map(storage) or nbytes <= 0:
         return False
     mm = getattr(storage, "_mmap", None)
     if not isinstance(mm, mmap.mmap) or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
@@ -139,6 +146,8 @@ class _Entry:
     hi: int
     block: _Block | None = None
     offset: int = 0                 # where `lo` sits in the block
+    pinned: object = None           # the bytes lo:hi in the memory's pinned host pool (memory.pin)
+    pinned_of: object = None        # the storage they were copied from
 
     @property
     def nbytes(self) -> int:
@@ -180,6 +189,7 @@ class _RunStats:
     uploaded: int = 0
     blocks: int = 0
     prefetched: int = 0
+    pinned: int = 0                 # bytes copied into the pinned host pool (first uploads)
     evicted: int = 0
     held_peak: int = 0              # what sdrt holds on the device (the budget's measure), sampled
     device_peak: int = 0            # the device's used memory (all users, the driver's context too)
@@ -219,6 +229,7 @@ class ResidencyManager:
         self.peak_bytes = 0
         self.evictions = 0              # changes whenever a device address stops being valid
         self.stats = _RunStats()
+        self._pool = None               # pinned host copies of `cpu` weights (_host_bytes)
 
     # ---- registration -------------------------------------------------------------------------
     def register(self, tensors, component: str, params: str = "cpu") -> int:
@@ -256,6 +267,7 @@ class ResidencyManager:
             if e.block is not None:
                 self._evict(e.block)
             e.lo, e.hi = min(e.lo, leaf.offset), max(e.hi, leaf.offset + leaf.span_bytes())
+            e.pinned = None
         return e
 
     # ---- the graph ----------------------------------------------------------------------------
@@ -405,10 +417,11 @@ class ResidencyManager:
         info.last_upload = s.uploaded
         vs = (f"the --max-vram budget {_mb(self.budget)}" + (" (over it)" if over else "")
               if self.budget is not None else "no --max-vram budget")
-        log.log(level, "residency %s: run %d uploaded %s in %d blocks (%s prefetched), evicted %s; device peak %s "
+        log.log(level, "residency %s: run %d uploaded %s in %d blocks (%s prefetched, %s newly pinned on the host), "
+                "evicted %s; device peak %s "
                 "held by sdrt (weights, arenas, scratch, allocator cache) vs %s; %s used on the device (all "
                 "processes and the driver's context); %s resident", self.name, info.runs, _mb(s.uploaded), s.blocks,
-                _mb(s.prefetched), _mb(s.evicted), _mb(s.held_peak), vs, _mb(s.device_peak),
+                _mb(s.prefetched), _mb(s.pinned), _mb(s.evicted), _mb(s.held_peak), vs, _mb(s.device_peak),
                 _mb(self.resident_bytes))
 
     # ---- staging ------------------------------------------------------------------------------
@@ -448,10 +461,10 @@ class ResidencyManager:
         self.peak_bytes = max(self.peak_bytes, self.resident_bytes + self._activation)
         ev = None
         for e, off in zip(group, offsets):
-            st = e.owner.storage
-            ev = self.memory.upload(ptr + off, st[e.lo:e.hi], stream)
+            src, pinned = self._host_bytes(e)
+            ev = (self.memory.upload_pinned if pinned else self.memory.upload)(ptr + off, src, stream)
             if e.params == "disk":
-                release_file_pages(st, e.lo, e.nbytes)
+                release_file_pages(e.owner.storage, e.lo, e.nbytes)
             e.block, e.offset = b, off
         if stream == "copy":
             b.ready = ev
@@ -459,6 +472,32 @@ class ResidencyManager:
         self.stats.uploaded += size
         self.stats.blocks += 1
         return b
+
+    def _host_bytes(self, e: _Entry) -> tuple[np.ndarray, bool]:
+        """What to upload for `e`, and whether it is a pinned copy. A `cpu` weight read from a
+        model file's map is copied, on its first upload, into this manager's pinned host pool when
+        the memory makes one (memory.pinned_pool; its copy returns None once full) and its file
+        pages are dropped: the copy is the RAM copy --offload-to-cpu keeps, and each later upload
+        is one DMA (memory.upload_pinned) that neither copies nor waits on the host, so prefetches
+        overlap the compute. Anything else: its storage."""
+        st = e.owner.storage
+        if e.pinned is not None and e.pinned_of is st:
+            return e.pinned, True
+        src = st[e.lo:e.hi]
+        if e.params != "cpu" or not read_only_file_map(st):
+            return src, False
+        if self._pool is None:
+            make = getattr(self.memory, "pinned_pool", None)
+            if make is None:
+                return src, False
+            self._pool = make()
+        e.pinned = self._pool.copy(src)
+        if e.pinned is None:
+            return src, False
+        e.pinned_of = st
+        self.stats.pinned += e.nbytes
+        release_file_pages(st, e.lo, e.nbytes)
+        return e.pinned, True
 
     def _prefetch(self, info: _PlanInfo, k: int, pinned: list[_Block]) -> None:
         missing = [e for e in info.segments[k] if e.block is None]

@@ -21,11 +21,13 @@ class SimulatedDevice:
     With `caching=True` it behaves as the CUDA backend's CachingAllocator: sizes round to its
     classes, a freed block stays held in a per-class cache (reused by an allocation of its class,
     returned by `empty_cache()` or when an allocation would not fit otherwise); `peak_held` is
-    the peak of what the device sees held (in use + cached), `peak_used` of what is in use."""
+    the peak of what the device sees held (in use + cached), `peak_used` of what is in use. With
+    `pinned_limit` it offers a pinned host pool of that many bytes (`pinned_pool`, as the CUDA
+    backend's; its uploads are logged as "upload_pinned")."""
     BASE = 1 << 20          # device addresses start here: 0 is never a valid pointer
 
     def __init__(self, total_bytes: int, name: str = "sim0", *, store: bool = True, used_elsewhere: int = 0,
-                 caching: bool = False, base: int | None = None):
+                 caching: bool = False, base: int | None = None, pinned_limit: int | None = None):
         self.name, self.total, self.used_elsewhere = name, int(total_bytes), int(used_elsewhere)
         if base is not None:       # several devices in one process: disjoint address ranges
             self.BASE = int(base)
@@ -39,6 +41,8 @@ class SimulatedDevice:
         self.peak_used = 0
         self.peak_held = 0
         self._next_event = 0
+        if pinned_limit is not None:
+            self.pinned_pool = lambda: _HostPool(pinned_limit)
 
     @property
     def used(self) -> int:
@@ -135,6 +139,11 @@ class SimulatedDevice:
         self.events.append(("upload", stream, ptr, n, ev))
         return ev
 
+    def upload_pinned(self, ptr: int, pinned_u8: np.ndarray, stream: str = "compute") -> int:
+        ev = self.upload(ptr, pinned_u8, stream)
+        self.events[-1] = ("upload_pinned",) + self.events[-1][1:]
+        return ev
+
     def record(self, stream: str = "compute") -> int:
         ev = self._event()
         self.events.append(("record", stream, ev))
@@ -152,3 +161,16 @@ class SimulatedDevice:
 
     def view(self, ptr: int, nbytes: int) -> np.ndarray:
         return self.mem[ptr - self.BASE:ptr - self.BASE + nbytes]
+
+
+class _HostPool:
+    """A pinned pool's contract on plain host arrays: copies until `limit` bytes are handed out."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = int(limit), 0
+
+    def copy(self, host_u8: np.ndarray) -> np.ndarray | None:
+        if self.used + host_u8.nbytes > self.limit:
+            return None
+        self.used += host_u8.nbytes
+        return np.array(host_u8, np.uint8).reshape(-1)

@@ -1,4 +1,5 @@
-"""One knob for CPU parallelism: Numba's thread pool and the BLAS pool (-t/--threads)."""
+"""One knob for CPU parallelism: Numba's thread pool and the BLAS pool (-t/--threads); the host's
+available RAM."""
 from __future__ import annotations
 
 import os
@@ -16,6 +17,18 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def mem_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def set_threads(n: int | None) -> int:

@@ -204,7 +204,8 @@ class CudaBackend(GraphStates):
         self.name = f"cuda{index}"
         t0 = time.perf_counter()
         self.device = CudaDevice(index)
-        log.debug("%s: context and streams in %.1f ms", self.name, (time.perf_counter() - t0) * 1e3)
+        log.debug("%s: context and streams in %.1f ms (device use %.0f MiB)", self.name,
+                  (time.perf_counter() - t0) * 1e3, self.device.used_mib())
         self.rt = CudaRuntime(self.device)
         self.memory = self.rt.memory
         self.families = import_families(ops)

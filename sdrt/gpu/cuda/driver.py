@@ -268,6 +268,11 @@ class CudaDevice:
         check(self.lib.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
         return free.value, total.value
 
+    def used_mib(self) -> float:
+        """MiB in use on the device (every process's, the driver's contexts too): for debug logs."""
+        free, total = self.mem_get_info()
+        return (total - free) / 2**20
+
     # -- copies (raw addresses; `stream` is a pycuda Stream) -----------------------------------
     def htod_async(self, dst: int, src_host_ptr: int, nbytes: int, stream) -> None:
         check(self.lib.cuMemcpyHtoDAsync_v2(dst, src_host_ptr, nbytes, stream.handle), "cuMemcpyHtoDAsync")
@@ -289,7 +294,8 @@ class CudaDevice:
             self.activate()
             t0 = time.perf_counter()
             mod = self._modules[name] = _load_module(self, name)
-            log.debug("cuda%d: kernels/%s.fatbin loaded in %.1f ms", self.index, name, (time.perf_counter() - t0) * 1e3)
+            log.debug("cuda%d: kernels/%s.fatbin loaded in %.1f ms (device use %.0f MiB)", self.index, name,
+                      (time.perf_counter() - t0) * 1e3, self.used_mib())
         return mod
 
     def close(self) -> None:
@@ -436,6 +442,41 @@ class PinnedBuffer:
             self.close()
         except Exception:
             pass
+
+
+class PinnedPool:
+    """Pinned host copies of weights uploaded again and again (--offload-to-cpu, through the
+    residency manager's): slabs of SLAB bytes from cuMemHostAlloc, handed out front to back and
+    kept while the pool lives, at most `limit` bytes in all."""
+
+    SLAB = 256 << 20
+    ALIGN = 256
+
+    def __init__(self, device: CudaDevice, limit: int):
+        self.device, self.limit = device, int(limit)
+        self.slabs: list[PinnedBuffer] = []
+        self.used = 0                   # bytes handed out, alignment included
+        self._top = 0                   # next free byte of the last slab
+
+    def copy(self, host_u8: np.ndarray) -> np.ndarray | None:
+        """A pinned copy of `host_u8` (1-D uint8), or None when it would pass the limit."""
+        n = host_u8.nbytes
+        room = -(-n // self.ALIGN) * self.ALIGN
+        if self.used + room > self.limit:
+            return None
+        if not self.slabs or self._top + room > self.slabs[-1].nbytes:
+            self.slabs.append(PinnedBuffer(self.device, max(room, min(self.SLAB, self.limit - self.used))))
+            self._top = 0
+        dst = self.slabs[-1].array[self._top:self._top + n]
+        self._top += room
+        self.used += room
+        copy_into(dst, host_u8.reshape(-1).view(np.uint8))
+        return dst
+
+    def close(self) -> None:
+        for b in self.slabs:
+            b.close()
+        self.slabs, self.used, self._top = [], 0, 0
 
 
 class StagingRing:

@@ -12,9 +12,10 @@ import logging
 import time
 
 from ...errors import OpError, UnsupportedError
+from ...ops.threads import mem_available
 from .cublas import Cublas
 from .devtensor import SUFFIX as _SUFFIX
-from .driver import CudaDevice, CudaDriverError, StagingRing, pycuda_driver
+from .driver import CudaDevice, CudaDriverError, PinnedPool, StagingRing, pycuda_driver
 
 log = logging.getLogger("sdrt.cuda")
 
@@ -189,8 +190,8 @@ class CudaRuntime:
         if self._cublas is None:
             t0 = time.perf_counter()
             self._cublas = Cublas(self.dev)
-            log.debug("cuda%d: cuBLAS %d loaded, handle and workspace made in %.1f ms", self.dev.index,
-                      self._cublas.version, (time.perf_counter() - t0) * 1e3)
+            log.debug("cuda%d: cuBLAS %d loaded, handle and workspace made in %.1f ms (device use %.0f MiB)",
+                      self.dev.index, self._cublas.version, (time.perf_counter() - t0) * 1e3, self.dev.used_mib())
         return self._cublas
 
     def gemm(self, transa: bool, transb: bool, m: int, n: int, k: int, a: int, a_dtype: str, lda: int,
@@ -206,7 +207,8 @@ class CudaRuntime:
 
 class DeviceMemory:
     """The device-memory object of the residency contract (`be.memory`): allocation from the
-    caching allocator, uploads through pinned staging on the compute or copy stream, events."""
+    caching allocator, uploads on the compute or copy stream (through pinned staging, or
+    directly from a pinned pool), events."""
 
     def __init__(self, device: CudaDevice):
         self.device = device
@@ -230,11 +232,23 @@ class DeviceMemory:
             ring = self._rings[stream] = StagingRing(self.device, self.device.stream(stream))
         return ring
 
+    def pinned_pool(self) -> PinnedPool:
+        """A pool of pinned host copies (the residency manager's, for --offload-to-cpu) holding at
+        most half of the RAM available now; `upload_pinned` sends its copies."""
+        self.device.activate()
+        return PinnedPool(self.device, (mem_available() or 0) // 2)
+
     def upload(self, ptr: int, host_u8, stream: str = "compute"):
         """Host bytes -> device at ptr, enqueued on `stream`; returns an event that passes when
         the copy is done. The host array may change as soon as this returns."""
         self.device.activate()
         return self._ring(stream).upload(ptr, host_u8)
+
+    def upload_pinned(self, ptr: int, pinned_u8, stream: str = "compute"):
+        """upload() of a pinned_pool copy: one DMA, enqueued without waiting."""
+        self.device.activate()
+        self.device.htod_async(ptr, pinned_u8.ctypes.data, pinned_u8.nbytes, self.device.stream(stream))
+        return self.device.event(stream)
 
     def download(self, host_u8, ptr: int, stream: str = "compute") -> None:
         """Device bytes at ptr -> host array (synchronous, after the stream's queued work)."""

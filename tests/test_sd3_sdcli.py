@@ -55,7 +55,13 @@ def _write(path: str, names: dict, seed: int = 0) -> str:
 def parts(tmp_path_factory):
     if _sdcli() is None:
         pytest.skip("sd-cli comparison: set SDRT_SDCLI=/path/to/sd-cli to run it (no sd-cli binary given)")
-    d = os.environ.get("SDRT_SDCLI_SD3_DIR") or str(tmp_path_factory.mktemp("sd3_sdcli"))
+    return make_parts(os.environ.get("SDRT_SDCLI_SD3_DIR") or str(tmp_path_factory.mktemp("sd3_sdcli")))
+
+
+def make_parts(d: str) -> dict:
+    """{flag: file} of the comparison's checkpoint ($SDRT_SDCLI_SD3_VARIANT at $SDRT_SDCLI_SD3_DEPTH)
+    in directory d, each file written unless it is there (tests/gpu/test_sd3_pipeline_cuda.py runs
+    the same files on cuda0 against the CPU)."""
     os.makedirs(d, exist_ok=True)
     layers = int(os.environ.get("SDRT_SDCLI_T5_LAYERS", "1"))
     if VARIANT in ("sd3.5-medium", "sd3.5-large"):

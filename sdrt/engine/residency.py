@@ -208,10 +208,12 @@ class ResidencyManager:
         from .placement import resolve_budget
         self.memory, self.name = memory, getattr(memory, "name", "device")
         free = memory.mem_get_info()[0]
-        self.max_vram, self.budget = max_vram, resolve_budget(max_vram, free)
-        if self.budget == 0:
+        self.max_vram, self.limit = max_vram, resolve_budget(max_vram, free)
+        if self.limit == 0:
             raise DeviceOutOfMemoryError(f"{self.name}: --max-vram {max_vram:g} keeps {-max_vram:g} GiB free, but "
                                          f"only {_mb(free)} is free: nothing is left for sdrt")
+        self.budget, self.outside = self.limit, 0
+        self._count_outside()
         self.prefetch, self.segmented, self.block_bytes = prefetch, segmented, int(block_bytes)
         self.graphs = graphs
         self._entries: dict[int, _Entry] = {}
@@ -296,6 +298,7 @@ class ResidencyManager:
         first time, enables prefetch. `extra_bytes`: device scratch the backend adds to the plan's
         arenas. True when all its weights are resident."""
         self._unpin(list(self._pinned))    # a run that raised midway left its pins
+        self._count_outside()
         info = self._plan_info(plan)
         self._current, self._activation = info, info.activation_bytes + int(extra_bytes)
         self._seg = -1
@@ -311,7 +314,7 @@ class ResidencyManager:
         capacity = (self.memory.mem_get_info()[0] + self.resident_bytes if limit is None else limit) - kept_other
         segmented = self.segmented and len(info.segments) > 1
         fits = self._activation + total <= capacity
-        budget_txt = f"--max-vram budget {_mb(limit)}" if limit is not None else f"{_mb(capacity)} free"
+        budget_txt = self._budget_name() if limit is not None else f"{_mb(capacity)} free"
         if limit is not None and not fits and self._activation + (seg_max if segmented else total) > capacity:
             what = (f"its largest segment '{info.names[largest]}' needs {_mb(seg_max)} of weights" if segmented
                     else f"its weights need {_mb(total)} at once" +
@@ -415,7 +418,7 @@ class ResidencyManager:
         level = (logging.WARNING if over else
                  logging.INFO if first or s.uploaded != info.last_upload else logging.DEBUG)
         info.last_upload = s.uploaded
-        vs = (f"the --max-vram budget {_mb(self.budget)}" + (" (over it)" if over else "")
+        vs = (f"the {self._budget_name()}" + (" (over it)" if over else "")
               if self.budget is not None else "no --max-vram budget")
         log.log(level, "residency %s: run %d uploaded %s in %d blocks (%s prefetched, %s newly pinned on the host), "
                 "evicted %s; device peak %s "
@@ -516,6 +519,29 @@ class ResidencyManager:
                 break
 
     # ---- memory -------------------------------------------------------------------------------
+    def _count_outside(self) -> None:
+        """A positive --max-vram caps the process's whole use of the device, as nvidia-smi shows
+        it: what the process holds outside the allocator (memory.outside_bytes: the CUDA context,
+        cuBLAS, kernel modules) comes off what sdrt may hold. (sd.cpp's budget leaves them out,
+        so its process goes ~0.6 GiB over; a negative budget is free memory once the context is
+        made, so it is left as it is.)"""
+        outside = getattr(self.memory, "outside_bytes", None)
+        if outside is None or not self.max_vram or self.max_vram < 0:
+            return
+        self.outside = int(outside())
+        self.budget = self.limit - self.outside
+        if self.budget <= 0:
+            raise DeviceOutOfMemoryError(
+                f"{self.name}: --max-vram {self.max_vram:g} GiB ({_mb(self.limit)}): the CUDA context and libraries "
+                f"already hold {_mb(self.outside)} of it; nothing is left for sdrt (raise --max-vram)")
+
+    def _budget_name(self) -> str:
+        """'--max-vram budget 3072.0 MB', with what came off it for the process's use outside sdrt."""
+        if not self.outside:
+            return f"--max-vram budget {_mb(self.budget)}"
+        return (f"--max-vram budget {_mb(self.budget)} ({_mb(self.limit)} less {_mb(self.outside)} the process "
+                f"holds outside sdrt's allocator: the CUDA context, libraries)")
+
     def _mem_stats(self) -> tuple[int, int] | None:
         """(bytes in use, bytes cached) of the device allocator, when the memory object says."""
         fn = getattr(self.memory, "stats", None)
@@ -596,10 +622,10 @@ class ResidencyManager:
             return
         self._warned_over = True
         held = self._footprint(nbytes)
-        log.warning("residency %s: %s would be held on the device, over the --max-vram budget %s, though the "
+        log.warning("residency %s: %s would be held on the device, over the %s, though the "
                     "weights (%s) and the running graph's activations (%s) fit in it: the rest is memory the "
                     "residency manager cannot free (other graphs' arenas, the backend's own buffers)", self.name,
-                    _mb(held), _mb(self.budget), _mb(self.resident_bytes + nbytes), _mb(self._activation))
+                    _mb(held), self._budget_name(), _mb(self.resident_bytes + nbytes), _mb(self._activation))
 
     def _allocated(self, nbytes: int, before) -> None:
         """Bookkeeping after an allocation: which evicted block it reused from the allocator's
@@ -659,7 +685,7 @@ class ResidencyManager:
         held = sum(b.nbytes for b in self._blocks if b.pins or b.permanent)
         msg = (f"{self.name}: cannot make room for {_mb(nbytes)} of weights: {_mb(self.resident_bytes)} resident "
                f"({_mb(held)} pinned by the running segment or kept on the device), ")
-        msg += (f"activations {_mb(self._activation)}, --max-vram budget {_mb(self.budget)}" if self.budget is not None
+        msg += (f"activations {_mb(self._activation)}, {self._budget_name()}" if self.budget is not None
                 else f"{_mb(free)} free of {_mb(total)}")
         info = self._current
         if info is not None and not self.segmented:

@@ -23,11 +23,13 @@ class SimulatedDevice:
     returned by `empty_cache()` or when an allocation would not fit otherwise); `peak_held` is
     the peak of what the device sees held (in use + cached), `peak_used` of what is in use. With
     `pinned_limit` it offers a pinned host pool of that many bytes (`pinned_pool`, as the CUDA
-    backend's; its uploads are logged as "upload_pinned")."""
+    backend's; its uploads are logged as "upload_pinned"); with `outside` it reports that many
+    bytes held by the process outside its allocator (`outside_bytes`, as a CUDA context's)."""
     BASE = 1 << 20          # device addresses start here: 0 is never a valid pointer
 
     def __init__(self, total_bytes: int, name: str = "sim0", *, store: bool = True, used_elsewhere: int = 0,
-                 caching: bool = False, base: int | None = None, pinned_limit: int | None = None):
+                 caching: bool = False, base: int | None = None, pinned_limit: int | None = None,
+                 outside: int | None = None):
         self.name, self.total, self.used_elsewhere = name, int(total_bytes), int(used_elsewhere)
         if base is not None:       # several devices in one process: disjoint address ranges
             self.BASE = int(base)
@@ -43,6 +45,8 @@ class SimulatedDevice:
         self._next_event = 0
         if pinned_limit is not None:
             self.pinned_pool = lambda: _HostPool(pinned_limit)
+        if outside is not None:
+            self.outside_bytes = lambda: outside
 
     @property
     def used(self) -> int:

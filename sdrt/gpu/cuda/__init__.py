@@ -70,10 +70,14 @@ def warm_up(index: int) -> None:
     import threading
 
     def run():
+        from .nvml import before_context
         try:
             lib = ctypes.CDLL("libcuda.so.1")
             dev, ctx = ctypes.c_int(), ctypes.c_void_p()
             if lib.cuInit(0) == 0 and lib.cuDeviceGet(ctypes.byref(dev), int(index)) == 0:
+                bus = ctypes.create_string_buffer(32)
+                if lib.cuDeviceGetPCIBusId(bus, len(bus), dev) == 0:
+                    before_context(bus.value.decode())      # the device's use without our context
                 lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
         except OSError:
             pass

@@ -37,6 +37,7 @@ import numpy as np
 
 from ...errors import DeviceOutOfMemoryError, SdrtError, UnsupportedError
 from ...ops.threads import copy_into
+from . import nvml
 
 log = logging.getLogger("sdrt.cuda")
 
@@ -204,10 +205,15 @@ class CudaDevice:
         self._deferred: list = []
         self._deferred_lock = threading.Lock()
         self.capturing = False
+        # the device's use before this process's context (the warm-up thread read it first)
+        self._bus = self._dev.pci_bus_id()
+        self._used_before = nvml.before_context(self._bus)
         # one pycuda Context object pushed by every thread: pycuda objects (streams, modules,
         # events) made in one thread can then be freed in another without "out-of-thread" errors
         self._ctx = self._dev.retain_primary_context()
         self.activate()
+        free, total = self.mem_get_info()
+        self._used_at_start = total - free      # outside_bytes' fallback without NVML
         # non-blocking streams: nothing on the legacy default stream can join a capture
         self.compute = cuda.Stream(flags=1)
         self.copy = cuda.Stream(flags=1)
@@ -267,6 +273,20 @@ class CudaDevice:
         free, total = c_size_t(), c_size_t()
         check(self.lib.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
         return free.value, total.value
+
+    def outside_bytes(self) -> int:
+        """Device bytes this process holds outside its allocator: its context, cuBLAS's and the
+        kernel modules' memory (what the device's use grew by since before the context, by NVML,
+        less the allocator's blocks; another process's growth counts too, which only makes a budget
+        stricter). Without NVML, the growth since the context was made (the context not counted)."""
+        st = self.allocator.stats()
+        now = nvml.used_bytes(self._bus) if self._used_before is not None else None
+        if now is not None:
+            grown = now - self._used_before
+        else:
+            free, total = self.mem_get_info()
+            grown = total - free - self._used_at_start
+        return max(0, grown - st["in_use"] - st["cached"])
 
     def used_mib(self) -> float:
         """MiB in use on the device (every process's, the driver's contexts too): for debug logs."""

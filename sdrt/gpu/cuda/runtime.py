@@ -269,6 +269,10 @@ class DeviceMemory:
     def stats(self) -> dict:
         return self.device.allocator.stats()
 
+    def outside_bytes(self) -> int:
+        """Device bytes the process holds outside the allocator (CudaDevice.outside_bytes)."""
+        return self.device.outside_bytes()
+
     def empty_cache(self) -> None:
         self.device.activate()
         self.device.allocator.empty_cache()

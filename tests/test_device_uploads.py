@@ -63,6 +63,7 @@ def test_staging_ring_upload_in_chunks(monkeypatch):
     ring.upload(100, src)
     assert np.array_equal(ring.device.mem[100:], src) and not ring.device.mem[:100].any()
     assert ring.device.copies == 5
+    assert ring.copy_s > 0 and ring.wait_s >= 0          # the host's time, for the upload log line
 
 
 class _Cache(GraphStates):

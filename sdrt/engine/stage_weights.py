@@ -46,11 +46,17 @@ class StageWeights:
         for dev, comps in groups.items():
             ts = [t for n, t in self.models.tensors.items()
                   if classify_tensor(n) in comps and n not in skip and t not in RUNTIME_LORA]
-            t0 = time.time()
-            n = get_backend(dev).preload_weights(ts)
+            be = get_backend(dev)
+            staging = getattr(getattr(be, "memory", None), "staging_times", None)
+            t0, before = time.time(), staging() if staging else None
+            n = be.preload_weights(ts)
             if n:
-                log.info("%s weights uploaded to %s: %.1f MB in %.2fs", "/".join(comps), dev, n / 2**20,
-                         time.time() - t0)
+                how = ""
+                if before is not None:      # where the host's time went (the CUDA backend's staging ring)
+                    after = staging()
+                    how = f" (host copies {after[0] - before[0]:.2f}s, waits for the DMA {after[1] - before[1]:.2f}s)"
+                log.info("%s weights uploaded to %s: %.1f MB in %.2fs%s", "/".join(comps), dev, n / 2**20,
+                         time.time() - t0, how)
             total += n
         return total
 

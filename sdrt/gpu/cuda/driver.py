@@ -505,6 +505,7 @@ class StagingRing:
     device)."""
 
     CHUNK = 32 << 20
+    copy_s = wait_s = 0.0       # host seconds copying into the chunks / waiting for a chunk's DMA
 
     def __init__(self, device: CudaDevice, stream):
         self.device, self.stream = device, stream
@@ -518,12 +519,17 @@ class StagingRing:
         n = host_u8.nbytes
         src = host_u8.reshape(-1).view(np.uint8)
         ev = None
+        clock = time.perf_counter
         for start in range(0, n, self.CHUNK):
             m = min(self.CHUNK, n - start)
             k, self.turn = self.turn, self.turn ^ 1
+            t0 = clock()
             if self.events[k] is not None:
                 self.events[k].synchronize()
+            t1 = clock()
             copy_into(self.bufs[k].array, src[start:start + m])
+            self.wait_s += t1 - t0
+            self.copy_s += clock() - t1
             self.device.htod_async(dst + start, self.bufs[k].ptr, m, self.stream)
             ev = self.events[k] = self.device.event(self.stream)
         return ev if ev is not None else self.device.event(self.stream)

@@ -244,6 +244,11 @@ class DeviceMemory:
         self.device.activate()
         return self._ring(stream).upload(ptr, host_u8)
 
+    def staging_times(self) -> tuple[float, float]:
+        """Seconds the host has spent, over every upload so far, copying into the pinned staging
+        chunks and waiting for a chunk's DMA to end (for the upload log lines)."""
+        return (sum(r.copy_s for r in self._rings.values()), sum(r.wait_s for r in self._rings.values()))
+
     def upload_pinned(self, ptr: int, pinned_u8, stream: str = "compute"):
         """upload() of a pinned_pool copy: one DMA, enqueued without waiting."""
         self.device.activate()

@@ -146,7 +146,7 @@ class _Entry:
     hi: int
     block: _Block | None = None
     offset: int = 0                 # where `lo` sits in the block
-    pinned: object = None           # the bytes lo:hi in the memory's pinned host pool (memory.pin)
+    pinned: object = None           # the bytes lo:hi in the manager's pinned host pool (_host_bytes)
     pinned_of: object = None        # the storage they were copied from
 
     @property

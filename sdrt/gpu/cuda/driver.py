@@ -467,7 +467,7 @@ class PinnedBuffer:
 class PinnedPool:
     """Pinned host copies of weights uploaded again and again (--offload-to-cpu, through the
     residency manager's): slabs of SLAB bytes from cuMemHostAlloc, handed out front to back and
-    kept while the pool lives, at most `limit` bytes in all."""
+    kept while the pool lives (freed with it), at most `limit` bytes in all."""
 
     SLAB = 256 << 20
     ALIGN = 256
@@ -492,11 +492,6 @@ class PinnedPool:
         self.used += room
         copy_into(dst, host_u8.reshape(-1).view(np.uint8))
         return dst
-
-    def close(self) -> None:
-        for b in self.slabs:
-            b.close()
-        self.slabs, self.used, self._top = [], 0, 0
 
 
 class StagingRing:

@@ -9,9 +9,7 @@ import threading
 
 _lock = threading.RLock()
 _before: dict[str, int | None] = {}     # PCI bus id -> bytes in use before this process's context
-
-
-_lib = None
+_lib = None                             # libnvidia-ml, initialised
 _handles: dict[str, ctypes.c_void_p] = {}
 
 
@@ -42,7 +40,9 @@ def used_bytes(pci_bus_id: str) -> int | None:
 
 def before_context(pci_bus_id: str) -> int | None:
     """used_bytes read the first time this is asked for the device (call it before this process
-    retains the device's context: the warm-up thread and CudaDevice both do)."""
-    if pci_bus_id not in _before:
-        _before[pci_bus_id] = used_bytes(pci_bus_id)
-    return _before[pci_bus_id]
+    retains the device's context: the warm-up thread and CudaDevice both do; the second waits for
+    the first's reading)."""
+    with _lock:
+        if pci_bus_id not in _before:
+            _before[pci_bus_id] = used_bytes(pci_bus_id)
+        return _before[pci_bus_id]

@@ -66,6 +66,32 @@ def test_staging_ring_upload_in_chunks(monkeypatch):
     assert ring.copy_s > 0 and ring.wait_s >= 0          # the host's time, for the upload log line
 
 
+def test_pinned_pool_copies_into_slabs_until_its_limit_or_the_driver_refuses(monkeypatch):
+    """PinnedPool (--offload-to-cpu's pinned host copies): copies land in slabs, each byte right; past `limit`, or once cuMemHostAlloc fails, copy returns None (the weight stays
+    on the staging path) and the pool asks the driver no more."""
+    made = []
+
+    class Slab(_Buffer):
+        def __init__(self, device, n):
+            if len(made) == 3:
+                raise driver.CudaDriverError("cuMemHostAlloc(1048576): CUDA_ERROR_OUT_OF_MEMORY (2)")
+            made.append(n)
+            super().__init__(n)
+            self.nbytes = n
+
+    monkeypatch.setattr(driver, "PinnedBuffer", Slab)
+    monkeypatch.setattr(driver.PinnedPool, "SLAB", 1 << 20)
+    src = np.random.default_rng(2).integers(0, 256, 700_001, dtype=np.uint8)
+    small = driver.PinnedPool(SimpleNamespace(index=0), limit=1_000_000)
+    assert np.array_equal(small.copy(src), src) and small.copy(src) is None       # over its limit
+    made.clear()
+    pool = driver.PinnedPool(SimpleNamespace(index=0), limit=10 << 30)
+    copies = [pool.copy(src) for _ in range(3)]
+    assert all(np.array_equal(c, src) for c in copies) and len(made) == 3
+    assert pool.copy(src) is None and pool.limit == pool.used and len(made) == 3   # refused: no more tries
+    assert pool.copy(src[:10]) is None
+
+
 class _Cache(GraphStates):
     """GraphStates with the weight cache of a device backend: (storage, offset, span) -> upload."""
 

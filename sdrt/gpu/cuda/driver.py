@@ -485,7 +485,13 @@ class PinnedPool:
         if self.used + room > self.limit:
             return None
         if not self.slabs or self._top + room > self.slabs[-1].nbytes:
-            self.slabs.append(PinnedBuffer(self.device, max(room, min(self.SLAB, self.limit - self.used))))
+            try:
+                slab = PinnedBuffer(self.device, max(room, min(self.SLAB, self.limit - self.used)))
+            except CudaDriverError as e:    # the driver would pin no more: the rest stays pageable
+                log.info("cuda%d: pinned host pool stops at %.1f MB (%s)", self.device.index, self.used / 2**20, e)
+                self.limit = self.used
+                return None
+            self.slabs.append(slab)
             self._top = 0
         dst = self.slabs[-1].array[self._top:self._top + n]
         self._top += room

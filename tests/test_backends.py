@@ -79,8 +79,10 @@ def test_residency_protocols():
 
 def test_warm_up_starts_the_devices_a_spec_names(fake, monkeypatch):
     """--backend's devices (auto-fit: device 0 of each backend that can warm up) get warm_up(index);
-    a failing warm-up is swallowed (the device's own error comes at its first use)."""
+    a failing warm-up is swallowed (the device's own error comes at its first use); a device warms
+    up once per process."""
     calls = []
+    monkeypatch.setattr(B, "_warmed", set())
 
     def warm(index):
         calls.append(index)
@@ -93,4 +95,24 @@ def test_warm_up_starts_the_devices_a_spec_names(fake, monkeypatch):
     B.warm_up("cpu")
     B.warm_up(None)
     B.warm_up("fake3")
+    B.warm_up("fake1")
     assert calls == [1, 0, 3]
+
+
+@pytest.mark.parametrize("argv, spec", [
+    (["-m", "x.safetensors", "-p", "a cat"], None),
+    (["-m", "x", "--backend", "diffusion=cuda1,vae=cpu"], "diffusion=cuda1,vae=cpu"),
+    (["-m", "x", "--backend=cuda0", "-M", "img_gen"], "cuda0"),
+    (["-M", "convert", "-m", "x", "--backend", "cuda0"], "none"),
+    (["--mode=upscale", "-i", "a.png"], "none"),
+    (["-m", "x", "--help"], "none"),
+    (["--list-devices"], "none"),
+])
+def test_an_image_command_warms_its_gpu_up_before_parsing(argv, spec, monkeypatch):
+    """cli.main starts the --backend spec's drivers from a look at argv before it builds the parser;
+    help, a device list and the other modes start nothing."""
+    from sdrt.cli import main as cli
+    seen = []
+    monkeypatch.setattr(B, "warm_up", seen.append)
+    cli._early_warm_up(argv)
+    assert seen == ([] if spec == "none" else [spec])

@@ -300,7 +300,34 @@ def list_devices() -> list[tuple[str, str]]:
     return registered_devices()
 
 
+def _flag_value(argv: list, names: tuple) -> str | None:
+    """The value of the last of flags `names` in argv ("--flag v" or "--flag=v"), or None."""
+    value = None
+    for i, a in enumerate(argv):
+        for n in names:
+            if a == n and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif a.startswith(n + "=") and n.startswith("--"):
+                value = a[len(n) + 1:]
+    return value
+
+
+def _early_warm_up(argv: list) -> None:
+    """An image command starts its GPU driver (ops.backend.warm_up) before the parser is built,
+    whose imports take a good part of the start-up: from a quick look at argv for the mode and
+    --backend; anything else (help, convert, a device list) starts nothing."""
+    if any(a in ("-h", "--help", "--version", "--list-devices") for a in argv):
+        return
+    if (_flag_value(argv, ("-M", "--mode")) or "img_gen") != "img_gen":
+        return
+    from .. import engine  # noqa: F401  (registers the device backends; light)
+    from ..ops.backend import warm_up
+    warm_up(_flag_value(argv, ("--backend",)))
+
+
 def run(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _early_warm_up(argv)
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level)
     if args.list_devices:
@@ -428,9 +455,8 @@ def params_from_args(args):
 def _img_gen(args) -> int:
     import os
 
-    from .. import engine  # noqa: F401  (registers the device backends; light)
     from ..ops.backend import warm_up
-    warm_up(args.backend)             # the GPU driver starts while the model loads
+    warm_up(args.backend)             # (started already by _early_warm_up unless argv hid the spec)
     from ..io.png import output_paths, write_image
     mp, gp = params_from_args(args)
     for flag, path in (("-i/--init-img", gp.init_image), ("--mask", gp.mask_image), ("--control-image", gp.control_image),

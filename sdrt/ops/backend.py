@@ -166,16 +166,23 @@ def get_backend(name):
     return be
 
 
+_warmed: set[str] = set()      # devices warm_up has started
+
+
 def warm_up(spec: str | None) -> None:
     """Start making the contexts of the devices a --backend spec names (None: auto-fit, which takes
     a GPU when there is one: device 0 of each backend that can warm up) in the background, so that
     a driver's start-up overlaps the imports and file reading before the first use. Never raises:
-    a device that is not there is found by the caller later, with its message."""
+    a device that is not there is found by the caller later, with its message. A device warms
+    up once per process."""
     if spec is None:
         names = [f"{e.prefix}0" for e in entries() if e.warm_up is not None]
     else:
         names = re.findall(r"[a-z][a-z_]*\d+", spec)
     for name in dict.fromkeys(names):
+        if name in _warmed:
+            continue
+        _warmed.add(name)
         e = entry_of(name)
         if e is not None and e.warm_up is not None:
             try:

@@ -79,7 +79,7 @@ def warm_up(index: int) -> None:
                 if lib.cuDeviceGetPCIBusId(bus, len(bus), dev) == 0:
                     before_context(bus.value.decode())      # the device's use without our context
                 lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-        except OSError:
+        except Exception:   # noqa: BLE001  (an optimisation only: the device's first use reports)
             pass
     threading.Thread(target=run, name="sdrt-cuda-warm-up", daemon=True).start()
 

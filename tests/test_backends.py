@@ -72,7 +72,8 @@ def test_host_backends_and_kernel_tables():
 
 
 def test_residency_protocols():
-    from sdrt.engine.residency import HostPageRelease, ResidencyManager
+    from sdrt.engine.host_pages import HostPageRelease
+    from sdrt.engine.residency import ResidencyManager
     assert isinstance(ResidencyManager.__new__(ResidencyManager), B.Residency)
     assert isinstance(HostPageRelease(), B.SegmentHooks) and not isinstance(HostPageRelease(), B.Residency)
 

@@ -278,7 +278,7 @@ def test_weights_kept_on_the_gpu_without_a_budget_need_no_manager(fake_cuda0):
 
 
 def test_cpu_compute_with_disk_params_runs_through_page_release():
-    from sdrt.engine.residency import HostPageRelease
+    from sdrt.engine.host_pages import HostPageRelease
     from sdrt.ops.threads import get_threads, set_threads
     g, table = tiny_unet()
     p = Placement(backend={"diffusion": "cpu", "te": "cpu"}, params={"diffusion": "disk", "te": "cpu"})

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from sdrt.engine.placement import resolve_budget
-from sdrt.engine.residency import HostPageRelease, ResidencyManager, release_file_pages
+from sdrt.engine.host_pages import HostPageRelease, release_file_pages
+from sdrt.engine.residency import ResidencyManager
 from sdrt.engine.simulated_device import SimulatedDevice
 from sdrt.errors import DeviceOutOfMemoryError, UsageError
 from sdrt.ops import api as F

@@ -91,7 +91,7 @@ class StageWeights:
             return 0
         from ..ops.tensor import Tensor
         from .placement import classify_tensor
-        from .residency import release_file_pages
+        from .host_pages import release_file_pages
         want = {c for c in components if self.executors.get(c, "cpu") == "cpu"}
         done, total = set(), 0
         for name, t in self.models.tensors.items():

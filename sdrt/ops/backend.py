@@ -52,7 +52,7 @@ class DeviceMemory(Protocol):
 @runtime_checkable
 class SegmentHooks(Protocol):
     """What `Graph.run` tells a residency object on any backend: before segment `index` runs
-    (with the leaves its nodes read) and after it. sdrt.engine.residency.HostPageRelease is one."""
+    (with the leaves its nodes read) and after it. sdrt.engine.host_pages.HostPageRelease is one."""
 
     def begin_segment(self, index: int, name, leaves) -> None: ...
     def end_segment(self, index: int) -> None: ...

@@ -26,6 +26,7 @@ import logging
 from dataclasses import dataclass, field
 
 from ..errors import UnsupportedError, UsageError
+from ..ops.threads import mem_available
 
 __all__ = ["COMPONENTS", "Placement", "auto_fit", "canonical_module", "check_devices", "classify_tensor", "component_sizes",
            "parse_assignments", "parse_max_vram", "ram_budget", "resolve_budget", "resolve_placement"]
@@ -175,17 +176,10 @@ def component_sizes(tensors: dict) -> dict[str, tuple[int, int]]:
     return {c: (a, b) for c, (a, b) in out.items()}
 
 
-def ram_budget(meminfo: str = "/proc/meminfo") -> int | None:
+def ram_budget() -> int | None:
     """MemAvailable minus max(2 GiB, 10%) (backend_fit.cpp); None when it cannot be read."""
-    try:
-        with open(meminfo) as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    return max(avail - max(2 * GiB, avail // 10), 0)
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    avail = mem_available()
+    return None if avail is None else max(avail - max(2 * GiB, avail // 10), 0)
 
 
 @dataclass

@@ -152,7 +152,7 @@ def test_one_shot_pipeline_releases_each_stage(monkeypatch):
     # encoders before the diffusion model's upload, the diffusion model before the VAE decode)
     from sdrt.engine.pipeline import Pipeline
     calls = []
-    fake = SimpleNamespace(release_weights=lambda: calls.append("cuda9") or 7)
+    fake = SimpleNamespace(release_weights=lambda keep=(): calls.append("cuda9") or 7)
     monkeypatch.setitem(backends._BACKENDS, "cuda9", fake)
     pipe = Pipeline.__new__(Pipeline)
     pipe.models, pipe.one_shot = SimpleNamespace(tensors={}), False
@@ -162,3 +162,167 @@ def test_one_shot_pipeline_releases_each_stage(monkeypatch):
     assert pipe.release_device_stage("te") == 7 and calls == ["cuda9"]
     assert pipe.release_device_stage("diffusion", "controlnet") == 7 and calls == ["cuda9"] * 2   # managed: skipped
     assert pipe.release_device_stage("vae") == 0
+
+
+# ---- the diffusion model's weights uploaded beside the conditioning (CudaBackend.upload_ahead) ----
+class _Allocator:
+    def __init__(self):
+        self.top, self.live = 0, {}
+
+    def alloc(self, n, fit=False):
+        p, self.top = self.top, self.top + -(-n // 512) * 512
+        self.live[p] = n
+        return p
+
+    def free(self, p):
+        del self.live[p]
+
+    def empty_cache(self):
+        pass
+
+
+class _StandInDevice:
+    """What CudaBackend's weight cache asks of its device and memory objects: an allocator, defer,
+    activate, and uploads that memmove into `mem` (each upload may wait on `gate`; `fail_at`
+    makes the k-th upload raise)."""
+
+    def __init__(self, n):
+        self.mem = np.zeros(n, np.uint8)
+        self.allocator = _Allocator()
+        self.gate, self.fail_at, self.uploads = None, None, []
+
+    def activate(self):
+        pass
+
+    def defer(self, fn):
+        fn()
+
+    def upload(self, ptr, host_u8, stream="compute", ring=None):
+        import threading
+        if self.gate is not None and ring == "ahead":
+            assert self.gate.wait(10)
+        self.uploads.append((ring, host_u8.nbytes, threading.current_thread().name))
+        if self.fail_at is not None and len(self.uploads) == self.fail_at:
+            raise driver.CudaDriverError("cuMemcpyHtoDAsync: CUDA_ERROR_LAUNCH_FAILED (719)")
+        src = np.ascontiguousarray(host_u8).reshape(-1).view(np.uint8)
+        self.mem[ptr:ptr + src.nbytes] = src
+        return _Event()
+
+    def empty_cache(self):
+        pass
+
+
+def _cuda_backend_without_gpu(n=1 << 20):
+    from sdrt.gpu.cuda.backend import CudaBackend
+    be = CudaBackend.__new__(CudaBackend)
+    be.name = "cuda9"
+    be.device = be.memory = _StandInDevice(n)
+    be._init_states()
+    be._init_weight_cache()
+    return be
+
+
+def _on_device(be, t) -> np.ndarray:
+    o = t.owner
+    ptr = be.weight_ptr(o)
+    return be.device.mem[ptr:ptr + o.span_bytes()].view(np.float32)
+
+
+def test_upload_ahead_runs_on_its_own_thread_within_its_bytes_and_preload_waits_for_it():
+    import threading
+    be = _cuda_backend_without_gpu()
+    unet = [_weight(1000 + i) for i in range(6)]          # 4000..4020 bytes each
+    te = _weight(500)
+    be.device.gate = threading.Event()
+    be.upload_ahead(unet, max_bytes=3 * 4012)            # room for three of them
+    # the text encoder's run meanwhile: its weight uploads on the calling thread, not blocked
+    assert np.array_equal(_on_device(be, te), np.arange(500, dtype=np.float32))
+    assert be.device.uploads == [(None, 2000, threading.current_thread().name)]
+    be.device.gate.set()
+    assert be.preload_weights(unet) == sum(w.nbytes for w in unet[3:])   # the rest, after waiting
+    assert be.last_ahead[0] == sum(w.nbytes for w in unet[:3])
+    ahead = [u for u in be.device.uploads if u[0] == "ahead"]
+    assert [u[1] for u in ahead] == [w.nbytes for w in unet[:3]] and all(u[2] == "sdrt-cuda9-ahead" for u in ahead)
+    for w in unet:                                        # every byte where the cache says
+        assert np.array_equal(_on_device(be, w), np.arange(w.ne[0], dtype=np.float32))
+    assert len(be.device.uploads) == 7                    # each weight once
+
+
+def test_a_run_reading_a_weight_in_flight_ahead_waits_for_it():
+    import threading
+    be = _cuda_backend_without_gpu()
+    unet = [_weight(256) for _ in range(3)]
+    be.device.gate = threading.Event()
+    be.upload_ahead(unet, max_bytes=1 << 30)
+    threading.Timer(0.2, be.device.gate.set).start()
+    # the cache may already hold its address while the copy is still to come: weight_ptr waits
+    while not be._ahead.keys:
+        pass
+    assert np.array_equal(_on_device(be, unet[0]), np.arange(256, dtype=np.float32))
+    assert be._ahead is None and be.last_ahead[0] == 3 * 1024
+
+
+def test_a_failed_upload_ahead_leaves_no_weight_unuploaded(caplog):
+    be = _cuda_backend_without_gpu()
+    unet = [_weight(300 + i) for i in range(4)]
+    be.device.fail_at = 2
+    be.upload_ahead(unet, max_bytes=1 << 30)
+    with caplog.at_level("WARNING", logger="sdrt.cuda"):
+        assert be.preload_weights(unet) == sum(w.nbytes for w in unet[1:])
+    assert "uploading weights ahead stopped after" in caplog.text and "LAUNCH_FAILED" in caplog.text
+    assert len(be.device.allocator.live) == 4              # the failed one's block was given back
+    for w in unet:
+        assert np.array_equal(_on_device(be, w), np.arange(w.ne[0], dtype=np.float32))
+
+
+def test_release_keeps_the_weights_sent_ahead_for_the_next_stage():
+    be = _cuda_backend_without_gpu()
+    file_map = np.arange(3000, dtype=np.float32).view(np.uint8)   # one file holds both models
+    file_map.flags.writeable = False
+    te = Tensor.from_buffer(file_map, "F32", (1000,))
+    unet = [Tensor.from_buffer(file_map, "F32", (1000,), offset=4000), Tensor.from_buffer(file_map, "F32", (1000,), offset=8000)]
+    _on_device(be, te)
+    be.upload_ahead(unet, max_bytes=1 << 30)
+    assert be.release_weights(keep=unet) == te.nbytes       # the text encoder's copy only
+    assert be.weight_bytes() == 8000 and len(be.device.allocator.live) == 2
+    uploads = len(be.device.uploads)
+    assert be.preload_weights(unet) == 0 and len(be.device.uploads) == uploads
+
+
+def test_pipeline_sends_ahead_at_most_what_keeps_the_device_within_the_sampling_weights(monkeypatch, caplog):
+    from sdrt.engine.pipeline import Pipeline
+    DM, TE = "model.diffusion_model.", "cond_stage_model.transformer."
+    tab = {DM + "a.weight": _weight(400), DM + "b.weight": _weight(300), TE + "c.weight": _weight(200),
+           "first_stage_model.d.weight": _weight(50)}
+    sent, released = [], []
+    fake = SimpleNamespace(upload_ahead=lambda ts, room: sent.append((ts, room)),
+                           release_weights=lambda keep=(): released.append(keep) or 0,
+                           preload_weights=lambda ts: 0, last_ahead=(3 << 20, 0.25))
+    monkeypatch.setitem(backends._BACKENDS, "cuda9", fake)
+    pipe = Pipeline.__new__(Pipeline)
+    pipe.models, pipe.one_shot = SimpleNamespace(tensors=tab), True
+    pipe.executors = {"diffusion": "cuda9", "te": "cuda9", "vae": "cuda9"}
+    pipe.upload_weights_ahead(("diffusion", "controlnet"), beside=("te",))
+    assert sent == [([tab[DM + "a.weight"], tab[DM + "b.weight"]], (700 - 200) * 4)]
+    pipe.release_device_stage("te")                      # the text encoders' stage ends
+    assert released == [sent[0][0]]                      # ... keeping what went ahead
+    with caplog.at_level("INFO", logger="sdrt"):
+        pipe.upload_device_weights("diffusion", "controlnet")
+    assert "3.0 MB more uploaded beside the conditioning in 0.25s" in caplog.text
+    pipe.release_device_stage("diffusion")
+    assert released[-1] == ()                            # nothing ahead any more: all of it goes
+    # the text encoders on another device (or the CPU): all of the diffusion model goes ahead
+    sent.clear()
+    pipe.executors["te"] = "cpu"
+    pipe.upload_weights_ahead(("diffusion",), beside=("te",))
+    assert sent[0][1] == 700 * 4
+    # a text encoder as large as the diffusion model (T5-XXL beside a small DiT): nothing ahead
+    sent.clear()
+    pipe.executors["te"] = "cuda9"
+    tab[TE + "e.weight"] = _weight(600)
+    pipe.upload_weights_ahead(("diffusion",), beside=("te",))
+    assert sent == []
+    del tab[TE + "e.weight"]
+    monkeypatch.setenv("SDRT_UPLOAD_AHEAD", "0")
+    pipe.upload_weights_ahead(("diffusion",), beside=("te",))
+    assert sent == []

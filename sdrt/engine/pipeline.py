@@ -315,6 +315,7 @@ class Pipeline(StageWeights):
         latents.ref_latents = self.encode_ref_images(gp, size, ctx_rng, latents.ref_pixels)
         control = self.control_hint(gp, size)
         t_cond = time.time()
+        self.upload_weights_ahead(("diffusion", "controlnet"), beside=("te",))
         passes = self.conditions(replace(gp, prompt=cond_prompt), size.width, size.height, guidance,
                                  latents)                                   # 5. conditioning
         log.info("get_learned_condition completed, taking %.2fs", time.time() - t_cond)

@@ -5,6 +5,7 @@ their file pages dropped after a CPU stage. The Pipeline's methods for these (a 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 log = logging.getLogger("sdrt")
@@ -34,42 +35,76 @@ class StageWeights:
         residency manager) before their model first runs, as sd-cli does at load: the first step
         of the sampling loop then costs what the others do. Left out, for their first use: the
         parts of split diffusers tensors (the model joins them into new tensors) and the weights
-        with a run-time LoRA (the model may multiply by a folded copy). Returns the bytes uploaded."""
-        if self.models is None:
-            return 0
-        from ..models.common import RUNTIME_LORA
-        from ..models.names import split_part_names
+        with a run-time LoRA (the model may multiply by a folded copy). Waits for what
+        upload_weights_ahead started. Returns the bytes uploaded."""
         from ..ops.backend import get_backend
-        from .placement import classify_tensor
-        groups = self._gpus_keeping_weights(components)
-        total, skip = 0, split_part_names(self.models.tensors) if groups else set()
-        for dev, comps in groups.items():
-            ts = [t for n, t in self.models.tensors.items()
-                  if classify_tensor(n) in comps and n not in skip and t not in RUNTIME_LORA]
+        total = 0
+        for dev, ts in self._device_weight_tensors(components).items():
             be = get_backend(dev)
             staging = getattr(getattr(be, "memory", None), "staging_times", None)
             t0, before = time.time(), staging() if staging else None
             n = be.preload_weights(ts)
-            if n:
+            ahead = self._sent_ahead().pop(dev, None) is not None and getattr(be, "last_ahead", None)
+            if n or ahead:
                 how = ""
                 if before is not None:      # where the host's time went (the CUDA backend's staging ring)
                     after = staging()
                     how = f" (host copies {after[0] - before[0]:.2f}s, waits for the DMA {after[1] - before[1]:.2f}s)"
-                log.info("%s weights uploaded to %s: %.1f MB in %.2fs%s", "/".join(comps), dev, n / 2**20,
+                if ahead:
+                    how += f"; {ahead[0] / 2**20:.1f} MB more uploaded beside the conditioning in {ahead[1]:.2f}s"
+                log.info("%s weights uploaded to %s: %.1f MB in %.2fs%s", "/".join(components), dev, n / 2**20,
                          time.time() - t0, how)
             total += n
         return total
 
+    def upload_weights_ahead(self, components, beside) -> None:
+        """Before the stage of `beside` (the text encoders) starts, let each GPU keeping its
+        weights start uploading those of `components` (the diffusion model) on a thread of the
+        backend's own (upload_ahead), so that the copies run beside that stage's first run, whose
+        time is mostly the host's. At most the bytes of `components` less those of `beside`
+        on that device are uploaded ahead: the device then never holds more weights than the
+        later stage does, and the process peak stays that stage's. SDRT_UPLOAD_AHEAD=0: none."""
+        if os.environ.get("SDRT_UPLOAD_AHEAD", "1") == "0":
+            return
+        from ..ops.backend import get_backend
+        sizes = {dev: sum(t.owner.span_bytes() for t in ts)
+                 for dev, ts in self._device_weight_tensors(beside).items()}
+        for dev, ts in self._device_weight_tensors(components).items():
+            room = sum(t.owner.span_bytes() for t in ts) - sizes.get(dev, 0)
+            if room > 0:
+                get_backend(dev).upload_ahead(ts, room)
+                self._sent_ahead()[dev] = ts
+
+    def _sent_ahead(self) -> dict:
+        """{device: the tensors upload_weights_ahead sent there, until upload_device_weights}."""
+        return self.__dict__.setdefault("_ahead_tensors", {})
+
+    def _device_weight_tensors(self, components) -> dict[str, list]:
+        """{device: the tensors upload_device_weights uploads} for the `components` computing on
+        GPUs that keep their weights."""
+        if self.models is None:
+            return {}
+        from ..models.common import RUNTIME_LORA
+        from ..models.names import split_part_names
+        from .placement import classify_tensor
+        groups = self._gpus_keeping_weights(components)
+        skip = split_part_names(self.models.tensors) if groups else set()
+        return {dev: [t for n, t in self.models.tensors.items()
+                      if classify_tensor(n) in comps and n not in skip and t not in RUNTIME_LORA]
+                for dev, comps in groups.items()}
+
     def release_device_stage(self, *components: str) -> int:
         """A one-shot pipeline (`one_shot`, the CLI) after the stage of `components`: each GPU they
-        computed on without a residency manager drops its cached weights and every graph's device
-        memory, given back to the driver (backend.release_weights; what a later stage reads is
-        uploaded again, as the diffusion model is anyway), so that the process peak is its largest
-        stage's, as sd-cli frees each stage's buffers. Returns the weight bytes freed."""
+        computed on without a residency manager drops its cached weights (but those uploaded
+        ahead for the next stage) and every graph's device memory, given back to the driver
+        (backend.release_weights; what a later stage reads is uploaded again, as the diffusion
+        model is anyway), so that the process peak is its largest stage's, as sd-cli frees each
+        stage's buffers. Returns the weight bytes freed."""
         if not self.one_shot:
             return 0
         from ..ops.backend import get_backend
-        return sum(get_backend(d).release_weights() for d in self._gpus_keeping_weights(components))
+        return sum(get_backend(d).release_weights(keep=self._sent_ahead().get(d, ()))
+                   for d in self._gpus_keeping_weights(components))
 
     def _gpus_keeping_weights(self, components) -> dict[str, list[str]]:
         """{device: those of `components` computing there} for the devices that keep the weights

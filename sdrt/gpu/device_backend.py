@@ -43,6 +43,8 @@ def node_addresses(plan, arena: int, cross: int, outputs) -> dict[int, int]:
 class GraphStates:
     """The graph-state bookkeeping of a device backend (a mixin: call `_init_states()`)."""
 
+    last_ahead: tuple[int, float] | None = None   # (bytes, seconds) of the last upload_ahead joined
+
     def _init_states(self) -> None:
         self._states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._lock = threading.RLock()
@@ -59,9 +61,11 @@ class GraphStates:
     def preload_weights(self, tensors) -> int:
         """Upload the weights among `tensors` now, into the same cache a graph's first run fills
         on first use (the backend's weight_ptr), so that the first sampling step does not pay for
-        them, as sd-cli loads its weights before sampling; returns the bytes uploaded."""
+        them, as sd-cli loads its weights before sampling; returns the bytes uploaded here (an
+        upload ahead's are waited for, not counted)."""
         with self._lock:
             self._activate()
+            self._join_ahead()
             before = self.weight_bytes()
             for t in tensors:
                 o = t.owner
@@ -70,24 +74,34 @@ class GraphStates:
             self._finish_uploads()
             return self.weight_bytes() - before
 
-    def _drop_weights(self, storages) -> None:
-        """Free the cached device copies of the weights over these host storages (None: all)."""
+    def upload_ahead(self, tensors, max_bytes: int) -> None:
+        """Start uploading the weights among `tensors` (at most `max_bytes`) beside the caller's
+        next runs on this device. A backend whose weight cache takes uploads from a second thread
+        does (CUDA); the default does nothing, leaving them to preload_weights."""
+
+    def _join_ahead(self) -> None:
+        """Wait for upload_ahead's work to land (the default has none)."""
+
+    def _drop_weights(self, leaves, keep) -> None:
+        """Free the cached device copies of these weight leaves (None: all) but `keep`'s."""
         raise NotImplementedError
 
-    def release_weights(self, tensors=None) -> int:
-        """Free the device copies of these weights (None: every cached weight) and every graph's
-        device state (a captured graph holds the weights' addresses), and give the freed memory
-        back to the driver; a later run uploads what it reads again. A one-shot pipeline calls
-        this when a stage is done with its model (sd-cli frees each stage's buffers too). Returns
-        the weight bytes freed."""
+    def release_weights(self, tensors=None, keep=()) -> int:
+        """Free the device copies of these weights (None: every cached weight) but those of `keep`,
+        and every graph's device state (a captured graph holds the weights' addresses), and give
+        the freed memory back to the driver; a later run uploads what it reads again. A one-shot
+        pipeline calls this when a stage is done with its model (sd-cli frees each stage's buffers
+        too), keeping the next stage's uploaded ahead. Returns the weight bytes freed."""
         from ..ops.tensor import Tensor
+
+        def leaves(ts):   # with their storage: a lazy leaf never filled has no device copy
+            return [t.owner for t in ts if Tensor.storage.__get__(t.owner) is not None]
         with self._lock:
             self._activate()
+            self._join_ahead()
             before = self.weight_bytes()
             self.release_graphs()
-            storages = None if tensors is None else \
-                [s for s in (Tensor.storage.__get__(t.owner) for t in tensors) if s is not None]  # never fills a lazy leaf
-            self._drop_weights(storages)
+            self._drop_weights(None if tensors is None else leaves(tensors), leaves(keep))
             self._after_release()
             self.memory.empty_cache()
             return before - self.weight_bytes()

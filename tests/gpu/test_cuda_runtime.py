@@ -351,3 +351,27 @@ def test_runs_from_worker_threads(cuda, rng):
     for out in results:
         assert_close_to_cpu(out, want, rtol=2e-3)
     assert_close_to_cpu(g.run(cuda), want, rtol=2e-3)
+
+
+def test_upload_ahead_beside_runs(cuda, rng):
+    """The diffusion model's weights uploaded from the backend's own thread while the main thread
+    runs a graph (the text encoder's): both graphs match the CPU, the run's weights are its own
+    first-use uploads, release_weights(keep=...) keeps the ones sent ahead, and preload_weights
+    then uploads only what did not fit the ahead budget."""
+    holder = np.empty((3, 5, 32), np.float32)
+    te = small_graph(rng, holder)
+    require_kernels(cuda, te)
+    big = [weight(rng.standard_normal((2560, 2048 + 64 * i)).astype(np.float16)) for i in range(3)]  # 10-11 MB
+    unet = Graph({f"y{i}": F.mul_mat(w, Tensor.from_numpy(rng.standard_normal((2, 2048 + 64 * i)).astype(np.float32)))
+                  for i, w in enumerate(big)})
+    room = big[0].nbytes + big[1].nbytes
+    cuda.upload_ahead(big, room)
+    for _ in range(3):
+        holder[...] = rng.standard_normal(holder.shape)
+        assert_close_to_cpu(te.run(cuda), te.run("cpu"), rtol=2e-3)
+    cuda.release_weights(keep=big)                       # the text encoder's stage ends: all else goes
+    assert cuda.last_ahead[0] == room and cuda.weight_bytes() == room
+    assert cuda.preload_weights(big) == big[2].nbytes
+    assert_close_to_cpu(unet.run(cuda), unet.run("cpu"), rtol=2e-3)
+    cuda.release_weights(big)
+    assert cuda.weight_bytes() == 0

@@ -27,8 +27,10 @@
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import threading
 import time
 import weakref
 
@@ -56,7 +58,8 @@ def _address(storage: np.ndarray) -> int:
 class _LiveStorages:
     """Numpy storages grouped by the address of their first byte, alive ones only: several
     Tensor.from_numpy wrappers of one array share an address (and one device copy). When the last
-    storage of an address is garbage, `on_gone(address)` runs."""
+    storage of an address is garbage, `on_gone(address)` runs (in whatever thread the finaliser
+    runs: it takes no lock)."""
 
     def __init__(self, on_gone=None):
         self.on_gone = on_gone
@@ -80,6 +83,20 @@ class _LiveStorages:
                 del self._by_addr[addr]
                 if self.on_gone is not None:
                     self.on_gone(addr)
+
+
+class _AheadUpload:
+    """One CudaBackend.upload_ahead: the leaves to upload, what its thread has done."""
+
+    def __init__(self, leaves: list, max_bytes: int):
+        self.leaves, self.max_bytes = leaves, int(max_bytes)
+        self.keys: set = set()      # the weight-cache keys it allocated
+        self.bytes = 0
+        self.event = None           # its last upload's
+        self.error: Exception | None = None
+        self.seconds = 0.0
+        self.stop = False
+        self.thread: threading.Thread | None = None
 
 
 class _GraphState:
@@ -209,14 +226,22 @@ class CudaBackend(GraphStates):
         self.rt = CudaRuntime(self.device)
         self.memory = self.rt.memory
         self.families = import_families(ops)
-        self._weights: dict[tuple[int, int, int], int] = {}   # (storage address, offset, span) -> ptr
-        self._weight_storages = _LiveStorages(self._storage_gone)
-        self._registered = _LiveStorages()
         self._init_states()
-        self._pending_upload = None   # event of the last weight upload on the copy stream
+        self._init_weight_cache()
         self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"
         self.store_half = os.environ.get("SDRT_CUDA_HALF", "1") != "0"
         self.half_layout = os.environ.get("SDRT_CUDA_HALF_LAYOUT", "1") != "0"
+
+    def _init_weight_cache(self) -> None:
+        self._weights: dict[tuple[int, int, int], int] = {}   # (storage address, offset, span) -> ptr
+        # the weight cache's check-and-insert, shared with an upload ahead (taken before the
+        # allocator's lock; a finaliser's _storage_gone takes neither)
+        self._weights_lock = threading.RLock()
+        self._weight_storages = _LiveStorages(self._storage_gone)
+        self._registered = _LiveStorages()
+        self._pending_upload = None   # event of the last weight upload on the copy stream
+        self._first_use_bytes = 0     # bytes weight_ptr has uploaded (for the run logs)
+        self._ahead: _AheadUpload | None = None
 
     def __repr__(self):
         return f"CudaBackend({self.name}: {self.device.info.describe()})"
@@ -241,21 +266,91 @@ class CudaBackend(GraphStates):
         """Device address of the cached copy of weight leaf `leaf` (uploaded on first use on
         the copy stream; the compute stream waits for it before its next launch)."""
         st = leaf.storage
-        addr = self._weight_storages.add(st)
         off, size = _span(leaf)
-        key = (addr, off, size)
-        ptr = self._weights.get(key)
-        if ptr is None:
-            ptr = self.device.allocator.alloc(size, fit=True)
+        with self._weights_lock:
+            key = (self._weight_storages.add(st), off, size)
+            ptr = self._weights.get(key)
+            fresh = ptr is None
+            if fresh:
+                ptr = self._weights[key] = self.device.allocator.alloc(size, fit=True)
+            ahead = self._ahead is not None and key in self._ahead.keys
+        if fresh:
             self._pending_upload = self.memory.upload(ptr, st[off:off + size], "copy")
-            self._weights[key] = ptr
+            self._first_use_bytes += size
+        elif ahead:          # the upload ahead has it (in flight, maybe not yet enqueued)
+            self._join_ahead()
         return ptr
+
+    # ---- uploading the next stage's weights beside this one's compute ---------------------------
+    def upload_ahead(self, tensors, max_bytes: int) -> None:
+        """Upload the weights among `tensors`, in order and at most `max_bytes` of them, from a
+        thread of its own (own staging ring, the copy stream) while the caller goes on computing
+        on this device: the diffusion model's weights beside the text encoder's first run, whose
+        time is mostly the host's. preload_weights, release_weights and a run reading one of
+        them wait for it; a failure there is logged and leaves the rest to the usual upload."""
+        self._join_ahead()
+        job = self._ahead = _AheadUpload([t.owner for t in tensors], max_bytes)
+        job.thread = threading.Thread(target=self._upload_ahead, args=(job,), name=f"sdrt-{self.name}-ahead",
+                                      daemon=True)
+        job.thread.start()
+
+    def _upload_ahead(self, job: "_AheadUpload") -> None:
+        t0 = time.perf_counter()
+        try:
+            self.device.activate()
+            for o in job.leaves:
+                if job.stop:
+                    break
+                if o.op is not None or o.storage is None or self.is_input(o):
+                    continue
+                st = o.storage
+                off, size = _span(o)
+                if job.bytes + size > job.max_bytes:
+                    continue
+                with self._weights_lock:
+                    key = (self._weight_storages.add(st), off, size)
+                    if key in self._weights:
+                        continue
+                    ptr = self._weights[key] = self.device.allocator.alloc(size, fit=True)
+                    job.keys.add(key)
+                try:
+                    job.event = self.memory.upload(ptr, st[off:off + size], "copy", ring="ahead")
+                except BaseException:
+                    with self._weights_lock:      # never leave a cached weight that was not uploaded
+                        self._weights.pop(key, None)
+                        job.keys.discard(key)
+                    self.device.allocator.free(ptr)
+                    raise
+                job.bytes += size
+            if job.event is not None:
+                job.event.synchronize()
+        except Exception as e:  # noqa: BLE001  (the weights left are uploaded on first use, as without it)
+            job.error = e
+        job.seconds = time.perf_counter() - t0
+
+    def _join_ahead(self) -> None:
+        """Wait until the upload ahead (if any) has landed on the device."""
+        job = self._ahead
+        if job is None or job.thread is threading.current_thread():
+            return
+        t0 = time.perf_counter()
+        job.thread.join()
+        if job.event is not None:     # what it enqueued before a failure has landed too
+            job.event.synchronize()
+        self._ahead = None
+        self.last_ahead = (job.bytes, job.seconds)
+        if job.error is not None:
+            log.warning("%s: uploading weights ahead stopped after %.1f MB (%s); the rest upload on first use",
+                        self.name, job.bytes / 2**20, job.error)
+        log.debug("%s: %.1f MB of weights uploaded ahead in %.2f s (%.2f s of it waited for here)", self.name,
+                  job.bytes / 2**20, job.seconds, time.perf_counter() - t0)
 
     def refresh_weights(self, tensors) -> int:
         """Re-upload the cached device copies of these tensors' storages in place (same
         addresses, so captured graphs stay valid). Returns the bytes uploaded."""
         with self._lock:
             self.device.activate()
+            self._join_ahead()
             done, seen = 0, set()
             for t in (tensors.values() if hasattr(tensors, "values") else tensors):
                 st = t.owner.storage
@@ -281,20 +376,28 @@ class CudaBackend(GraphStates):
             self._pending_upload = None
 
     def _storage_gone(self, addr: int) -> None:
-        """The last live storage over `addr` is garbage: its device copies go too."""
-        for key in [k for k in self._weights if k[0] == addr]:
-            ptr = self._weights.pop(key)
+        """The last live storage over `addr` is garbage: its device copies go too. A finaliser
+        calls this in any thread, so no lock: list() of the dict and pop are atomic under the GIL."""
+        for key in list(self._weights):
+            if key[0] == addr:
+                self._drop_key(key)
+
+    def _drop_key(self, key) -> None:
+        ptr = self._weights.pop(key, None)
+        if ptr is not None:
             self.device.defer(lambda p=ptr: self.device.allocator.free(p))
 
-    def _drop_weights(self, storages) -> None:
-        if storages is None:
-            for addr in {k[0] for k in self._weights}:
-                self._storage_gone(addr)
-        for st in storages or ():
-            self._storage_gone(_address(st))
+    def _drop_weights(self, leaves, keep) -> None:
+        def spans(ls):
+            return {(_address(o.storage), *_span(o)) for o in ls}
+        drop, kept = None if leaves is None else spans(leaves), spans(keep)
+        with self._weights_lock:
+            for key in [k for k in self._weights if (drop is None or k in drop) and k not in kept]:
+                self._drop_key(key)
 
     def weight_bytes(self) -> int:
-        return sum(k[2] for k in self._weights)
+        with self._weights_lock:
+            return sum(k[2] for k in self._weights)
 
     # ---- running -------------------------------------------------------------------------------
     def run_graph(self, graph, plan, on_segment=None, residency=None) -> dict:
@@ -311,7 +414,7 @@ class CudaBackend(GraphStates):
         if residency is not None:
             residency.begin_graph(plan, self.rt.scratch_capacity)
         timing = log.isEnabledFor(logging.DEBUG)
-        uploaded = self.weight_bytes() if timing else 0
+        uploaded = self._first_use_bytes
         state = self._states.get(graph)
         if state is None or state.plan is not plan:
             state = self._states[graph] = _GraphState(self, graph, plan, residency)
@@ -348,7 +451,7 @@ class CudaBackend(GraphStates):
         stream.synchronize()
         result = self._collect(graph, state)
         if debug or timing:
-            uploaded = self.weight_bytes() - uploaded if timing else 0
+            uploaded = self._first_use_bytes - uploaded
             t1 = time.perf_counter()
             log.log(logging.INFO if debug else logging.DEBUG, "%s: run %d of %d nodes: %s, %.2f ms (%.2f of them "
                     "waiting for the device at the end)%s", self.name, state.runs, len(graph.nodes), how,
@@ -484,6 +587,17 @@ class CudaBackend(GraphStates):
 
 
 _BACKENDS: dict[int, CudaBackend] = {}
+
+
+@atexit.register
+def _stop_uploads_ahead():
+    """At exit (after a failed run, say) an upload ahead stops at its next weight, before the
+    driver's own clean-up (registered earlier, so run later) frees anything."""
+    for be in _BACKENDS.values():
+        job = be._ahead
+        if job is not None and job.thread is not None:
+            job.stop = True
+            job.thread.join()
 
 
 def get(index: int = 0) -> CudaBackend:

@@ -349,10 +349,12 @@ class CachingAllocator:
     records an event on the compute stream; when it is handed out again before that event has
     passed, the copy stream waits on it, so a prefetch on the copy stream never overwrites memory
     that queued compute work still reads. Compute-stream reuse is ordered by the stream itself.
+    Thread-safe: a weight upload ahead (CudaBackend.upload_ahead) allocates beside a run.
     """
 
     def __init__(self, device: CudaDevice):
         self.device = device
+        self._lock = threading.RLock()
         self._free: dict[int, list[tuple[int, object]]] = {}  # class size -> [(ptr, event)]
         self._live: dict[int, int] = {}                        # ptr -> class size
         self.in_use = 0
@@ -378,18 +380,19 @@ class CachingAllocator:
         if nbytes < 0:
             raise ValueError(f"cannot allocate {nbytes} bytes")
         size = self.fit_size(nbytes) if fit else self.round_size(nbytes)
-        bucket = self._free.get(size)
-        if bucket:
-            ptr, ev = bucket.pop()
-            self.cached -= size
-            if ev is not None and not ev.query():
-                self.device.copy.wait_for_event(ev)
-        else:
-            ptr = self._cu_alloc(nbytes, size)
-        self._live[ptr] = size
-        self.in_use += size
-        self.peak = max(self.peak, self.in_use)
-        return ptr
+        with self._lock:
+            bucket = self._free.get(size)
+            if bucket:
+                ptr, ev = bucket.pop()
+                self.cached -= size
+                if ev is not None and not ev.query():
+                    self.device.copy.wait_for_event(ev)
+            else:
+                ptr = self._cu_alloc(nbytes, size)
+            self._live[ptr] = size
+            self.in_use += size
+            self.peak = max(self.peak, self.in_use)
+            return ptr
 
     def _cu_alloc(self, nbytes: int, size: int) -> int:
         dev = self.device
@@ -412,25 +415,27 @@ class CachingAllocator:
         return p.value
 
     def free(self, ptr: int) -> None:
-        size = self._live.pop(ptr, None)
-        if size is None:
-            raise ValueError(f"cuda{self.device.index}: free of {ptr:#x}, which this allocator did not hand out")
-        self.in_use -= size
-        ev = None if self.device.capturing else self.device.event("compute")
-        self._free.setdefault(size, []).append((ptr, ev))
-        self.cached += size
+        with self._lock:
+            size = self._live.pop(ptr, None)
+            if size is None:
+                raise ValueError(f"cuda{self.device.index}: free of {ptr:#x}, which this allocator did not hand out")
+            self.in_use -= size
+            ev = None if self.device.capturing else self.device.event("compute")
+            self._free.setdefault(size, []).append((ptr, ev))
+            self.cached += size
 
     def empty_cache(self) -> None:
         """Give every cached (free) block back to the driver."""
-        if not self.cached:
-            return
-        dev = self.device
-        dev.activate()
-        for bucket in self._free.values():
-            for ptr, _ in bucket:
-                check(dev.lib.cuMemFree_v2(ptr), "cuMemFree")
-        self._free.clear()
-        self.cached = 0
+        with self._lock:
+            if not self.cached:
+                return
+            dev = self.device
+            dev.activate()
+            for bucket in self._free.values():
+                for ptr, _ in bucket:
+                    check(dev.lib.cuMemFree_v2(ptr), "cuMemFree")
+            self._free.clear()
+            self.cached = 0
 
     def stats(self) -> dict:
         return {"in_use": self.in_use, "peak": self.peak, "cached": self.cached,

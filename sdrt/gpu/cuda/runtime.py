@@ -226,11 +226,12 @@ class DeviceMemory:
         self.device.activate()
         self.device.allocator.free(ptr)
 
-    def _ring(self, stream: str) -> StagingRing:
-        ring = self._rings.get(stream)
-        if ring is None:
-            ring = self._rings[stream] = StagingRing(self.device, self.device.stream(stream))
-        return ring
+    def _ring(self, stream: str, ring: str | None = None) -> StagingRing:
+        key = ring or stream
+        r = self._rings.get(key)
+        if r is None:
+            r = self._rings[key] = StagingRing(self.device, self.device.stream(stream))
+        return r
 
     def pinned_pool(self) -> PinnedPool:
         """A pool of pinned host copies (the residency manager's, for --offload-to-cpu) holding at
@@ -238,11 +239,12 @@ class DeviceMemory:
         self.device.activate()
         return PinnedPool(self.device, (mem_available() or 0) // 2)
 
-    def upload(self, ptr: int, host_u8, stream: str = "compute"):
+    def upload(self, ptr: int, host_u8, stream: str = "compute", ring: str | None = None):
         """Host bytes -> device at ptr, enqueued on `stream`; returns an event that passes when
-        the copy is done. The host array may change as soon as this returns."""
+        the copy is done. The host array may change as soon as this returns. `ring` names a
+        staging ring of its own (another thread's uploads; default: the stream's)."""
         self.device.activate()
-        return self._ring(stream).upload(ptr, host_u8)
+        return self._ring(stream, ring).upload(ptr, host_u8)
 
     def staging_times(self) -> tuple[float, float]:
         """Seconds the host has spent, over every upload so far, copying into the pinned staging

@@ -403,9 +403,11 @@ class VulkanBackend(GraphStates):
         if hit is not None:
             self.device.free(hit[0])
 
-    def _drop_weights(self, storages) -> None:
-        ids = None if storages is None else {id(s) for s in storages}
-        for key in [k for k in self._weights if ids is None or k[0] in ids]:
+    def _drop_weights(self, leaves, keep) -> None:
+        def spans(ls):
+            return {(id(o.storage), o.offset, o.span_bytes()) for o in ls}
+        drop, kept = None if leaves is None else spans(leaves), spans(keep)
+        for key in [k for k in self._weights if (drop is None or k in drop) and k not in kept]:
             self._drop_weight(key)
 
     def weight_bytes(self) -> int:

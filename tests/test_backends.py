@@ -117,3 +117,17 @@ def test_an_image_command_warms_its_gpu_up_before_parsing(argv, spec, monkeypatc
     monkeypatch.setattr(B, "warm_up", seen.append)
     cli._early_warm_up(argv)
     assert seen == ([] if spec == "none" else [spec])
+
+
+def test_the_cuda_warm_up_reports_its_phases(monkeypatch):
+    """The CUDA backend's debug line says how long each warm-up phase took and whether the driver
+    was ready when the backend was first asked for (the first-step timeline, issue 18)."""
+    import sdrt.gpu.cuda as cuda
+    monkeypatch.setattr(cuda, "_WARM", {})
+    assert cuda.warm_up_report(0, 5.0) == "no warm-up thread ran"
+    cuda._WARM[0] = {"start": 1.0, "cuInit": 1.4, "NVML": 1.43, "context": 1.5}
+    assert cuda.warm_up_report(0, 1.2) == ("started 200 ms before, cuInit 400 ms, NVML 30 ms, context 70 ms; "
+                                           "ready 300 ms after the backend was asked for")
+    assert cuda.warm_up_report(0, 1.6).endswith("ready 100 ms before it was asked for")
+    cuda._WARM[0] = {"start": 1.0, "cuInit": 1.4}          # cuInit failed: no later phase
+    assert cuda.warm_up_report(0, 1.0) == "started 0 ms before, cuInit 400 ms; ready 400 ms after the backend was asked for"

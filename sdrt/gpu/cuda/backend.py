@@ -221,8 +221,10 @@ class CudaBackend(GraphStates):
         self.name = f"cuda{index}"
         t0 = time.perf_counter()
         self.device = CudaDevice(index)
-        log.debug("%s: context and streams in %.1f ms (device use %.0f MiB)", self.name,
-                  (time.perf_counter() - t0) * 1e3, self.device.used_mib())
+        if log.isEnabledFor(logging.DEBUG):
+            from . import warm_up_report
+            log.debug("%s: context and streams in %.1f ms (device use %.0f MiB); driver warm-up: %s", self.name,
+                      (time.perf_counter() - t0) * 1e3, self.device.used_mib(), warm_up_report(index, t0))
         self.rt = CudaRuntime(self.device)
         self.memory = self.rt.memory
         self.families = import_families(ops)

@@ -269,19 +269,27 @@ class CudaBackend(GraphStates):
         the copy stream; the compute stream waits for it before its next launch)."""
         st = leaf.storage
         off, size = _span(leaf)
-        with self._weights_lock:
-            key = (self._weight_storages.add(st), off, size)
-            ptr = self._weights.get(key)
-            fresh = ptr is None
-            if fresh:
-                ptr = self._weights[key] = self.device.allocator.alloc(size, fit=True)
-            ahead = self._ahead is not None and key in self._ahead.keys
+        key, ptr, fresh = self._cache_slot(st, off, size)
         if fresh:
             self._pending_upload = self.memory.upload(ptr, st[off:off + size], "copy")
             self._first_use_bytes += size
-        elif ahead:          # the upload ahead has it (in flight, maybe not yet enqueued)
+        elif self._ahead is not None and key in self._ahead.keys:   # in flight ahead, maybe not enqueued yet
             self._join_ahead()
         return ptr
+
+    def _cache_slot(self, st, off: int, size: int, claim: set | None = None) -> tuple[tuple, int, bool]:
+        """(key, device address, made now) of the weight cache's entry for these bytes, allocated
+        when missing; the caller uploads into a new one. A new key also goes into `claim` (under the
+        same lock, so another thread finding it knows whose upload it waits for)."""
+        with self._weights_lock:
+            key = (self._weight_storages.add(st), off, size)
+            ptr = self._weights.get(key)
+            if ptr is not None:
+                return key, ptr, False
+            ptr = self._weights[key] = self.device.allocator.alloc(size, fit=True)
+            if claim is not None:
+                claim.add(key)
+            return key, ptr, True
 
     # ---- uploading the next stage's weights beside this one's compute ---------------------------
     def upload_ahead(self, tensors, max_bytes: int) -> None:
@@ -309,12 +317,9 @@ class CudaBackend(GraphStates):
                 off, size = _span(o)
                 if job.bytes + size > job.max_bytes:
                     continue
-                with self._weights_lock:
-                    key = (self._weight_storages.add(st), off, size)
-                    if key in self._weights:
-                        continue
-                    ptr = self._weights[key] = self.device.allocator.alloc(size, fit=True)
-                    job.keys.add(key)
+                key, ptr, fresh = self._cache_slot(st, off, size, claim=job.keys)
+                if not fresh:
+                    continue
                 try:
                     job.event = self.memory.upload(ptr, st[off:off + size], "copy", ring="ahead")
                 except BaseException:

@@ -315,14 +315,16 @@ def _flag_value(argv: list, names: tuple) -> str | None:
 def _early_warm_up(argv: list) -> None:
     """An image command starts its GPU driver (ops.backend.warm_up) before the parser is built,
     whose imports take a good part of the start-up: from a quick look at argv for the mode and
-    --backend; anything else (help, convert, a device list) starts nothing."""
+    --backend; anything else (help, convert, a device list) starts nothing. When a driver starts,
+    so does engine.prepare_generation."""
     if any(a in ("-h", "--help", "--version", "--list-devices") for a in argv):
         return
     if (_flag_value(argv, ("-M", "--mode")) or "img_gen") != "img_gen":
         return
-    from .. import engine  # noqa: F401  (registers the device backends; light)
+    from .. import engine  # (registers the device backends; light)
     from ..ops.backend import warm_up
-    warm_up(_flag_value(argv, ("--backend",)))
+    if warm_up(_flag_value(argv, ("--backend",))):
+        engine.prepare_generation()     # the host's part of what follows, while the driver starts
 
 
 def run(argv=None) -> int:

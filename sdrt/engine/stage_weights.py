@@ -82,13 +82,13 @@ class StageWeights:
     def _device_weight_tensors(self, components) -> dict[str, list]:
         """{device: the tensors upload_device_weights uploads} for the `components` computing on
         GPUs that keep their weights."""
-        if self.models is None:
+        groups = self._gpus_keeping_weights(components) if self.models is not None else {}
+        if not groups:
             return {}
         from ..models.common import RUNTIME_LORA
         from ..models.names import split_part_names
         from .placement import classify_tensor
-        groups = self._gpus_keeping_weights(components)
-        skip = split_part_names(self.models.tensors) if groups else set()
+        skip = split_part_names(self.models.tensors)
         return {dev: [t for n, t in self.models.tensors.items()
                       if classify_tensor(n) in comps and n not in skip and t not in RUNTIME_LORA]
                 for dev, comps in groups.items()}

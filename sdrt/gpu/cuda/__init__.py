@@ -64,6 +64,7 @@ def devices() -> list[tuple[str, str]]:
 
 
 _WARM: dict[int, dict[str, float]] = {}   # device index -> {phase: time.perf_counter() when it ended}
+_WARM_THREADS: dict[int, object] = {}     # device index -> its warm-up thread
 
 
 def warm_up(index: int) -> None:
@@ -91,7 +92,16 @@ def warm_up(index: int) -> None:
                 stamps["context"] = time.perf_counter()
         except Exception:   # noqa: BLE001  (an optimisation only: the device's first use reports)
             pass
-    threading.Thread(target=run, name="sdrt-cuda-warm-up", daemon=True).start()
+    t = _WARM_THREADS[int(index)] = threading.Thread(target=run, name="sdrt-cuda-warm-up", daemon=True)
+    t.start()
+
+
+def wait_warm_up(index: int) -> None:
+    """Wait for device `index`'s warm-up thread, if one runs, without holding the GIL (pycuda's
+    calls that would wait for the driver's start-up inside hold it, stalling every other thread)."""
+    t = _WARM_THREADS.get(int(index))
+    if t is not None:
+        t.join()
 
 
 def warm_up_report(index: int, asked: float) -> str:

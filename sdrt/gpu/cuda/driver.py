@@ -188,6 +188,8 @@ class CudaDevice:
     """One GPU: its primary context, a compute and a copy stream, memory and kernel modules."""
 
     def __init__(self, index: int = 0):
+        from . import wait_warm_up
+        wait_warm_up(index)
         cuda = pycuda_driver()
         count = cuda.Device.count()
         if not 0 <= index < count:

@@ -29,7 +29,7 @@ fi
 DIT=$D/${VARIANT}_d$DEPTH.safetensors
 if [ ! -e "$DIT" ]; then
     python3 tools/make_sd3_checkpoint.py --variant $VARIANT --depth $DEPTH --component transformer --type f16 \
-        -o "$DIT.part" > /dev/null && mv "$DIT.part" "$DIT"
+        --jobs $J -o "$DIT.part" > /dev/null && mv "$DIT.part" "$DIT"
 fi
 echo "DiT file: $(( $(date +%s) - t0 )) s"
 if [ -n "${build:-}" ]; then
@@ -39,11 +39,11 @@ fi
 if [ -n "${CUDA:-}" ]; then
     SDRT_SD3_SHAPED_DIR=$D SDRT_SDCLI_SD3_VARIANT=$VARIANT SDRT_SDCLI_SD3_DEPTH=$DEPTH SDRT_SDCLI_THREADS=$J \
     timeout ${TEST_TIMEOUT:-540} python3 -m pytest -s -q --gpu tests/gpu/test_sd3_pipeline_cuda.py -p no:cacheprovider \
-        -k "shaped and (${TESTK:-not slg})" 2>&1 | grep -E "dB|passed|failed|Error|error" | tee "$OUT/sd3cuda.log"
+        -k "shaped and (${TESTK:-not slg})" 2>&1 | grep --line-buffered -E "dB|passed|failed|Error|error" | tee "$OUT/sd3cuda.log"
     echo "total: $(( $(date +%s) - t0 )) s"
     exit 0
 fi
 SDRT_SDCLI=$SDCLI SDRT_SDCLI_SD3_VARIANT=$VARIANT SDRT_SDCLI_SD3_DEPTH=$DEPTH SDRT_SDCLI_THREADS=$J \
 SDRT_SDCLI_SD3_DIR=$D timeout ${TEST_TIMEOUT:-540} python3 -m pytest -s -q tests/test_sd3_sdcli.py \
-    -p no:cacheprovider ${TESTK:+-k "$TESTK"} 2>&1 | grep -E "PSNR|passed|failed|Error|error" | tee "$OUT/sd3cpu.log"
+    -p no:cacheprovider ${TESTK:+-k "$TESTK"} 2>&1 | grep --line-buffered -E "PSNR|passed|failed|Error|error" | tee "$OUT/sd3cpu.log"
 echo "total: $(( $(date +%s) - t0 )) s"

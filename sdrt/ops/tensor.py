@@ -14,6 +14,8 @@ Up to 4 dims, as in ggml (GGML_MAX_DIMS); `len(ne)` is the tensor's number of di
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import OpError
@@ -120,7 +122,7 @@ class Tensor:
 
     @property
     def nelements(self) -> int:
-        return int(np.prod(self.ne, dtype=np.int64))
+        return math.prod(self.ne)      # Python ints (_check_ne): exact, and ~10x np.prod's speed
 
     @property
     def nbytes(self) -> int:
@@ -191,7 +193,7 @@ class Tensor:
         if len(ne) == 1 and isinstance(ne[0], (tuple, list)):
             ne = tuple(ne[0])
         ne = _check_ne(ne, f"reshape of {self.name or self.op or 'tensor'}")
-        if int(np.prod(ne, dtype=np.int64)) != self.nelements:
+        if math.prod(ne) != self.nelements:
             raise OpError(f"reshape: {self.ne} has {self.nelements} elements, {ne} has {int(np.prod(ne))}")
         if not self.is_contiguous():
             raise OpError(f"reshape: {self!r} is not contiguous; call .cont() first")

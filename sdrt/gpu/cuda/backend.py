@@ -508,6 +508,7 @@ class CudaBackend(GraphStates):
         timings = []
         spent: dict[str, list] = {}   # op -> [nodes, operand seconds, launch seconds]
         clock = time.perf_counter
+        gemms = rt.gemm_first_use() if host_times else None
         for k, seg in enumerate(state.layout.segments):
             if on_segment is not None:
                 on_segment(k, seg.name, seg.nodes)
@@ -538,8 +539,11 @@ class CudaBackend(GraphStates):
                 residency.end_segment(k)
         if spent:
             top = sorted(spent.items(), key=lambda kv: -(kv[1][1] + kv[1][2]))[:10]
-            log.debug("%s: first run's host time by op (nodes: operands + launch ms): %s", self.name,
-                      ", ".join(f"{op} ({c}: {a * 1e3:.1f} + {b * 1e3:.1f})" for op, (c, a, b) in top))
+            shapes, heur, first = (x - y for x, y in zip(rt.gemm_first_use(), gemms))
+            log.debug("%s: first run's host time by op (nodes: operands + launch ms): %s; of the launches, "
+                      "%d new GEMM shapes: cuBLASLt heuristics %.1f ms, their first calls %.1f ms", self.name,
+                      ", ".join(f"{op} ({c}: {a * 1e3:.1f} + {b * 1e3:.1f})" for op, (c, a, b) in top),
+                      shapes, heur * 1e3, first * 1e3)
         rt.begin_kernel()
         for _, ptr, pin in state.outputs:
             dev.dtoh_async(pin.ptr, ptr, pin.nbytes, stream)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import time
 from ctypes import POINTER, c_float, c_int, c_longlong, c_size_t, c_void_p
 from pathlib import Path
 
@@ -214,6 +215,10 @@ class Cublas:
         self._stream_workspace: dict[int, int] = {}   # stream handle -> its handle's workspace
         self._lt = None                               # the cuBLASLt handle, made on first use
         self._lt_plans: dict[tuple, object] = {}      # shape -> _LtPlan, or the error it gave
+        self._gemm_shapes: set[tuple] = set()          # the plain GEMM's shapes called so far
+        # first use, for the debug logs: new shapes, host seconds in cuBLASLt's heuristic, host
+        # seconds of each new shape's first call (a kernel cuBLAS loads on first use loads there)
+        self.new_shapes, self.heuristic_s, self.first_call_s = 0, 0.0, 0.0
         v = c_int()
         h = self.handle(device.compute)
         check(self.lib.cublasGetVersion_v2(h, ctypes.byref(v)), "cublasGetVersion")
@@ -252,11 +257,17 @@ class Cublas:
         else:
             compute = COMPUTE_32F
         one, zero = c_float(alpha), c_float(beta)
+        shape = (transa, transb, m, n, k, a_dtype, c_dtype, batch, compute)
+        t0 = time.perf_counter() if shape not in self._gemm_shapes else None
         check(self.lib.cublasGemmStridedBatchedEx(
             self.handle(stream), OP_T if transa else OP_N, OP_T if transb else OP_N, m, n, k,
             ctypes.byref(one), c_void_p(a), CUDA_TYPES[a_dtype], lda, stride_a,
             c_void_p(b), CUDA_TYPES[b_dtype], ldb, stride_b, ctypes.byref(zero),
             c_void_p(c), CUDA_TYPES[c_dtype], ldc, stride_c, batch, compute, GEMM_DEFAULT_ALGO), what)
+        if t0 is not None:
+            self._gemm_shapes.add(shape)
+            self.new_shapes += 1
+            self.first_call_s += time.perf_counter() - t0
 
     def gemm_bias(self, stream, transa: bool, transb: bool, m: int, n: int, k: int,
                   a: int, a_dtype: str, lda: int, b: int, b_dtype: str, ldb: int, c: int, ldc: int,
@@ -281,7 +292,9 @@ class Cublas:
         align = tuple(_alignment(p) for p in (a, b, src_c, c))
         key = (transa, transb, m, n, k, a_dtype, lda, ldb, c_dtype, ldc, align, gelu)
         plan = self._lt_plans.get(key)
+        t0 = None
         if plan is None:
+            t0 = time.perf_counter()
             try:
                 plan = _LtPlan(lt, self._lt, transa, transb, m, n, k, CUDA_TYPES[a_dtype], lda, ldb,
                                CUDA_TYPES[c_dtype], ldc, WORKSPACE_BYTES, align,
@@ -293,6 +306,9 @@ class Cublas:
                     raise
                 plan = UnsupportedError(str(e))   # a GELU epilogue refused: the caller runs it unfused
             self._lt_plans[key] = plan
+            t1 = time.perf_counter()
+            self.new_shapes += 1
+            self.heuristic_s += t1 - t0
         if isinstance(plan, Exception):
             raise UnsupportedError(str(plan))
         ptr = c_void_p(bias)
@@ -303,6 +319,8 @@ class Cublas:
                                 ctypes.byref(beta), c_void_p(src_c), plan.c, c_void_p(c), plan.c, c_void_p(plan.algo),
                                 c_void_p(self._stream_workspace[stream.handle]), WORKSPACE_BYTES,
                                 c_void_p(stream.handle)), f"cuBLASLt bias GEMM m={m} n={n} k={k}")
+        if t0 is not None:
+            self.first_call_s += time.perf_counter() - t1
 
     def close(self) -> None:
         if self._lt is not None:

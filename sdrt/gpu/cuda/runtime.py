@@ -185,6 +185,12 @@ class CudaRuntime:
         self.cublas.gemm_bias(self.stream, transa, transb, m, n, k, a, a_dtype, lda, b, b_dtype, ldb, c, ldc,
                               bias, c_dtype=c_dtype, residual=residual, gelu=gelu)
 
+    def gemm_first_use(self) -> tuple[int, float, float]:
+        """(new GEMM shapes, host seconds in cuBLASLt heuristics, host seconds of their first
+        calls) so far (Cublas's counters; zeros before cuBLAS is loaded)."""
+        c = self._cublas
+        return (c.new_shapes, c.heuristic_s, c.first_call_s) if c is not None else (0, 0.0, 0.0)
+
     @property
     def cublas(self) -> Cublas:
         if self._cublas is None:

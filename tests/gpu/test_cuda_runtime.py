@@ -375,3 +375,27 @@ def test_upload_ahead_beside_runs(cuda, rng):
     assert_close_to_cpu(unet.run(cuda), unet.run("cpu"), rtol=2e-3)
     cuda.release_weights(big)
     assert cuda.weight_bytes() == 0
+
+
+def test_gemm_warm_up_replays_the_shapes_kept_by_earlier_runs(cuda, rng, tmp_path, monkeypatch, caplog):
+    """The GEMM shapes a run met go to the cache file; a warm-up thread (as a later process's
+    backend starts one with SDRT_GEMM_WARMUP=1) replays them on its own stream and handles, and
+    the runs after it still match the CPU."""
+    from sdrt.gpu.cuda import backend as B
+    from sdrt.gpu.cuda.cublas import load_shapes, shapes_file
+    monkeypatch.setenv("SDRT_CUDA_CACHE", str(tmp_path))
+    holder = np.empty((3, 5, 32), np.float32)
+    g = small_graph(rng, holder)
+    require_kernels(cuda, g)
+    holder[...] = rng.standard_normal(holder.shape)
+    want = g.run("cpu")
+    assert_close_to_cpu(g.run(cuda), want, rtol=2e-3)
+    cuda._shapes_saved = 0
+    cuda._save_gemm_shapes()
+    kept = load_shapes(shapes_file(tmp_path, cuda.device.info.arch, cuda.rt.cublas.version))
+    assert kept and set(kept) <= set(cuda.rt.cublas.seen)
+    with caplog.at_level("DEBUG", logger="sdrt.cuda"):
+        job = B._GemmWarmUp(cuda)
+        job.thread.join(60)
+    assert "GEMM shapes of earlier runs replayed ahead" in caplog.text and "warm-up stopped" not in caplog.text
+    assert_close_to_cpu(g.run(cuda), want, rtol=2e-3)

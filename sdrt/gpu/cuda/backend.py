@@ -85,6 +85,57 @@ class _LiveStorages:
                     self.on_gone(addr)
 
 
+class _GemmWarmUp:
+    """A thread replaying the GEMM shapes earlier runs kept on disk (cublas.replay_shape) on a
+    stream, cuBLAS handles and scratch memory of its own, from the moment the backend is made, so
+    that cuBLAS's kernels for them are loaded before the first runs reach them (the ~0.5 s a
+    command those first uses cost; bench/README.md, thirteenth session). It shares nothing with
+    the runs but the context and the (locked) allocator; a failure ends it quietly (debug log)."""
+
+    def __init__(self, backend: "CudaBackend"):
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, args=(backend,), name=f"sdrt-{backend.name}-gemm-warm-up",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, be: "CudaBackend") -> None:
+        from .cublas import REPLAY_MAX_BYTES, Cublas, load_shapes, replay_shape, shape_layout, shapes_file
+        from .driver import _dev_cache_dir, pycuda_driver
+        t0, done, base, cb = time.perf_counter(), 0, None, None
+        dev = be.device
+        try:
+            dev.activate()
+            stream = pycuda_driver().Stream(flags=1)
+            cb = Cublas(dev, stream)
+            shapes = [s for s in load_shapes(shapes_file(_dev_cache_dir(), dev.info.arch, cb.version))
+                      if shape_layout(s)[1] <= REPLAY_MAX_BYTES]
+            if shapes:
+                base = dev.allocator.alloc(max(shape_layout(s)[1] for s in shapes))
+                # a cached block may still be read by compute work queued before it was freed
+                stream.wait_for_event(dev.event("compute"))
+                for shape in shapes:
+                    if self.stop:
+                        break
+                    try:
+                        replay_shape(cb, stream, shape, base)
+                    except UnsupportedError:
+                        pass          # a shape cuBLASLt refuses (the run took another path for it)
+                    done += 1
+                stream.synchronize()
+            log.debug("%s: %d of %d GEMM shapes of earlier runs replayed ahead in %.2f s", be.name, done,
+                      len(shapes), time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001  (an optimisation only)
+            log.debug("%s: the GEMM warm-up stopped after %d shapes: %s", be.name, done, e)
+        finally:
+            try:
+                if base is not None:
+                    dev.allocator.free(base)
+                if cb is not None:
+                    cb.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
 class _AheadUpload:
     """One CudaBackend.upload_ahead: the leaves to upload, what its thread has done."""
 
@@ -230,6 +281,11 @@ class CudaBackend(GraphStates):
         self.families = import_families(ops)
         self._init_states()
         self._init_weight_cache()
+        # cuBLAS's kernels for the GEMM shapes of earlier runs, loaded ahead (opt-in until measured)
+        self._gemm_warm: _GemmWarmUp | None = None
+        self._shapes_saved = 0
+        if os.environ.get("SDRT_GEMM_WARMUP", "0") == "1":
+            self._gemm_warm = _GemmWarmUp(self)
         self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"
         self.store_half = os.environ.get("SDRT_CUDA_HALF", "1") != "0"
         self.half_layout = os.environ.get("SDRT_CUDA_HALF_LAYOUT", "1") != "0"
@@ -454,6 +510,8 @@ class CudaBackend(GraphStates):
         else:
             self._run_eager(state, graph, on_segment, residency, debug, timing and state.runs == 1)
             how = "eager"
+            if self._gemm_warm is not None:
+                self._save_gemm_shapes()
         t_sync = time.perf_counter()
         stream.synchronize()
         result = self._collect(graph, state)
@@ -465,6 +523,19 @@ class CudaBackend(GraphStates):
                     (t1 - t0) * 1e3, (t1 - t_sync) * 1e3,
                     f" (weights uploaded in it: {uploaded / 2**20:.1f} MB)" if uploaded else "")
         return result
+
+    def _save_gemm_shapes(self) -> None:
+        """Add the GEMM shapes met since the last save to the file a later process replays."""
+        cb = self.rt._cublas
+        if cb is None or len(cb.seen) == self._shapes_saved:
+            return
+        from .cublas import save_shapes, shapes_file
+        from .driver import _dev_cache_dir
+        try:
+            save_shapes(shapes_file(_dev_cache_dir(), self.device.info.arch, cb.version), cb.seen)
+            self._shapes_saved = len(cb.seen)
+        except OSError as e:
+            log.debug("%s: the GEMM shapes were not kept (%s)", self.name, e)
 
     def _try_capture(self, state: _GraphState, stream) -> str:
         try:
@@ -601,14 +672,14 @@ _BACKENDS: dict[int, CudaBackend] = {}
 
 
 @atexit.register
-def _stop_uploads_ahead():
-    """At exit (after a failed run, say) an upload ahead stops at its next weight, before the
-    driver's own clean-up (registered earlier, so run later) frees anything."""
+def _stop_threads():
+    """At exit (after a failed run, say) an upload ahead or a GEMM warm-up stops at its next step,
+    before the driver's own clean-up (registered earlier, so run later) frees anything."""
     for be in _BACKENDS.values():
-        job = be._ahead
-        if job is not None and job.thread is not None:
-            job.stop = True
-            job.thread.join()
+        for job in (be._ahead, be._gemm_warm):
+            if job is not None and job.thread is not None:
+                job.stop = True
+                job.thread.join()
 
 
 def get(index: int = 0) -> CudaBackend:

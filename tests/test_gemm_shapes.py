@@ -1,0 +1,93 @@
+"""The GEMM shapes a CUDA run meets, kept on disk and replayed by a later process to load cuBLAS's
+kernels ahead (sdrt/gpu/cuda/cublas.py, CudaBackend's GEMM warm-up), without a GPU: Cublas with a
+stand-in library records each new shape once, replay_shape calls it again with operands laid out
+at the recorded alignment in a scratch region, and the file keeps the newest shapes."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from sdrt.gpu.cuda import cublas as C
+
+
+class _Lib:
+    """cublasGemmStridedBatchedEx and cuBLASLt's calls as recorders (status 0)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args: self.calls.append((name, args)) or 0
+
+
+class _Plan:
+    def __init__(self, *args, **kw):
+        self.desc = self.a = self.b = self.c = None
+        self.algo = 0
+
+
+def _cublas(monkeypatch):
+    lib = _Lib()
+    monkeypatch.setattr(C, "lt_library", lambda: lib)
+    monkeypatch.setattr(C, "_LtPlan", _Plan)
+    cb = C.Cublas.__new__(C.Cublas)
+    cb.device, cb.lib = SimpleNamespace(), lib
+    cb._handles, cb._workspaces, cb._stream_workspace = {}, [], {}
+    cb._lt, cb._lt_plans, cb.seen = None, {}, {}
+    cb.new_shapes, cb.heuristic_s, cb.first_call_s = 0, 0.0, 0.0
+    cb.handle = lambda stream: cb._stream_workspace.setdefault(stream.handle, 1 << 40) and 7
+    return cb, lib
+
+
+STREAM = SimpleNamespace(handle=5)
+
+
+def test_each_new_shape_is_recorded_once_and_replays_as_it_was_called(monkeypatch):
+    cb, lib = _cublas(monkeypatch)
+    base = 1 << 30
+    cb.gemm(STREAM, False, False, 4096, 320, 2880, base + 512, "F16", 4096, base + 4096, "F16", 2880, base, 4096,
+            c_dtype="F32")
+    cb.gemm(STREAM, False, False, 4096, 320, 2880, base + 1024, "F16", 4096, base + 8192, "F16", 2880, base, 4096,
+            c_dtype="F32")                                          # same shape elsewhere: not new
+    cb.gemm(STREAM, True, False, 64, 77, 64, base, "F16", 64, base, "F16", 64, base, 64, c_dtype="F16",
+            batch=24, stride_a=4928, stride_b=4928, stride_c=5929, beta=1.0)
+    cb.gemm_bias(STREAM, True, False, 768, 154, 768, base + 64, "F16", 768, base + 256, "F16", 768,
+                 base + 2048, 768, base + 4096, c_dtype="F16", residual=base + 8192 + 128)
+    assert len(cb.seen) == 3 and cb.new_shapes == 3
+    shapes = list(cb.seen)
+    assert shapes[2][0] == "bias" and shapes[2][11] == (64, 256, 128, 256)    # the pointers' alignments
+    # replayed into a fresh Cublas: exactly the same shapes, alignments included
+    again, _ = _cublas(monkeypatch)
+    for s in shapes:
+        offsets, total = C.shape_layout(s)
+        assert all(0 <= o < total for o in offsets.values())
+        C.replay_shape(again, STREAM, s, 1 << 32)
+    assert list(again.seen) == shapes
+
+
+def test_layout_holds_every_operand():
+    s = ("gemm", False, True, 100, 30, 70, "F16", "F32", 128, 40, 100, 3, 128 * 70, 40 * 70, 100 * 30, False, False)
+    off, total = C.shape_layout(s)
+    a, b, c = 2 * (128 * 70 * 3), 2 * (40 * 70 * 3), 4 * (100 * 30 * 3)
+    assert off["a"] == 0 and off["b"] >= a and off["c"] >= off["b"] + b and total >= off["c"] + c
+    assert all(o % 512 == 0 for o in off.values())
+
+
+def test_the_shapes_file_keeps_the_newest(tmp_path, monkeypatch):
+    path = C.shapes_file(tmp_path / "cache", "sm_90", 130100)
+    assert C.load_shapes(path) == []
+    g = ("gemm", False, False, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, False, False)
+    b = ("bias", True, False, 8, 8, 8, "F16", "F16", 8, 8, 8, (256, 256, 64, 64), True, False)
+    C.save_shapes(path, [g, b])
+    assert C.load_shapes(path) == [g, b]
+    monkeypatch.setattr(C, "SHAPES_KEEP", 2)
+    g2 = g[:3] + (16,) + g[4:]
+    C.save_shapes(path, [g2, g])                        # g met again: newest
+    assert C.load_shapes(path) == [g2, g]
+    path.write_text("{not json")
+    assert C.load_shapes(path) == []                    # a cache: unreadable means empty
+
+
+def test_odd_entries_are_skipped(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text('[["nope", 1], 3, [], ["gemm", false, false, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, false, false]]')
+    assert C.load_shapes(path) == [("gemm", False, False, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, False, False)]

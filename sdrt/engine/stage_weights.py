@@ -38,7 +38,7 @@ class StageWeights:
         with a run-time LoRA (the model may multiply by a folded copy). Waits for what
         upload_weights_ahead started. Returns the bytes uploaded."""
         from ..ops.backend import get_backend
-        total = 0
+        total, names = 0, self._gpus_keeping_weights(components)
         for dev, ts in self._device_weight_tensors(components).items():
             be = get_backend(dev)
             staging = getattr(getattr(be, "memory", None), "staging_times", None)
@@ -52,7 +52,7 @@ class StageWeights:
                     how = f" (host copies {after[0] - before[0]:.2f}s, waits for the DMA {after[1] - before[1]:.2f}s)"
                 if ahead:
                     how += f"; {ahead[0] / 2**20:.1f} MB more uploaded beside the conditioning in {ahead[1]:.2f}s"
-                log.info("%s weights uploaded to %s: %.1f MB in %.2fs%s", "/".join(components), dev, n / 2**20,
+                log.info("%s weights uploaded to %s: %.1f MB in %.2fs%s", "/".join(names[dev]), dev, n / 2**20,
                          time.time() - t0, how)
             total += n
         return total

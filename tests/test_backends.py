@@ -132,38 +132,3 @@ def test_the_cuda_warm_up_reports_its_phases(monkeypatch):
     cuda._WARM[0] = {"start": 1.0, "cuInit": 1.4}          # cuInit failed: no later phase
     assert cuda.warm_up_report(0, 1.0) == "started 0 ms before, cuInit 400 ms; ready 400 ms after the backend was asked for"
 
-
-def test_warm_up_says_whether_it_started_a_device(fake, monkeypatch):
-    monkeypatch.setattr(B, "_warmed", set())
-    entry = B._REGISTRY["fake"]
-    monkeypatch.setitem(B._REGISTRY, "fake", B.BackendEntry(**{**entry.__dict__, "warm_up": lambda i: None}))
-    monkeypatch.setitem(B._REGISTRY, "cuda", B.BackendEntry(**{**B._REGISTRY["cuda"].__dict__, "warm_up": None}))
-    assert B.warm_up("cpu") is False
-    assert B.warm_up("fake2") is True and B.warm_up("fake2") is False     # once per process
-
-
-def test_an_image_command_prepares_the_host_side_while_its_driver_starts(monkeypatch):
-    from sdrt import engine
-    from sdrt.cli import main as cli
-    started = []
-    monkeypatch.setattr(engine, "prepare_generation", lambda: started.append(True))
-    monkeypatch.setattr(B, "warm_up", lambda spec: spec == "cuda0")
-    cli._early_warm_up(["-m", "x", "--backend", "cpu"])
-    assert started == []
-    cli._early_warm_up(["-m", "x", "--backend", "cuda0"])
-    assert started == [True]
-
-
-def test_prepare_generation_imports_the_generation_modules_without_numba():
-    """Its thread imports what a generation needs next and reads the CLIP vocabulary, and pulls in
-    no CPU kernels (a GPU run never imports Numba)."""
-    import subprocess
-    import sys
-    code = ("import sys, threading, sdrt.engine as e\n"
-            "e.prepare_generation()\n"
-            "[t.join() for t in threading.enumerate() if t.name == 'sdrt-prepare-generation']\n"
-            "from sdrt.models.te import tokenizer as T\n"
-            "print(all(m in sys.modules for m in e._GENERATION_MODULES), T._load_vocab.cache_info().currsize,\n"
-            "      'numba' in sys.modules, 'sdrt.ops.cpu' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.stdout.split() == ["True", "1", "False", "False"], out.stderr[-2000:]

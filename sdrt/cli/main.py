@@ -315,16 +315,14 @@ def _flag_value(argv: list, names: tuple) -> str | None:
 def _early_warm_up(argv: list) -> None:
     """An image command starts its GPU driver (ops.backend.warm_up) before the parser is built,
     whose imports take a good part of the start-up: from a quick look at argv for the mode and
-    --backend; anything else (help, convert, a device list) starts nothing. When a driver starts,
-    so does engine.prepare_generation."""
+    --backend; anything else (help, convert, a device list) starts nothing."""
     if any(a in ("-h", "--help", "--version", "--list-devices") for a in argv):
         return
     if (_flag_value(argv, ("-M", "--mode")) or "img_gen") != "img_gen":
         return
-    from .. import engine  # (registers the device backends; light)
+    from .. import engine  # noqa: F401  (registers the device backends; light)
     from ..ops.backend import warm_up
-    if warm_up(_flag_value(argv, ("--backend",))):
-        engine.prepare_generation()     # the host's part of what follows, while the driver starts
+    warm_up(_flag_value(argv, ("--backend",)))
 
 
 def run(argv=None) -> int:

@@ -169,17 +169,16 @@ def get_backend(name):
 _warmed: set[str] = set()      # devices warm_up has started
 
 
-def warm_up(spec: str | None) -> bool:
+def warm_up(spec: str | None) -> None:
     """Start making the contexts of the devices a --backend spec names (None: auto-fit, which takes
     a GPU when there is one: device 0 of each backend that can warm up) in the background, so that
     a driver's start-up overlaps the imports and file reading before the first use. Never raises:
     a device that is not there is found by the caller later, with its message. A device warms
-    up once per process. True when this call started one."""
+    up once per process."""
     if spec is None:
         names = [f"{e.prefix}0" for e in entries() if e.warm_up is not None]
     else:
         names = re.findall(r"[a-z][a-z_]*\d+", spec)
-    started = False
     for name in dict.fromkeys(names):
         if name in _warmed:
             continue
@@ -188,10 +187,8 @@ def warm_up(spec: str | None) -> bool:
         if e is not None and e.warm_up is not None:
             try:
                 e.warm_up(_split(name, e))
-                started = True
             except Exception:   # noqa: BLE001  (a warm-up is an optimisation only)
                 pass
-    return started
 
 
 def list_devices() -> list[tuple[str, str]]:

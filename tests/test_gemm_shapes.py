@@ -20,9 +20,13 @@ class _Lib:
 
 
 class _Plan:
-    def __init__(self, *args, **kw):
+    made = []
+
+    def __init__(self, *args, algo=None, **kw):
         self.desc = self.a = self.b = self.c = None
-        self.algo = 0
+        self.algo, self.restored = 0, algo is not None
+        self.heuristic = SimpleNamespace(raw=(algo or bytes(range(64))) + bytes(32))
+        _Plan.made.append(algo)
 
 
 def _cublas(monkeypatch):
@@ -30,7 +34,7 @@ def _cublas(monkeypatch):
     monkeypatch.setattr(C, "lt_library", lambda: lib)
     monkeypatch.setattr(C, "_LtPlan", _Plan)
     cb = C.Cublas.__new__(C.Cublas)
-    cb.device, cb.lib = SimpleNamespace(), lib
+    cb.device, cb.lib, cb.share_algos = SimpleNamespace(index=0), lib, False
     cb._handles, cb._workspaces, cb._stream_workspace = {}, [], {}
     cb._lt, cb._lt_plans, cb.seen = None, {}, {}
     cb.new_shapes, cb.heuristic_s, cb.first_call_s = 0, 0.0, 0.0
@@ -91,3 +95,35 @@ def test_odd_entries_are_skipped(tmp_path):
     path = tmp_path / "s.json"
     path.write_text('[["nope", 1], 3, [], ["gemm", false, false, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, false, false]]')
     assert C.load_shapes(path) == [("gemm", False, False, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, False, False)]
+
+
+def test_cublaslt_choices_are_shared_kept_and_restored(tmp_path, monkeypatch):
+    """With the warm-up on, a bias GEMM's plan takes the choice another Cublas of the device made
+    (or one kept on disk) instead of asking cuBLASLt's heuristic; a stored choice the library
+    refuses is dropped and the heuristic asked again."""
+    monkeypatch.setattr(C, "ALGOS", {})
+    _Plan.made.clear()
+    first, lib = _cublas(monkeypatch)
+    first.share_algos = True
+    args = (STREAM, True, False, 768, 154, 768, 1 << 30, "F16", 768, 1 << 31, "F16", 768, 1 << 32, 768, 1 << 33)
+    first.gemm_bias(*args, c_dtype="F16")
+    assert _Plan.made == [None] and len(C.ALGOS) == 1           # the heuristic's choice, now shared
+    second, lib2 = _cublas(monkeypatch)
+    second.share_algos = True
+    second.gemm_bias(*args, c_dtype="F16")
+    assert _Plan.made[-1] == bytes(range(64))                   # taken over, no heuristic
+    path = C.algos_file(tmp_path, "sm_90", 130100)
+    C.save_algos(path, 0)
+    monkeypatch.setattr(C, "ALGOS", {})
+    assert C.load_algos(path, 0) == 1 and list(C.ALGOS.values()) == [bytes(range(64))]
+    key = next(iter(C.ALGOS))
+    assert key[0] == 0 and key[1][10] == (256, 256, 256, 256)   # the key, alignments tuple included
+    # a refused stored choice: the call fails once, the plan is made again by the heuristic
+    third, lib3 = _cublas(monkeypatch)
+    third.share_algos = True
+    calls = []
+    lib3.cublasLtMatmul = lambda *a: calls.append(a) or (0 if len(calls) > 1 else 15)
+    third.gemm_bias(*args, c_dtype="F16")
+    assert len(calls) == 2 and _Plan.made[-2:] == [bytes(range(64)), None]
+    path.write_text("[[1, 2")
+    assert C.load_algos(path, 0) == 0

@@ -89,8 +89,10 @@ class _GemmWarmUp:
     """A thread replaying the GEMM shapes earlier runs kept on disk (cublas.replay_shape) on a
     stream, cuBLAS handles and scratch memory of its own, from the moment the backend is made, so
     that cuBLAS's kernels for them are loaded before the first runs reach them (the ~0.5 s a
-    command those first uses cost; bench/README.md, thirteenth session). It shares nothing with
-    the runs but the context and the (locked) allocator; a failure ends it quietly (debug log)."""
+    command those first uses cost; bench/README.md, thirteenth session); it first loads the
+    cuBLASLt choices kept beside them (cublas.ALGOS), which every Cublas of the process then uses
+    instead of asking the heuristic again. It shares nothing else with the runs but the context
+    and the (locked) allocator; a failure ends it quietly (debug log)."""
 
     def __init__(self, backend: "CudaBackend"):
         self.stop = False
@@ -99,7 +101,8 @@ class _GemmWarmUp:
         self.thread.start()
 
     def _run(self, be: "CudaBackend") -> None:
-        from .cublas import REPLAY_MAX_BYTES, Cublas, load_shapes, replay_shape, shape_layout, shapes_file
+        from .cublas import (REPLAY_MAX_BYTES, Cublas, algos_file, load_algos, load_shapes, replay_shape,
+                             shape_layout, shapes_file)
         from .driver import _dev_cache_dir, pycuda_driver
         t0, done, base, cb = time.perf_counter(), 0, None, None
         dev = be.device
@@ -107,8 +110,9 @@ class _GemmWarmUp:
             dev.activate()
             stream = pycuda_driver().Stream(flags=1)
             cb = Cublas(dev, stream)
-            shapes = [s for s in load_shapes(shapes_file(_dev_cache_dir(), dev.info.arch, cb.version))
-                      if shape_layout(s)[1] <= REPLAY_MAX_BYTES]
+            where = (_dev_cache_dir(), dev.info.arch, cb.version)
+            algos = load_algos(algos_file(*where), dev.index)   # cuBLASLt's choices: no heuristic for them
+            shapes = [s for s in load_shapes(shapes_file(*where)) if shape_layout(s)[1] <= REPLAY_MAX_BYTES]
             if shapes:
                 base = dev.allocator.alloc(max(shape_layout(s)[1] for s in shapes))
                 # a cached block may still be read by compute work queued before it was freed
@@ -122,8 +126,8 @@ class _GemmWarmUp:
                         pass          # a shape cuBLASLt refuses (the run took another path for it)
                     done += 1
                 stream.synchronize()
-            log.debug("%s: %d of %d GEMM shapes of earlier runs replayed ahead in %.2f s", be.name, done,
-                      len(shapes), time.perf_counter() - t0)
+            log.debug("%s: %d of %d GEMM shapes of earlier runs replayed ahead in %.2f s (%d cuBLASLt choices "
+                      "kept)", be.name, done, len(shapes), time.perf_counter() - t0, algos)
         except Exception as e:  # noqa: BLE001  (an optimisation only)
             log.debug("%s: the GEMM warm-up stopped after %d shapes: %s", be.name, done, e)
         finally:
@@ -529,10 +533,12 @@ class CudaBackend(GraphStates):
         cb = self.rt._cublas
         if cb is None or len(cb.seen) == self._shapes_saved:
             return
-        from .cublas import save_shapes, shapes_file
+        from .cublas import algos_file, save_algos, save_shapes, shapes_file
         from .driver import _dev_cache_dir
+        where = (_dev_cache_dir(), self.device.info.arch, cb.version)
         try:
-            save_shapes(shapes_file(_dev_cache_dir(), self.device.info.arch, cb.version), cb.seen)
+            save_shapes(shapes_file(*where), cb.seen)
+            save_algos(algos_file(*where), self.device.index)
             self._shapes_saved = len(cb.seen)
         except OSError as e:
             log.debug("%s: the GEMM shapes were not kept (%s)", self.name, e)

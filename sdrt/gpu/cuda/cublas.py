@@ -44,6 +44,7 @@ LT_EPILOGUE_GELU_BIAS = 36   # CUBLASLT_EPILOGUE_GELU | BIAS: the tanh-form GELU
 LT_PREF_MAX_WORKSPACE_BYTES = 1
 LT_PREF_MIN_ALIGNMENT = (5, 6, 7, 8)   # of A, B, C, D in bytes (the heuristic assumes 256 unless told)
 LT_HEURISTIC_BYTES = 96   # cublasLtMatmulHeuristicResult_t: algo (64 B), workspaceSize, state, waves, 4 ints
+ALGO_BYTES = 64           # cublasLtMatmulAlgo_t, which cuBLAS documents as storable for reuse by the same version
 OP_N, OP_T = 0, 1
 WORKSPACE_BYTES = 32 << 20   # what cuBLAS asks for on Hopper; preallocated so capture works
 STATUS_NAMES = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
@@ -156,7 +157,7 @@ class _LtPlan:
     """The descriptors and algorithm of one bias-epilogue GEMM shape (kept for the process)."""
 
     def __init__(self, lt, handle, transa, transb, m, n, k, ab_type, lda, ldb, c_type, ldc, workspace_bytes,
-                 align, epilogue=LT_EPILOGUE_BIAS):
+                 align, epilogue=LT_EPILOGUE_BIAS, algo: bytes | None = None):
         self.desc, self.a, self.b, self.c = c_void_p(), c_void_p(), c_void_p(), c_void_p()
         what = f"cuBLASLt bias GEMM m={m} n={n} k={k}"
         check(lt.cublasLtMatmulDescCreate(ctypes.byref(self.desc), COMPUTE_32F, CUDA_TYPES["F32"]), what)
@@ -169,6 +170,12 @@ class _LtPlan:
         check(lt.cublasLtMatrixLayoutCreate(ctypes.byref(self.a), ab_type, rows_a, cols_a, lda), what)
         check(lt.cublasLtMatrixLayoutCreate(ctypes.byref(self.b), ab_type, rows_b, cols_b, ldb), what)
         check(lt.cublasLtMatrixLayoutCreate(ctypes.byref(self.c), c_type, m, n, ldc), what)
+        self.heuristic = ctypes.create_string_buffer(LT_HEURISTIC_BYTES)
+        self.algo = ctypes.addressof(self.heuristic)  # the algo is the result's first member
+        self.restored = algo is not None
+        if self.restored:         # an earlier run's choice for this very key (ALGO_BYTES, serializable)
+            ctypes.memmove(self.heuristic, algo, ALGO_BYTES)
+            return
         pref = c_void_p()
         check(lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), what)
         ws = ctypes.c_uint64(workspace_bytes)
@@ -176,13 +183,11 @@ class _LtPlan:
         for attr, nbytes in zip(LT_PREF_MIN_ALIGNMENT, align):
             v = ctypes.c_uint32(nbytes)
             check(lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4), what)
-        self.heuristic = ctypes.create_string_buffer(LT_HEURISTIC_BYTES)
         found = c_int(0)
         check(lt.cublasLtMatmulAlgoGetHeuristic(handle, self.desc, self.a, self.b, self.c, self.c, pref, 1,
                                                 self.heuristic, ctypes.byref(found)), what)
         if found.value < 1:
             raise UnsupportedError(f"{what}: cuBLASLt has no algorithm for it")
-        self.algo = ctypes.addressof(self.heuristic)  # the algo is the result's first member
 
 
 def status_name(code: int) -> str:
@@ -220,6 +225,8 @@ class Cublas:
         # first use, for the debug logs: new shapes, host seconds in cuBLASLt's heuristic, host
         # seconds of each new shape's first call (a kernel cuBLAS loads on first use loads there)
         self.new_shapes, self.heuristic_s, self.first_call_s = 0, 0.0, 0.0
+        # with the GEMM warm-up, cuBLASLt's choices are shared by this device's Cublas objects (ALGOS)
+        self.share_algos = os.environ.get("SDRT_GEMM_WARMUP", "0") == "1"
         v = c_int()
         h = self.handle(stream if stream is not None else device.compute)
         check(self.lib.cublasGetVersion_v2(h, ctypes.byref(v)), "cublasGetVersion")
@@ -295,12 +302,16 @@ class Cublas:
         key = (transa, transb, m, n, k, a_dtype, lda, ldb, c_dtype, ldc, align, gelu)
         plan = self._lt_plans.get(key)
         t0 = None
+        shared = (self.device.index, key) if self.share_algos else None
         if plan is None:
             t0 = time.perf_counter()
             try:
                 plan = _LtPlan(lt, self._lt, transa, transb, m, n, k, CUDA_TYPES[a_dtype], lda, ldb,
                                CUDA_TYPES[c_dtype], ldc, WORKSPACE_BYTES, align,
-                               LT_EPILOGUE_GELU_BIAS if gelu else LT_EPILOGUE_BIAS)
+                               LT_EPILOGUE_GELU_BIAS if gelu else LT_EPILOGUE_BIAS,
+                               algo=ALGOS.get(shared) if shared else None)
+                if shared:
+                    ALGOS[shared] = plan.heuristic.raw[:ALGO_BYTES]
             except UnsupportedError as e:
                 plan = e
             except OpError as e:
@@ -319,10 +330,16 @@ class Cublas:
         check(lt.cublasLtMatmulDescSetAttribute(plan.desc, LT_BIAS_POINTER, ctypes.byref(ptr), 8),
               "cuBLASLt bias pointer")
         one, beta = c_float(1.0), c_float(0.0 if residual is None else 1.0)
-        check(lt.cublasLtMatmul(self._lt, plan.desc, ctypes.byref(one), c_void_p(a), plan.a, c_void_p(b), plan.b,
+        res = lt.cublasLtMatmul(self._lt, plan.desc, ctypes.byref(one), c_void_p(a), plan.a, c_void_p(b), plan.b,
                                 ctypes.byref(beta), c_void_p(src_c), plan.c, c_void_p(c), plan.c, c_void_p(plan.algo),
                                 c_void_p(self._stream_workspace[stream.handle]), WORKSPACE_BYTES,
-                                c_void_p(stream.handle)), f"cuBLASLt bias GEMM m={m} n={n} k={k}")
+                                c_void_p(stream.handle))
+        if res != 0 and plan.restored:     # a stored choice this library refuses: choose again, once
+            ALGOS.pop(shared, None)
+            self._lt_plans.pop(key, None)
+            return self.gemm_bias(stream, transa, transb, m, n, k, a, a_dtype, lda, b, b_dtype, ldb, c, ldc, bias,
+                                  c_dtype=c_dtype, residual=residual, gelu=gelu)
+        check(res, f"cuBLASLt bias GEMM m={m} n={n} k={k}")
         if t0 is not None:
             self.first_call_s += time.perf_counter() - t1
 
@@ -343,6 +360,7 @@ class Cublas:
 # shape was measured in a VAE decode's first run (bench/README.md, thirteenth session). The
 # shapes a run met (Cublas.seen) are kept on disk; a later process replays them on a stream and
 # cuBLAS handles of its own, on scratch memory, right after its backend is made.
+ALGOS: dict[tuple, bytes] = {}     # (device index, bias-GEMM plan key) -> cuBLASLt's choice, shared
 SHAPES_KEEP = 4096                 # shapes kept in the file (the newest)
 REPLAY_MAX_BYTES = 512 << 20       # a shape needing more scratch than this is not replayed
 _SIZES = {"F32": 4, "F16": 2, "BF16": 2}
@@ -401,8 +419,7 @@ def load_shapes(path: Path) -> list[tuple]:
     import json
     try:
         raw = json.loads(Path(path).read_text())
-        return [tuple(tuple(x) if isinstance(x, list) else x for x in s) for s in raw
-                if isinstance(s, list) and s and s[0] in ("gemm", "bias")]
+        return [_tuples(s) for s in raw if isinstance(s, list) and s and s[0] in ("gemm", "bias")]
     except (OSError, ValueError, TypeError):
         return []
 
@@ -420,3 +437,51 @@ def save_shapes(path: Path, shapes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(keep))
     tmp.replace(path)
+
+
+def algos_file(cache_dir: Path, arch: str, version: int) -> Path:
+    return Path(cache_dir) / f"gemm-algos-{arch}-cublas{version}.json"
+
+
+def _kept_algos(path: Path) -> dict[tuple, str]:
+    """{plan key: hex choice} kept at `path` ({} when missing or unreadable: it is only a cache)."""
+    import json
+    try:
+        raw = json.loads(Path(path).read_text())
+        return {_tuples(k): h for k, h in raw if isinstance(k, list) and isinstance(h, str)}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def load_algos(path: Path, index: int) -> int:
+    """Put the cuBLASLt choices kept at `path` into ALGOS for device `index`; returns how many."""
+    n = 0
+    for key, h in _kept_algos(path).items():
+        try:
+            algo = bytes.fromhex(h)
+        except ValueError:
+            continue
+        if len(algo) == ALGO_BYTES:
+            ALGOS.setdefault((index, key), algo)
+            n += 1
+    return n
+
+
+def save_algos(path: Path, index: int) -> None:
+    """Keep ALGOS' choices for device `index` at `path` (merged with the file's), atomically."""
+    import json
+    merged = _kept_algos(path)
+    merged.update({key: algo.hex() for (i, key), algo in list(ALGOS.items()) if i == index})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps([[_lists(k), h] for k, h in list(merged.items())[-SHAPES_KEEP:]]))
+    tmp.replace(path)
+
+
+def _tuples(x):
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
+
+
+def _lists(x):
+    return [_lists(v) for v in x] if isinstance(x, tuple) else x

@@ -220,7 +220,7 @@ class Cublas:
         self._stream_workspace: dict[int, int] = {}   # stream handle -> its handle's workspace
         self._lt = None                               # the cuBLASLt handle, made on first use
         self._lt_plans: dict[tuple, object] = {}      # shape -> _LtPlan, or the error it gave
-        # every call's shape in first-use order (GemmShape tuples; replay_gemm_shapes runs them again)
+        # every call's shape in first-use order (tuples replay_shape runs again in a later process)
         self.seen: dict[tuple, None] = {}
         # first use, for the debug logs: new shapes, host seconds in cuBLASLt's heuristic, host
         # seconds of each new shape's first call (a kernel cuBLAS loads on first use loads there)

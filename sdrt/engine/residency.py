@@ -150,7 +150,7 @@ class ResidencyManager:
         if self.limit == 0:
             raise DeviceOutOfMemoryError(f"{self.name}: --max-vram {max_vram:g} keeps {-max_vram:g} GiB free, but "
                                          f"only {_mb(free)} is free: nothing is left for sdrt")
-        self.budget, self.outside = self.limit, 0
+        self.outside = 0                # the process's device bytes outside the allocator (_count_outside)
         self._count_outside()
         self.prefetch, self.segmented, self.block_bytes = prefetch, segmented, int(block_bytes)
         self.graphs = graphs
@@ -467,11 +467,16 @@ class ResidencyManager:
         if outside is None or not self.max_vram or self.max_vram < 0:
             return
         self.outside = int(outside())
-        self.budget = self.limit - self.outside
         if self.budget <= 0:
             raise DeviceOutOfMemoryError(
                 f"{self.name}: --max-vram {self.max_vram:g} GiB ({_mb(self.limit)}): the CUDA context and libraries "
                 f"already hold {_mb(self.outside)} of it; nothing is left for sdrt (raise --max-vram)")
+
+    @property
+    def budget(self) -> int | None:
+        """What sdrt may hold on the device: the --max-vram limit less what the process holds
+        outside the allocator (None: no budget)."""
+        return None if self.limit is None else self.limit - self.outside
 
     def _budget_name(self) -> str:
         """'--max-vram budget 3072.0 MB', with what came off it for the process's use outside sdrt."""

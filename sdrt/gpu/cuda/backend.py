@@ -112,9 +112,10 @@ class _GemmWarmUp:
             cb = Cublas(dev, stream)
             where = (_dev_cache_dir(), dev.info.arch, cb.version)
             algos = load_algos(algos_file(*where), dev.index)   # cuBLASLt's choices: no heuristic for them
-            shapes = [s for s in load_shapes(shapes_file(*where)) if shape_layout(s)[1] <= REPLAY_MAX_BYTES]
+            sizes = {s: shape_layout(s)[1] for s in load_shapes(shapes_file(*where))}
+            shapes = [s for s, n in sizes.items() if n <= REPLAY_MAX_BYTES]
             if shapes:
-                base = dev.allocator.alloc(max(shape_layout(s)[1] for s in shapes))
+                base = dev.allocator.alloc(max(sizes[s] for s in shapes))
                 # a cached block may still be read by compute work queued before it was freed
                 stream.wait_for_event(dev.event("compute"))
                 for shape in shapes:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import json
 import os
 import time
 from ctypes import POINTER, c_float, c_int, c_longlong, c_size_t, c_void_p
@@ -416,7 +417,6 @@ def shapes_file(cache_dir: Path, arch: str, version: int) -> Path:
 
 def load_shapes(path: Path) -> list[tuple]:
     """The shapes kept at `path` ([] when missing or unreadable: it is only a cache)."""
-    import json
     try:
         raw = json.loads(Path(path).read_text())
         return [_tuples(s) for s in raw if isinstance(s, list) and s and s[0] in ("gemm", "bias")]
@@ -426,17 +426,11 @@ def load_shapes(path: Path) -> list[tuple]:
 
 def save_shapes(path: Path, shapes) -> None:
     """Merge `shapes` into the file at `path` (newest last, at most SHAPES_KEEP), atomically."""
-    import json
     merged = dict.fromkeys(load_shapes(path))
     for s in shapes:
         merged.pop(s, None)
         merged[s] = None
-    keep = list(merged)[-SHAPES_KEEP:]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(keep))
-    tmp.replace(path)
+    _write_json(path, list(merged)[-SHAPES_KEEP:])
 
 
 def algos_file(cache_dir: Path, arch: str, version: int) -> Path:
@@ -445,7 +439,6 @@ def algos_file(cache_dir: Path, arch: str, version: int) -> Path:
 
 def _kept_algos(path: Path) -> dict[tuple, str]:
     """{plan key: hex choice} kept at `path` ({} when missing or unreadable: it is only a cache)."""
-    import json
     try:
         raw = json.loads(Path(path).read_text())
         return {_tuples(k): h for k, h in raw if isinstance(k, list) and isinstance(h, str)}
@@ -469,14 +462,22 @@ def load_algos(path: Path, index: int) -> int:
 
 def save_algos(path: Path, index: int) -> None:
     """Keep ALGOS' choices for device `index` at `path` (merged with the file's), atomically."""
-    import json
     merged = _kept_algos(path)
     merged.update({key: algo.hex() for (i, key), algo in list(ALGOS.items()) if i == index})
+    _write_json(path, [[_lists(k), h] for k, h in list(merged.items())[-SHAPES_KEEP:]])
+
+
+def _write_json(path: Path, obj) -> None:
+    """obj as JSON at `path`, atomically (a reader never sees half a file; no temporary is left)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps([[_lists(k), h] for k, h in list(merged.items())[-SHAPES_KEEP:]]))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(obj))
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _tuples(x):

@@ -25,6 +25,10 @@ os.environ.setdefault("HYPOTHESIS_NO_PLUGINS", "1")
 # model tests hold the exact float32 path to their fp32 references, so they run it on every host
 # (children inherit it). tests/test_ops_bf16gemm.py forces each bf16 path itself.
 os.environ.setdefault("SDRT_BF16GEMM", "off")
+# The CUDA backend replays the GEMM shapes of earlier processes from the user's cache by default;
+# the GPU tests' backends do not (no thread sharing their allocator, nothing written to ~/.cache):
+# tests/gpu/test_cuda_runtime.py starts the warm-up itself.
+os.environ.setdefault("SDRT_GEMM_WARMUP", "0")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")

@@ -127,3 +127,37 @@ def test_cublaslt_choices_are_shared_kept_and_restored(tmp_path, monkeypatch):
     assert len(calls) == 2 and _Plan.made[-2:] == [bytes(range(64)), None]
     path.write_text("[[1, 2")
     assert C.load_algos(path, 0) == 0
+
+
+def test_the_warm_up_is_on_unless_turned_off(monkeypatch):
+    monkeypatch.delenv("SDRT_GEMM_WARMUP", raising=False)
+    assert C.gemm_warm_up_on()
+    monkeypatch.setenv("SDRT_GEMM_WARMUP", "0")
+    assert not C.gemm_warm_up_on()
+
+
+def test_the_warm_up_scratch_comes_from_the_stream_ordered_pool_where_the_driver_has_one():
+    """CudaDevice.alloc_on_stream: cuMemAllocAsync's block on the stream, or None (the warm-up then
+    takes an allocator block) where the driver lacks the call or refuses it."""
+    import ctypes
+
+    from sdrt.gpu.cuda.driver import CudaDevice
+    dev = CudaDevice.__new__(CudaDevice)
+    stream = SimpleNamespace(handle=9)
+
+    def alloc(res):
+        def f(p, nbytes, h):
+            ctypes.cast(p, ctypes.POINTER(ctypes.c_uint64))[0] = 1 << 33
+            calls.append((nbytes, h))
+            return res
+        return f
+
+    calls = []
+    dev.lib = SimpleNamespace(cuMemAllocAsync=alloc(0), cuMemFreeAsync=lambda p, h: calls.append((p, h)) or 0)
+    assert dev.alloc_on_stream(4096, stream) == 1 << 33 and calls == [(4096, 9)]
+    dev.free_on_stream(1 << 33, stream)
+    assert calls[-1] == (1 << 33, 9)
+    dev.lib = SimpleNamespace(cuMemAllocAsync=alloc(2))          # CUDA_ERROR_OUT_OF_MEMORY
+    assert dev.alloc_on_stream(4096, stream) is None
+    dev.lib = SimpleNamespace()                                   # a driver without the pool
+    assert dev.alloc_on_stream(4096, stream) is None

@@ -65,7 +65,9 @@ if has cli; then
     fi
     F=${CLI_FAMILIES:-zimage,sd35l}
     # the files first, while sd-cli compiles (leave >= 150 s for the runs)
-    python3 bench/bench_cuda_cli.py --make-only --family $F --dir /tmp/cli --jobs 16 --budget $((CB - 150)) 2>&1 | tail -12
+    # ($CLI_ARGS too: --dit-type decides which DiT file is made)
+    python3 bench/bench_cuda_cli.py --make-only --family $F --dir /tmp/cli --jobs 16 --budget $((CB - 150)) \
+        $CLI_ARGS 2>&1 | tail -12
     while [ ! -x $SDCLI ] && building && [ ! -e /tmp/sdcli.done ] && [ $((SECONDS - t0)) -lt $((CB - 90)) ]; do
         sleep 3; done
     echo "sd-cli: $([ -x $SDCLI ] && echo built || echo "not built ($(cat /tmp/sdcli.done 2>/dev/null || echo unfinished))") at $((SECONDS - t0)) s"

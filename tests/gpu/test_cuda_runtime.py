@@ -379,7 +379,7 @@ def test_upload_ahead_beside_runs(cuda, rng):
 
 def test_gemm_warm_up_replays_the_shapes_kept_by_earlier_runs(cuda, rng, tmp_path, monkeypatch, caplog):
     """The GEMM shapes a run met go to the cache file; a warm-up thread (as a later process's
-    backend starts one with SDRT_GEMM_WARMUP=1) replays them on its own stream and handles, and
+    backend starts one unless SDRT_GEMM_WARMUP=0) replays them on its own stream and handles, and
     the runs after it still match the CPU."""
     from sdrt.gpu.cuda import backend as B
     from sdrt.gpu.cuda.cublas import load_shapes, shapes_file

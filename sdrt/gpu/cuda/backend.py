@@ -40,6 +40,7 @@ from ...errors import DeviceOutOfMemoryError, UnsupportedError
 from ...ops.backend import Residency
 from ..device_backend import GraphStates, align as _align, import_families, node_addresses
 from . import cudagraph, fuse, ops
+from .cublas import gemm_warm_up_on
 from .devtensor import DevTensor
 from .driver import CudaDevice, PinnedBuffer
 from .runtime import CudaRuntime, ScratchOverflow
@@ -104,7 +105,7 @@ class _GemmWarmUp:
         from .cublas import (REPLAY_MAX_BYTES, Cublas, algos_file, load_algos, load_shapes, replay_shape,
                              shape_layout, shapes_file)
         from .driver import _dev_cache_dir, pycuda_driver
-        t0, done, base, cb = time.perf_counter(), 0, None, None
+        t0, done, base, pooled, cb = time.perf_counter(), 0, None, False, None
         dev = be.device
         try:
             dev.activate()
@@ -115,9 +116,15 @@ class _GemmWarmUp:
             sizes = {s: shape_layout(s)[1] for s in load_shapes(shapes_file(*where))}
             shapes = [s for s, n in sizes.items() if n <= REPLAY_MAX_BYTES]
             if shapes:
-                base = dev.allocator.alloc(max(sizes[s] for s in shapes))
-                # a cached block may still be read by compute work queued before it was freed
-                stream.wait_for_event(dev.event("compute"))
+                # the scratch from the driver's stream-ordered pool, given back when the warm-up
+                # ends (from the allocator, the block would stay cached and raise the process's peak)
+                need = max(sizes[s] for s in shapes)
+                base = dev.alloc_on_stream(need, stream)
+                pooled = base is not None
+                if not pooled:
+                    base = dev.allocator.alloc(need)
+                    # a cached block may still be read by compute work queued before it was freed
+                    stream.wait_for_event(dev.event("compute"))
                 for shape in shapes:
                     if self.stop:
                         break
@@ -133,10 +140,13 @@ class _GemmWarmUp:
             log.debug("%s: the GEMM warm-up stopped after %d shapes: %s", be.name, done, e)
         finally:
             try:
-                if base is not None:
-                    dev.allocator.free(base)
                 if cb is not None:
                     cb.close()
+                if pooled:
+                    dev.free_on_stream(base, stream)
+                    stream.synchronize()
+                elif base is not None:
+                    dev.allocator.free(base)
             except Exception:  # noqa: BLE001
                 pass
 
@@ -286,10 +296,10 @@ class CudaBackend(GraphStates):
         self.families = import_families(ops)
         self._init_states()
         self._init_weight_cache()
-        # cuBLAS's kernels for the GEMM shapes of earlier runs, loaded ahead (opt-in until measured)
+        # cuBLAS's kernels for the GEMM shapes of earlier runs, loaded ahead (SDRT_GEMM_WARMUP=0: off)
         self._gemm_warm: _GemmWarmUp | None = None
         self._shapes_saved = 0
-        if os.environ.get("SDRT_GEMM_WARMUP", "0") == "1":
+        if gemm_warm_up_on():
             self._gemm_warm = _GemmWarmUp(self)
         self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"
         self.store_half = os.environ.get("SDRT_CUDA_HALF", "1") != "0"

@@ -227,7 +227,7 @@ class Cublas:
         # seconds of each new shape's first call (a kernel cuBLAS loads on first use loads there)
         self.new_shapes, self.heuristic_s, self.first_call_s = 0, 0.0, 0.0
         # with the GEMM warm-up, cuBLASLt's choices are shared by this device's Cublas objects (ALGOS)
-        self.share_algos = os.environ.get("SDRT_GEMM_WARMUP", "0") == "1"
+        self.share_algos = gemm_warm_up_on()
         v = c_int()
         h = self.handle(stream if stream is not None else device.compute)
         check(self.lib.cublasGetVersion_v2(h, ctypes.byref(v)), "cublasGetVersion")
@@ -409,6 +409,12 @@ def replay_shape(cublas: "Cublas", stream, shape: tuple, base: int) -> None:
         cublas.gemm_bias(stream, transa, transb, m, n, k, base + off["a"], a_dt, lda, base + off["b"], a_dt, ldb,
                          base + off["c"], ldc, base + off["bias"], c_dtype=c_dt,
                          residual=base + off["r"] if residual else None, gelu=gelu)
+
+
+def gemm_warm_up_on() -> bool:
+    """The GEMM warm-up (kept shapes replayed, kept cuBLASLt choices shared): on unless
+    SDRT_GEMM_WARMUP=0."""
+    return os.environ.get("SDRT_GEMM_WARMUP", "1") != "0"
 
 
 def shapes_file(cache_dir: Path, arch: str, version: int) -> Path:

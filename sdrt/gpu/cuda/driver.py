@@ -81,6 +81,13 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 _LIBCUDA = None
 
 
+# CUDA 11.2's stream-ordered pool: bound where the driver has it (CudaDevice.alloc_on_stream)
+_OPTIONAL_SIGNATURES = {
+    "cuMemAllocAsync": (POINTER(c_uint64), c_size_t, c_void_p),
+    "cuMemFreeAsync": (c_uint64, c_void_p),
+}
+
+
 def bind_signatures(lib, signatures: dict) -> None:
     """Give each function `name` of the ctypes library its argtypes; every one returns a C int
     (a CUresult or cublasStatus_t)."""
@@ -95,6 +102,7 @@ def libcuda():
     if _LIBCUDA is None:
         lib = ctypes.CDLL("libcuda.so.1")
         bind_signatures(lib, _SIGNATURES)
+        bind_signatures(lib, {k: v for k, v in _OPTIONAL_SIGNATURES.items() if hasattr(lib, k)})
         _LIBCUDA = lib
     return _LIBCUDA
 
@@ -307,6 +315,20 @@ class CudaDevice:
 
     def memset_async(self, dst: int, byte: int, nbytes: int, stream) -> None:
         check(self.lib.cuMemsetD8Async(dst, byte, nbytes, stream.handle), "cuMemsetD8Async")
+
+    # -- one-off blocks that must not stay in the allocator's cache ---------------------------
+    def alloc_on_stream(self, nbytes: int, stream) -> int | None:
+        """A block from the driver's stream-ordered pool (cuMemAllocAsync on `stream`); after
+        free_on_stream, the stream's next synchronisation gives it back to the driver (the default
+        pool keeps nothing). None where the driver has no such pool or refuses."""
+        f = getattr(self.lib, "cuMemAllocAsync", None)
+        p = c_uint64()
+        if f is None or f(ctypes.byref(p), nbytes, stream.handle) != 0:
+            return None
+        return p.value
+
+    def free_on_stream(self, ptr: int, stream) -> None:
+        check(self.lib.cuMemFreeAsync(ptr, stream.handle), "cuMemFreeAsync")
 
     # -- kernel modules ------------------------------------------------------------------------
     def load_module(self, name: str):

@@ -76,25 +76,35 @@ def test_layout_holds_every_operand():
     assert all(o % 512 == 0 for o in off.values())
 
 
-def test_the_shapes_file_keeps_the_newest(tmp_path, monkeypatch):
+def test_the_shapes_file_keeps_each_keys_shapes_in_first_use_order(tmp_path, monkeypatch):
     path = C.shapes_file(tmp_path / "cache", "sm_90", 130100)
-    assert C.load_shapes(path) == []
+    assert C.load_shapes(path, "sdxl 1024x1024") == []
     g = ("gemm", False, False, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, False, False)
     b = ("bias", True, False, 8, 8, 8, "F16", "F16", 8, 8, 8, (256, 256, 64, 64), True, False)
-    C.save_shapes(path, [g, b])
-    assert C.load_shapes(path) == [g, b]
-    monkeypatch.setattr(C, "SHAPES_KEEP", 2)
     g2 = g[:3] + (16,) + g[4:]
-    C.save_shapes(path, [g2, g])                        # g met again: newest
-    assert C.load_shapes(path) == [g2, g]
+    C.save_shapes(path, "sd15 512x512", [g, b])
+    C.save_shapes(path, "sdxl 1024x1024", [g2])
+    assert C.load_shapes(path, "sd15 512x512") == [g, b] and C.load_shapes(path, "sdxl 1024x1024") == [g2]
+    C.save_shapes(path, "sd15 512x512", [g2, g])        # g kept where it was met first, g2 after
+    assert C.load_shapes(path, "sd15 512x512") == [g, b, g2]
+    monkeypatch.setattr(C, "SHAPES_KEEP", 2)
+    monkeypatch.setattr(C, "KEYS_KEEP", 2)
+    C.save_shapes(path, "flux 1024x1024", [g])          # a third key: the oldest (sdxl) goes
+    assert C.load_shapes(path, "sdxl 1024x1024") == [] and C.load_shapes(path, "flux 1024x1024") == [g]
+    assert C.load_shapes(path, "sd15 512x512") == [g, b, g2]        # untouched until saved again
+    C.save_shapes(path, "sd15 512x512", [b])
+    assert C.load_shapes(path, "sd15 512x512") == [g, b]            # the first SHAPES_KEEP met
     path.write_text("{not json")
-    assert C.load_shapes(path) == []                    # a cache: unreadable means empty
+    assert C.load_shapes(path, "sd15 512x512") == []    # a cache: unreadable means empty
 
 
 def test_odd_entries_are_skipped(tmp_path):
     path = tmp_path / "s.json"
-    path.write_text('[["nope", 1], 3, [], ["gemm", false, false, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, false, false]]')
-    assert C.load_shapes(path) == [("gemm", False, False, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, False, False)]
+    path.write_text('[["gemm", false, false, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, false, false], 3, [], '
+                    '["k", [["nope", 1], 3, ["gemm", false, false, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, '
+                    'false, false]]], [1, []]]')
+    assert C.load_shapes(path, "k") == [("gemm", False, False, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0,
+                                         False, False)]
 
 
 def test_cublaslt_choices_are_shared_kept_and_restored(tmp_path, monkeypatch):
@@ -161,3 +171,39 @@ def test_the_warm_up_scratch_comes_from_the_stream_ordered_pool_where_the_driver
     assert dev.alloc_on_stream(4096, stream) is None
     dev.lib = SimpleNamespace()                                   # a driver without the pool
     assert dev.alloc_on_stream(4096, stream) is None
+
+
+def test_the_pipeline_names_what_runs_and_the_warm_up_takes_the_first_key(monkeypatch):
+    """Pipeline.name_device_runs tells each GPU backend it computes on (a device name or a
+    PlacedBackend's) the family and size; CudaBackend.expect_gemm_shapes hands the first key to the
+    waiting warm-up, keeps later keys for the shapes it saves, and starts a new warm-up for a new
+    key once the first is over."""
+    from sdrt.engine.stage_weights import StageWeights
+    from sdrt.gpu.cuda import backend as B
+
+    class Job:
+        def __init__(self, be=None, key=None):
+            self.key, self.begun = key, []
+            self.thread = SimpleNamespace(is_alive=lambda: self.alive)
+            self.alive = True
+
+        def begin(self, key):
+            self.begun.append(key)
+            self.key = key
+
+    monkeypatch.setattr(B, "_GemmWarmUp", Job)
+    be = B.CudaBackend.__new__(B.CudaBackend)
+    be._gemm_key, be._gemm_warm = None, Job()
+    pipe = StageWeights()
+    pipe.executors = {"te": SimpleNamespace(backend=be), "diffusion": SimpleNamespace(backend=be), "vae": "cpu"}
+    pipe.name_device_runs("sdxl 1024x1024")
+    first = be._gemm_warm
+    assert first.begun == ["sdxl 1024x1024"] and be._gemm_key == "sdxl 1024x1024"
+    be.expect_gemm_shapes("sdxl 832x1216")          # the warm-up still running: only the key changes
+    assert be._gemm_warm is first and first.begun == ["sdxl 1024x1024"] and be._gemm_key == "sdxl 832x1216"
+    first.alive = False
+    be.expect_gemm_shapes("sdxl 1024x1024")         # over: a new warm-up for the new key
+    assert be._gemm_warm is not first and be._gemm_warm.key == "sdxl 1024x1024"
+    be._gemm_warm = None                             # SDRT_GEMM_WARMUP=0: the key only
+    be.expect_gemm_shapes("sd15 512x512")
+    assert be._gemm_key == "sd15 512x512"

@@ -75,6 +75,19 @@ class StageWeights:
                 get_backend(dev).upload_ahead(ts, room)
                 self._sent_ahead()[dev] = ts
 
+    def name_device_runs(self, key: str) -> None:
+        """Tell each GPU this pipeline computes on what runs next (`key`: the family and image
+        size), so that a backend keeping the GEMM shapes of earlier processes per key replays
+        that key's before the first runs reach them (CudaBackend.expect_gemm_shapes)."""
+        from ..ops.backend import get_backend
+        for e in self.executors.values():
+            be = getattr(e, "backend", e)            # a PlacedBackend's, or a device's name
+            if isinstance(be, str):
+                be = None if be == "cpu" else get_backend(be)
+            expect = getattr(be, "expect_gemm_shapes", None)
+            if expect is not None:
+                expect(key)
+
     def _sent_ahead(self) -> dict:
         """{device: the tensors upload_weights_ahead sent there, until upload_device_weights}."""
         return self.__dict__.setdefault("_ahead_tensors", {})

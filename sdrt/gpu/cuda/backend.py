@@ -87,19 +87,30 @@ class _LiveStorages:
 
 
 class _GemmWarmUp:
-    """A thread replaying the GEMM shapes earlier runs kept on disk (cublas.replay_shape) on a
-    stream, cuBLAS handles and scratch memory of its own, from the moment the backend is made, so
-    that cuBLAS's kernels for them are loaded before the first runs reach them (the ~0.5 s a
-    command those first uses cost; bench/README.md, thirteenth session); it first loads the
-    cuBLASLt choices kept beside them (cublas.ALGOS), which every Cublas of the process then uses
-    instead of asking the heuristic again. It shares nothing else with the runs but the context
-    and the (locked) allocator; a failure ends it quietly (debug log)."""
+    """A thread replaying the GEMM shapes earlier runs kept on disk under one key (a model family
+    and image size; cublas.replay_shape) on a stream, cuBLAS handles and scratch memory of its own,
+    so that cuBLAS's kernels for them are loaded before the first runs reach them (about 0.5 s of
+    an SD1.5 command; bench/README.md). Made with the backend, it loads cuBLAS and the cuBLASLt
+    choices kept beside the shapes (cublas.ALGOS, which every Cublas of the process then uses
+    instead of asking the heuristic again) and waits for the pipeline to name the key (`begin`).
+    It shares nothing else with the runs but the context and the (locked) allocator; a failure
+    ends it quietly (debug log)."""
 
-    def __init__(self, backend: "CudaBackend"):
+    def __init__(self, backend: "CudaBackend", key: str | None = None):
         self.stop = False
+        self.key = key
+        self._named = threading.Event()
+        if key is not None:
+            self._named.set()
         self.thread = threading.Thread(target=self._run, args=(backend,), name=f"sdrt-{backend.name}-gemm-warm-up",
                                        daemon=True)
         self.thread.start()
+
+    def begin(self, key: str) -> None:
+        """Replay the shapes kept under `key` (the first key named; later ones are ignored)."""
+        if self.key is None:
+            self.key = key
+            self._named.set()
 
     def _run(self, be: "CudaBackend") -> None:
         from .cublas import (REPLAY_MAX_BYTES, Cublas, algos_file, load_algos, load_shapes, replay_shape,
@@ -113,7 +124,10 @@ class _GemmWarmUp:
             cb = Cublas(dev, stream)
             where = (_dev_cache_dir(), dev.info.arch, cb.version)
             algos = load_algos(algos_file(*where), dev.index)   # cuBLASLt's choices: no heuristic for them
-            sizes = {s: shape_layout(s)[1] for s in load_shapes(shapes_file(*where))}
+            while not self._named.wait(0.1):
+                if self.stop:
+                    return
+            sizes = {s: shape_layout(s)[1] for s in load_shapes(shapes_file(*where), self.key)}
             shapes = [s for s, n in sizes.items() if n <= REPLAY_MAX_BYTES]
             if shapes:
                 # the scratch from the driver's stream-ordered pool, given back when the warm-up
@@ -134,8 +148,8 @@ class _GemmWarmUp:
                         pass          # a shape cuBLASLt refuses (the run took another path for it)
                     done += 1
                 stream.synchronize()
-            log.debug("%s: %d of %d GEMM shapes of earlier runs replayed ahead in %.2f s (%d cuBLASLt choices "
-                      "kept)", be.name, done, len(shapes), time.perf_counter() - t0, algos)
+            log.debug("%s: %d of %d GEMM shapes of earlier runs (%s) replayed ahead in %.2f s (%d cuBLASLt "
+                      "choices kept)", be.name, done, len(shapes), self.key, time.perf_counter() - t0, algos)
         except Exception as e:  # noqa: BLE001  (an optimisation only)
             log.debug("%s: the GEMM warm-up stopped after %d shapes: %s", be.name, done, e)
         finally:
@@ -297,10 +311,9 @@ class CudaBackend(GraphStates):
         self._init_states()
         self._init_weight_cache()
         # cuBLAS's kernels for the GEMM shapes of earlier runs, loaded ahead (SDRT_GEMM_WARMUP=0: off)
-        self._gemm_warm: _GemmWarmUp | None = None
+        self._gemm_warm = _GemmWarmUp(self) if gemm_warm_up_on() else None
+        self._gemm_key: str | None = None     # what runs now (expect_gemm_shapes), its shapes kept under it
         self._shapes_saved = 0
-        if gemm_warm_up_on():
-            self._gemm_warm = _GemmWarmUp(self)
         self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"
         self.store_half = os.environ.get("SDRT_CUDA_HALF", "1") != "0"
         self.half_layout = os.environ.get("SDRT_CUDA_HALF_LAYOUT", "1") != "0"
@@ -539,16 +552,33 @@ class CudaBackend(GraphStates):
                     f" (weights uploaded in it: {uploaded / 2**20:.1f} MB)" if uploaded else "")
         return result
 
+    def expect_gemm_shapes(self, key: str) -> None:
+        """The runs that follow are those of `key` (a model family and image size, from the
+        pipeline): the GEMM warm-up replays the shapes earlier processes kept under it, and the
+        shapes these runs meet are kept under it. A new key once the warm-up is over starts
+        another warm-up for it (a server's next size)."""
+        if key == self._gemm_key:
+            return
+        self._gemm_key = key
+        job = self._gemm_warm
+        if job is None:
+            return
+        if job.key is None:
+            job.begin(key)
+        elif not job.thread.is_alive():
+            self._gemm_warm = _GemmWarmUp(self, key)
+
     def _save_gemm_shapes(self) -> None:
-        """Add the GEMM shapes met since the last save to the file a later process replays."""
+        """Add the GEMM shapes met since the last save to the file a later process replays, under
+        the key of what runs (none named: nothing is kept)."""
         cb = self.rt._cublas
-        if cb is None or len(cb.seen) == self._shapes_saved:
+        if cb is None or self._gemm_key is None or len(cb.seen) == self._shapes_saved:
             return
         from .cublas import algos_file, save_algos, save_shapes, shapes_file
         from .driver import _dev_cache_dir
         where = (_dev_cache_dir(), self.device.info.arch, cb.version)
         try:
-            save_shapes(shapes_file(*where), cb.seen)
+            save_shapes(shapes_file(*where), self._gemm_key, list(cb.seen)[self._shapes_saved:])
             save_algos(algos_file(*where), self.device.index)
             self._shapes_saved = len(cb.seen)
         except OSError as e:

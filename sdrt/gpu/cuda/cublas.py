@@ -357,12 +357,15 @@ class Cublas:
 
 
 # ---- the GEMM shapes of earlier runs, replayed to load cuBLAS's kernels ahead -------------------
-# A kernel cuBLAS runs is loaded on its first launch in a process (CUDA's lazy loading): ~15 ms a
-# shape was measured in a VAE decode's first run (bench/README.md, thirteenth session). The
-# shapes a run met (Cublas.seen) are kept on disk; a later process replays them on a stream and
-# cuBLAS handles of its own, on scratch memory, right after its backend is made.
+# A kernel cuBLAS runs is loaded on its first launch in a process (CUDA's lazy loading): ~8-15 ms
+# a shape (bench/README.md, thirteenth and fourteenth sessions). The shapes a run met
+# (Cublas.seen) are kept on disk under the key of what ran (a model family and image size: one
+# process's SD1.5 shapes are no use to the next one's SDXL, and would delay its own); a later
+# process replays that key's shapes, in their first-use order, on a stream and cuBLAS handles of
+# its own, on scratch memory, as soon as its pipeline names the key.
 ALGOS: dict[tuple, bytes] = {}     # (device index, bias-GEMM plan key) -> cuBLASLt's choice, shared
-SHAPES_KEEP = 4096                 # shapes kept in the file (the newest)
+SHAPES_KEEP = 4096                 # shapes kept per key (the first met); cuBLASLt choices (the newest)
+KEYS_KEEP = 16                     # keys kept in the file (the newest)
 REPLAY_MAX_BYTES = 512 << 20       # a shape needing more scratch than this is not replayed
 _SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 
@@ -421,22 +424,34 @@ def shapes_file(cache_dir: Path, arch: str, version: int) -> Path:
     return Path(cache_dir) / f"gemm-shapes-{arch}-cublas{version}.json"
 
 
-def load_shapes(path: Path) -> list[tuple]:
-    """The shapes kept at `path` ([] when missing or unreadable: it is only a cache)."""
+def _kept_shapes(path: Path) -> dict[str, list[tuple]]:
+    """{key: shapes in first-use order} kept at `path`, oldest key first ({} when missing or
+    unreadable, and odd entries skipped: it is only a cache)."""
     try:
         raw = json.loads(Path(path).read_text())
-        return [_tuples(s) for s in raw if isinstance(s, list) and s and s[0] in ("gemm", "bias")]
-    except (OSError, ValueError, TypeError):
-        return []
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for entry in raw if isinstance(raw, list) else ():
+        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], list):
+            out[entry[0]] = [_tuples(s) for s in entry[1]
+                             if isinstance(s, list) and s and s[0] in ("gemm", "bias")]
+    return out
 
 
-def save_shapes(path: Path, shapes) -> None:
-    """Merge `shapes` into the file at `path` (newest last, at most SHAPES_KEEP), atomically."""
-    merged = dict.fromkeys(load_shapes(path))
-    for s in shapes:
-        merged.pop(s, None)
-        merged[s] = None
-    _write_json(path, list(merged)[-SHAPES_KEEP:])
+def load_shapes(path: Path, key: str) -> list[tuple]:
+    """The shapes kept at `path` under `key`, in first-use order ([] when none)."""
+    return _kept_shapes(path).get(key, [])
+
+
+def save_shapes(path: Path, key: str, shapes) -> None:
+    """Add `shapes` not kept yet to the end of `key`'s list at `path` (at most SHAPES_KEEP), make
+    `key` the newest (at most KEYS_KEEP kept), atomically."""
+    kept = _kept_shapes(path)
+    mine = dict.fromkeys(kept.pop(key, []))
+    mine.update(dict.fromkeys(shapes))
+    kept[key] = list(mine)[:SHAPES_KEEP]
+    _write_json(path, [[k, [_lists(s) for s in v]] for k, v in list(kept.items())[-KEYS_KEEP:]])
 
 
 def algos_file(cache_dir: Path, arch: str, version: int) -> Path:

@@ -330,6 +330,7 @@ def run(argv=None) -> int:
     _early_warm_up(argv)
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level)
+    log.debug("flags parsed")      # the start-up timeline's first mark (--log-level debug)
     if args.list_devices:
         for name, desc in list_devices():
             print(f"{name}\t{desc}")

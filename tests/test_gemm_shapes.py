@@ -102,7 +102,7 @@ def test_odd_entries_are_skipped(tmp_path):
     path = tmp_path / "s.json"
     path.write_text('[["gemm", false, false, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, false, false], 3, [], '
                     '["k", [["nope", 1], 3, ["gemm", false, false, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0, '
-                    'false, false]]], [1, []]]')
+                    'false, false], ["gemm", {"a": 1}]]], [1, []]]')
     assert C.load_shapes(path, "k") == [("gemm", False, False, 8, 8, 8, "F16", "F32", 8, 8, 8, 1, 0, 0, 0,
                                          False, False)]
 

@@ -435,8 +435,13 @@ def _kept_shapes(path: Path) -> dict[str, list[tuple]]:
     for entry in raw if isinstance(raw, list) else ():
         if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], list):
             out[entry[0]] = [_tuples(s) for s in entry[1]
-                             if isinstance(s, list) and s and s[0] in ("gemm", "bias")]
+                             if isinstance(s, list) and s and s[0] in ("gemm", "bias") and _plain(s)]
     return out
+
+
+def _plain(x) -> bool:
+    """Only numbers, strings, booleans and lists of them (a shape, hashable once a tuple)."""
+    return all(_plain(v) for v in x) if isinstance(x, list) else isinstance(x, (int, float, str))
 
 
 def load_shapes(path: Path, key: str) -> list[tuple]:

@@ -79,11 +79,9 @@ class StageWeights:
         """Tell each GPU this pipeline computes on what runs next (`key`: the family and image
         size), so that a backend keeping the GEMM shapes of earlier processes per key replays
         that key's before the first runs reach them (CudaBackend.expect_gemm_shapes)."""
-        from ..ops.backend import get_backend
+        from ..ops.backend import made_backend
         for e in self.executors.values():
-            be = getattr(e, "backend", e)            # a PlacedBackend's, or a device's name
-            if isinstance(be, str):
-                be = None if be == "cpu" else get_backend(be)
+            be = made_backend(getattr(e, "backend", e))     # a PlacedBackend's, or a device's name
             expect = getattr(be, "expect_gemm_shapes", None)
             if expect is not None:
                 expect(key)

@@ -169,6 +169,12 @@ def get_backend(name):
 _warmed: set[str] = set()      # devices warm_up has started
 
 
+def made_backend(name):
+    """The backend get_backend has made for `name` (a backend object as it is), or None:
+    unlike get_backend, nothing is made."""
+    return _BACKENDS.get(name) if isinstance(name, str) else name
+
+
 def warm_up(spec: str | None) -> None:
     """Start making the contexts of the devices a --backend spec names (None: auto-fit, which takes
     a GPU when there is one: device 0 of each backend that can warm up) in the background, so that

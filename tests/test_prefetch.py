@@ -67,3 +67,56 @@ def test_token_tables_are_left_to_page_faults():
     for n in ("text_encoders.llm.model.layers.0.mlp.up_proj.weight", "model.diffusion_model.x_embedder.weight",
               "cond_stage_model.transformer.text_model.embeddings.position_embedding.weight"):
         assert not prefetch.read_by_rows(n), n
+
+
+def _resident_pages(lo, hi):
+    """How many pages of [lo, hi) are in this process's page tables (mincore of the mapping is the
+    page cache's view; /proc/self/pagemap's present bit is the page tables')."""
+    page = prefetch.mmap_page()
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(lo // page * 8)
+        entries = np.frombuffer(f.read((hi - lo) // page * 8), np.uint64)
+    return int(((entries >> np.uint64(63)) & np.uint64(1)).sum())
+
+
+def test_populate_enters_a_gpu_components_pages_into_the_page_tables(tmp_path):
+    """A component uploaded to a GPU gets its mapped pages populated (MADV_POPULATE_READ): the
+    ranges are page-aligned and cover every tensor, and after the read-ahead the pages are
+    present in the page tables, where a fresh map has none."""
+    p = str(tmp_path / "big.gguf")
+    rng = np.random.default_rng(0)
+    arrs = {f"t{i}": rng.standard_normal((256, 1024)).astype(np.float32) for i in range(4)}   # 4 MiB
+    write_gguf(p, arrs)
+    mf = open_model(p)
+    ts = list(mf.tensors.values())
+    ranges = prefetch.address_ranges(ts)
+    page = prefetch.mmap_page()
+    assert ranges and all(lo % page == 0 and hi % page == 0 and lo < hi for lo, hi in ranges)
+    for t in ts:
+        a = t.owner.storage.ctypes.data + t.owner.offset
+        assert any(lo <= a and a + t.owner.span_bytes() <= hi for lo, hi in ranges)
+    lo, hi = ranges[0]
+    before = _resident_pages(lo, hi)
+    if not prefetch._populate(ranges, threading.Event()):
+        import pytest
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
+    assert before < (hi - lo) // page and _resident_pages(lo, hi) == (hi - lo) // page
+    for name, t in mf.tensors.items():                    # the bytes are the file's, unchanged
+        np.testing.assert_array_equal(np.asarray(t.owner.storage[t.owner.offset:t.owner.offset + arrs[name].nbytes])
+                                      .view(np.float32).reshape(arrs[name].shape), arrs[name])
+
+
+def test_gpu_components_are_populated_and_cpu_ones_read_into_the_page_cache(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from sdrt.engine.stage_weights import StageWeights
+    _, _, mf = _file(tmp_path)
+    got = []
+    monkeypatch.setattr(prefetch, "start_read_ahead", lambda groups, populate=(): got.append(
+        ([c for c, _ in groups], set(populate))))
+    monkeypatch.setattr("sdrt.engine.placement.classify_tensor", lambda name: "te" if name in ("t0", "t1") else "vae")
+    pipe = StageWeights()
+    pipe.models = SimpleNamespace(tensors=mf.tensors)
+    pipe.executors = {"te": "cuda0", "vae": "cpu", "diffusion": SimpleNamespace(name="cuda0")}
+    pipe.read_ahead_weights("te", "diffusion", "vae")
+    assert got == [(["te", "vae"], {"te"})]     # a residency manager's component: neither

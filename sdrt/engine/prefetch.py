@@ -8,12 +8,19 @@ sampling step, where sd-cli reads the file up front at the disk's ~600 MB/s. The
 the lazy mapping (nothing is copied into the process: the pages go to the page cache, not to
 this process's RSS) and overlaps the reads with the text encoders' compute.
 
+A component computing on a GPU that keeps its weights is copied out of the map in one sweep when
+uploaded (pageable -> pinned staging): its pages are instead entered into this process's page
+tables ahead (madvise MADV_POPULATE_READ, Linux 5.14; reads what the page cache lacks), so that
+the staging copies do not take a page fault per 64 KB (a copy from a fresh map ran at 7.6 GiB/s
+here against 11-13 from a populated one; bench/README.md).
+
 A component is read ahead only while the bytes asked for so far fit in the memory the kernel
 reports available at the start, less a margin: read-ahead that evicts the pages in use would
 cost more than it saves. `SDRT_PREFETCH=0` turns it off.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -26,6 +33,7 @@ log = logging.getLogger("sdrt")
 
 CHUNK = 64 * 2**20
 MARGIN = 2 * 2**30
+MADV_POPULATE_READ = 22
 # token embedding tables of the text encoders (CLIP, T5, the Qwen LLMs; HF and llama.cpp names):
 # a prompt reads a few hundred rows of them by lookup, so reading a whole one ahead (Qwen3-4B's is
 # 0.4 GB in Q8_0, first in its file) only delays the layers the encoder needs next
@@ -88,15 +96,65 @@ def file_ranges(tensors) -> list[tuple[str, int, int]]:
     return out
 
 
-def _read_ahead(groups: list[tuple[str, list[tuple[str, int, int]]]], budget: int, stop: threading.Event) -> None:
+def address_ranges(tensors) -> list[tuple[int, int]]:
+    """(start, end) page-aligned address ranges of the read-only mapped owners of `tensors`, in
+    address order, adjacent ranges merged."""
+    from ..ops.tensor import Tensor
+    page = mmap_page()
+    spans, seen = [], set()
+    for t in tensors:
+        o = t.owner
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        st = Tensor.storage.__get__(o)          # the raw slot: never fills a lazily converted leaf
+        if not isinstance(st, np.memmap) or getattr(st, "mode", None) != "r" or o.span_bytes() <= 0:
+            continue
+        addr = st.ctypes.data + o.offset
+        spans.append((addr // page * page, -(-(addr + o.span_bytes()) // page) * page))
+    out: list[list[int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1] + CHUNK // 16:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [(lo, hi) for lo, hi in out]
+
+
+def mmap_page() -> int:
+    return os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _populate(ranges: list[tuple[int, int]], stop: threading.Event) -> bool:
+    """Enter the pages of `ranges` into this process's page tables; False where the kernel
+    cannot (no MADV_POPULATE_READ before Linux 5.14)."""
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes, madvise.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+    for lo, hi in ranges:
+        for a in range(lo, hi, CHUNK):
+            if stop.is_set():
+                return True
+            if madvise(a, min(CHUNK, hi - a), MADV_POPULATE_READ) != 0:
+                log.debug("read-ahead: no MADV_POPULATE_READ here (%s)", os.strerror(ctypes.get_errno()))
+                return False
+    return True
+
+
+def _read_ahead(groups: list[tuple[str, list]], budget: int, stop: threading.Event) -> None:
+    """Each group's file ranges (path, lo, hi) into the page cache, or its address ranges (lo, hi)
+    into the page tables, in order, within `budget` bytes."""
     asked = 0
     for name, ranges in groups:
-        size = sum(hi - lo for _, lo, hi in ranges)
+        size = sum(r[-1] - r[-2] for r in ranges)
         if asked + size > budget:
             log.debug("read-ahead: %s (%.1f GB) left to page faults: %.1f GB available", name, size / 2**30,
                       budget / 2**30)
             return
         asked += size
+        if len(ranges[0]) == 2:
+            if not _populate(ranges, stop):
+                return
+            continue
         for path, lo, hi in ranges:
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -113,15 +171,16 @@ def _read_ahead(groups: list[tuple[str, list[tuple[str, int, int]]]], budget: in
                 os.close(fd)
 
 
-def start_read_ahead(groups: list[tuple[str, list]]) -> threading.Event | None:
+def start_read_ahead(groups: list[tuple[str, list]], populate=()) -> threading.Event | None:
     """Read ahead `groups` ([(component name, tensors)], in the order of use) on a daemon
-    thread; returns an Event that stops it, or None when nothing is read ahead."""
+    thread, the components named in `populate` into the page tables, the others into the page
+    cache; returns an Event that stops it, or None when nothing is read ahead."""
     if os.environ.get("SDRT_PREFETCH", "1").strip() in ("0", "off", "no") or not hasattr(os, "posix_fadvise"):
         return None
     avail = mem_available()
     if avail is None:
         return None
-    ranged = [(name, file_ranges(ts)) for name, ts in groups]
+    ranged = [(name, address_ranges(ts) if name in populate else file_ranges(ts)) for name, ts in groups]
     ranged = [(n, r) for n, r in ranged if r]
     if not ranged:
         return None

@@ -16,19 +16,22 @@ class StageWeights:
     a device name, or a residency manager}) and `one_shot` come from it."""
 
     def read_ahead_weights(self, *components: str):
-        """Start reading the mapped weights of `components` (in this order) into the page cache on
-        a background thread (sdrt.engine.prefetch); returns its stop Event, or None."""
+        """Start reading the mapped weights of `components` (in this order) ahead on a background
+        thread (sdrt.engine.prefetch): into the page cache for a CPU stage, into this process's
+        page tables for a GPU keeping its weights (their upload copies them out of the map);
+        returns its stop Event, or None."""
         if self.models is None:
             return None
         from .placement import classify_tensor
         from .prefetch import read_by_rows, start_read_ahead
-        want = [c for c in components if self.executors.get(c, "cpu") == "cpu"]
+        gpu = {c for cs in self._gpus_keeping_weights(components).values() for c in cs}
+        want = [c for c in components if self.executors.get(c, "cpu") == "cpu" or c in gpu]
         groups: dict[str, list] = {c: [] for c in want}
         for name, t in self.models.tensors.items():
             c = classify_tensor(name)
             if c in groups and not read_by_rows(name):
                 groups[c].append(t)
-        return start_read_ahead([(c, ts) for c, ts in groups.items() if ts])
+        return start_read_ahead([(c, ts) for c, ts in groups.items() if ts], populate=gpu)
 
     def upload_device_weights(self, *components: str) -> int:
         """Upload the weights of `components` that compute on a GPU keeping its weights there (no

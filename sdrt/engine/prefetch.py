@@ -60,58 +60,23 @@ def _mapped_paths() -> list[tuple[int, int, int, str]]:
     return out
 
 
-def file_ranges(tensors) -> list[tuple[str, int, int]]:
-    """(path, start, end) file byte ranges of the read-only mapped owners of `tensors`,
-    in file order, adjacent ranges merged."""
+def _mapped_spans(tensors) -> list[tuple[int, int]]:
+    """(address, bytes) of the read-only mapped owners of `tensors`, each owner once."""
     from ..ops.tensor import Tensor
-    spans: dict[str, list[tuple[int, int]]] = {}
-    seen = set()
-    maps = None
+    out, seen = [], set()
     for t in tensors:
         o = t.owner
         if id(o) in seen:
             continue
         seen.add(id(o))
         st = Tensor.storage.__get__(o)          # the raw slot: never fills a lazily converted leaf
-        if not isinstance(st, np.memmap) or getattr(st, "mode", None) != "r" or o.span_bytes() <= 0:
-            continue
-        addr = st.ctypes.data + o.offset
-        maps = _mapped_paths() if maps is None else maps
-        hit = next(((lo, off, path) for lo, hi, off, path in maps if lo <= addr < hi), None)
-        if hit is None:
-            continue
-        start = addr - hit[0] + hit[1]
-        spans.setdefault(hit[2], []).append((start, start + o.span_bytes()))
-    out = []
-    for path, rs in spans.items():
-        rs.sort()
-        cur = list(rs[0])
-        for lo, hi in rs[1:]:
-            if lo <= cur[1] + CHUNK // 16:
-                cur[1] = max(cur[1], hi)
-            else:
-                out.append((path, cur[0], cur[1]))
-                cur = [lo, hi]
-        out.append((path, cur[0], cur[1]))
+        if isinstance(st, np.memmap) and getattr(st, "mode", None) == "r" and o.span_bytes() > 0:
+            out.append((st.ctypes.data + o.offset, o.span_bytes()))
     return out
 
 
-def address_ranges(tensors) -> list[tuple[int, int]]:
-    """(start, end) page-aligned address ranges of the read-only mapped owners of `tensors`, in
-    address order, adjacent ranges merged."""
-    from ..ops.tensor import Tensor
-    page = mmap_page()
-    spans, seen = [], set()
-    for t in tensors:
-        o = t.owner
-        if id(o) in seen:
-            continue
-        seen.add(id(o))
-        st = Tensor.storage.__get__(o)          # the raw slot: never fills a lazily converted leaf
-        if not isinstance(st, np.memmap) or getattr(st, "mode", None) != "r" or o.span_bytes() <= 0:
-            continue
-        addr = st.ctypes.data + o.offset
-        spans.append((addr // page * page, -(-(addr + o.span_bytes()) // page) * page))
+def _merged(spans) -> list[tuple[int, int]]:
+    """(lo, hi) ranges sorted, those closer than CHUNK/16 merged."""
     out: list[list[int]] = []
     for lo, hi in sorted(spans):
         if out and lo <= out[-1][1] + CHUNK // 16:
@@ -119,6 +84,27 @@ def address_ranges(tensors) -> list[tuple[int, int]]:
         else:
             out.append([lo, hi])
     return [(lo, hi) for lo, hi in out]
+
+
+def file_ranges(tensors) -> list[tuple[str, int, int]]:
+    """(path, start, end) file byte ranges of the read-only mapped owners of `tensors`,
+    in file order, adjacent ranges merged."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    maps = None
+    for addr, size in _mapped_spans(tensors):
+        maps = _mapped_paths() if maps is None else maps
+        hit = next(((lo, off, path) for lo, hi, off, path in maps if lo <= addr < hi), None)
+        if hit is not None:
+            start = addr - hit[0] + hit[1]
+            spans.setdefault(hit[2], []).append((start, start + size))
+    return [(path, lo, hi) for path, rs in spans.items() for lo, hi in _merged(rs)]
+
+
+def address_ranges(tensors) -> list[tuple[int, int]]:
+    """(start, end) page-aligned address ranges of the read-only mapped owners of `tensors`, in
+    address order, adjacent ranges merged."""
+    page = mmap_page()
+    return _merged((addr // page * page, -(-(addr + size) // page) * page) for addr, size in _mapped_spans(tensors))
 
 
 def mmap_page() -> int:

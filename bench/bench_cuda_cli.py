@@ -251,8 +251,9 @@ def run_engine(name, a, eng, paths):
         text, rc, wall, first = run_child(cmd, env, min(a.child_timeout, left))
         if a.save_logs:
             os.makedirs(a.save_logs, exist_ok=True)
-            with open(os.path.join(a.save_logs, f"{name}-{eng}-{k + 1}.log"), "w") as f:
-                f.write(f"$ {' '.join(cmd)}\n{text}")
+            # one file per family and engine, the runs in turn (the device tool returns few files)
+            with open(os.path.join(a.save_logs, f"{name}-{eng}.log"), "w" if k == 0 else "a") as f:
+                f.write(f"==== run {k + 1} of {a.runs}, wall {wall:.2f} s\n$ {' '.join(cmd)}\n{text}\n")
         mon.stop.set()
         if gpu:
             mon.join()
@@ -340,7 +341,7 @@ def main(argv=None):
                     "type (a GGUF as sd-cli's -M convert writes it; issue 20: q4_K with --max-vram 12)")
     ap.add_argument("--sdrt-args", default="", help="more flags of both sdrt engines (e.g. --log-level debug: "
                     "the start-up timeline)")
-    ap.add_argument("--save-logs", default="", help="a folder for every run's whole log (FAMILY-ENGINE-RUN.log)")
+    ap.add_argument("--save-logs", default="", help="a folder for every run's whole log (FAMILY-ENGINE.log, the runs in turn)")
     ap.add_argument("--vram-args", default="", help="more flags of the sdrt-vram engine (issue 18: "
                     "--offload-to-cpu with --max-vram 3 for SDXL)")
     ap.add_argument("--dir", default="/tmp/cli", help="where the files and images go")

@@ -477,10 +477,11 @@ def _report_tool():
     return mod
 
 
-@pytest.mark.parametrize("family", ["flux", "sd3m", "sd35l", "zimage", "qwen"])
-def test_layouts_sound_on_every_dit_family(family):
+@pytest.mark.parametrize("family", ["flux", "sd3m", "sd35l", "zimage", "qwen", "sd15", "sdxl"])
+def test_layouts_sound_on_every_family(family):
     """The planner's layout (every node live at once in bytes of its own) and fuse.layout's, on
-    the tiny golden models of each DiT family (tools/cuda_fusion_report.py's graphs)."""
+    the tiny golden models of each DiT family and the full-size SD1.5 / SDXL UNets' CFG step
+    (tools/cuda_fusion_report.py's graphs)."""
     g = _report_tool().FAMILIES[family]("BF16")
     plan = g.plan()
     assert_layout_sound(g, plan, {})

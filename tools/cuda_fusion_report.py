@@ -2,9 +2,10 @@
 """Which CUDA fusions and half-precision stores the backend would use on each DiT family's graph,
 without a GPU: fuse.layout (launch_lists and half_nodes, and the re-plan with the half-stored nodes
 in half their bytes) over the planned graph of the tiny golden models in tests/fixtures, with the
-CUDA kernel table (the same pass the backend runs).
+CUDA kernel table (the same pass the backend runs). `sd15` and `sdxl` are the full-size UNets (a
+CFG step: batch 2 at 64x64 / 128x128 latents) on stand-in F16 weights that hold no data.
 
-    python tools/cuda_fusion_report.py [--family flux,sd3m,sd35l,zimage,qwen] [--dtype BF16]
+    python tools/cuda_fusion_report.py [--family flux,sd3m,sd35l,zimage,qwen,sd15,sdxl] [--dtype BF16]
 
 Per family: the activation bytes (arena + cross-segment) planned in F32 and as stored, the fused
 kernels and how often they fire, the element-wise kernels left unfused, and the nodes stored as
@@ -67,12 +68,28 @@ def qwen_image_graph(dtype):
     return Graph(m.forward(*_leaves(z["t2i:x"], z["t2i:t"], z["t2i:context"]), pe=pe))
 
 
+def unet_graph(preset, side, ctx):
+    """The full-size UNet's CFG step on stand-in F16 weights (matrices with zero strides: no data;
+    the biases real, so that the bias fusions see them as they are)."""
+    from sdrt.models.diffusion.unet import PREFIX, UNetConfig, UNetModel
+    cfg = UNetConfig.preset(preset)
+    one = np.zeros(2, np.uint8)
+    table = {PREFIX + k: Tensor.from_numpy(np.zeros(s, np.float16)) if len(s) == 1
+             else Tensor.from_buffer(one, "F16", s[::-1], nb=(0,) * len(s)) for k, s in cfg.weight_shapes().items()}
+    m = UNetModel(table, config=cfg)
+    y = _leaves(np.zeros((2, cfg.adm_in_channels))) if cfg.adm_in_channels else [None]
+    x, t, c = _leaves(np.zeros((2, 4, side, side)), np.zeros(2), np.zeros((2, 77, ctx)))
+    return Graph(m.forward(x, t, c, y=y[0]))
+
+
 FAMILIES = {
     "flux": flux_graph,
     "sd3m": lambda dt: mmdit_graph("sd3m", dt),
     "sd35l": lambda dt: mmdit_graph("sd35l", dt),
     "zimage": zimage_graph,
     "qwen": qwen_image_graph,
+    "sd15": lambda dt: unet_graph("sd1", 64, 768),
+    "sdxl": lambda dt: unet_graph("sdxl", 128, 2048),
 }
 
 
@@ -83,13 +100,18 @@ def report(graph) -> tuple[Counter, Counter, Counter, tuple[int, int]]:
     # a fused slot runs another function than its node's own kernel (and is not a skipped one)
     fused = Counter(fn.__name__ for ks, lst in zip(kernels, lists) for own, (fn, _) in zip(ks, lst)
                     if fn is not own and fn is not fuse._skip)
-    unfused = Counter()
+    unfused, traffic = Counter(), 0
+
+    def nbytes(t):      # at the dtype its producer stores
+        return t.nelements * (2 if id(t.owner) in stored else t.dtype.type_size)
+
     for seg, lst in zip(layout.segments, lists):
-        for n, (fn, _) in zip(seg.nodes, lst):
+        for n, (fn, srcs) in zip(seg.nodes, lst):
             if fn.__name__ in ELEMENTWISE:
                 unfused[n.op] += 1
+                traffic += sum(nbytes(t) for t in srcs) + n.nelements * (2 if id(n) in stored else n.dtype.type_size)
     return (fused, unfused, Counter(f"{n.op}->{stored[id(n)]}" for n in graph.nodes if id(n) in stored),
-            (plan.arena_bytes + plan.cross_bytes, layout.arena_bytes + layout.cross_bytes))
+            (plan.arena_bytes + plan.cross_bytes, layout.arena_bytes + layout.cross_bytes), traffic)
 
 
 def main(argv=None) -> int:
@@ -99,10 +121,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import_families(cuda_ops)
     for name in a.family.split(","):
-        fused, unfused, stored, (f32, laid) = report(FAMILIES[name](a.dtype))
+        fused, unfused, stored, (f32, laid), traffic = report(FAMILIES[name](a.dtype))
         print(f"{name}: activations {f32 / 2**10:.0f} KiB planned F32, {laid / 2**10:.0f} KiB as stored")
         print("  fused:   " + ", ".join(f"{k} x{v}" for k, v in sorted(fused.items())))
-        print("  unfused element-wise: " + ", ".join(f"{k} x{v}" for k, v in sorted(unfused.items())))
+        print("  unfused element-wise: " + ", ".join(f"{k} x{v}" for k, v in sorted(unfused.items()))
+              + f" ({traffic / 2**20:.1f} MiB read and written a run)")
         print("  stored:  " + ", ".join(f"{k} x{v}" for k, v in sorted(stored.items())))
     return 0
 

@@ -11,8 +11,7 @@ this process's RSS) and overlaps the reads with the text encoders' compute.
 A component computing on a GPU that keeps its weights is copied out of the map in one sweep when
 uploaded (pageable -> pinned staging): its pages are instead entered into this process's page
 tables ahead (madvise MADV_POPULATE_READ, Linux 5.14; reads what the page cache lacks), so that
-the staging copies do not take a page fault per 64 KB (a copy from a fresh map ran at 7.6 GiB/s
-here against 11-13 from a populated one; bench/README.md).
+the staging copies do not fault page by page (bench/bench_map_copy.py measures the difference).
 
 A component is read ahead only while the bytes asked for so far fit in the memory the kernel
 reports available at the start, less a margin: read-ahead that evicts the pages in use would
@@ -129,7 +128,7 @@ def _populate(ranges: list[tuple[int, int]], stop: threading.Event) -> bool:
 def _read_ahead(groups: list[tuple[str, list]], budget: int, stop: threading.Event) -> None:
     """Each group's file ranges (path, lo, hi) into the page cache, or its address ranges (lo, hi)
     into the page tables, in order, within `budget` bytes."""
-    asked = 0
+    asked, can_populate = 0, True
     for name, ranges in groups:
         size = sum(r[-1] - r[-2] for r in ranges)
         if asked + size > budget:
@@ -137,9 +136,8 @@ def _read_ahead(groups: list[tuple[str, list]], budget: int, stop: threading.Eve
                       budget / 2**30)
             return
         asked += size
-        if len(ranges[0]) == 2:
-            if not _populate(ranges, stop):
-                return
+        if len(ranges[0]) == 2:                   # address ranges: a component uploaded to a GPU
+            can_populate = can_populate and _populate(ranges, stop)
             continue
         for path, lo, hi in ranges:
             try:

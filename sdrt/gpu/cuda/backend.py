@@ -89,8 +89,8 @@ class _LiveStorages:
 class _GemmWarmUp:
     """A thread replaying the GEMM shapes earlier runs kept on disk under one key (a model family
     and image size; cublas.replay_shape) on a stream, cuBLAS handles and scratch memory of its own,
-    so that cuBLAS's kernels for them are loaded before the first runs reach them (about 0.5 s of
-    an SD1.5 command; bench/README.md). Made with the backend, it loads cuBLAS and the cuBLASLt
+    so that cuBLAS's kernels for them are loaded before the first runs reach them (what those
+    first uses cost: bench/README.md). Made with the backend, it loads cuBLAS and the cuBLASLt
     choices kept beside the shapes (cublas.ALGOS, which every Cublas of the process then uses
     instead of asking the heuristic again) and waits for the pipeline to name the key (`begin`).
     It shares nothing else with the runs but the context and the (locked) allocator; a failure

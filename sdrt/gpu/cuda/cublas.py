@@ -357,8 +357,8 @@ class Cublas:
 
 
 # ---- the GEMM shapes of earlier runs, replayed to load cuBLAS's kernels ahead -------------------
-# A kernel cuBLAS runs is loaded on its first launch in a process (CUDA's lazy loading): ~8-15 ms
-# a shape (bench/README.md, thirteenth and fourteenth sessions). The shapes a run met
+# A kernel cuBLAS runs is loaded on its first launch in a process (CUDA's lazy loading), which
+# costs milliseconds a shape (bench/README.md). The shapes a run met
 # (Cublas.seen) are kept on disk under the key of what ran (a model family and image size: one
 # process's SD1.5 shapes are no use to the next one's SDXL, and would delay its own); a later
 # process replays that key's shapes, in their first-use order, on a stream and cuBLAS handles of

@@ -248,18 +248,41 @@ def test_upload_ahead_runs_on_its_own_thread_within_its_bytes_and_preload_waits_
     assert len(be.device.uploads) == 7                    # each weight once
 
 
-def test_a_run_reading_a_weight_in_flight_ahead_waits_for_it():
+def test_a_run_reading_a_weight_uploaded_ahead_waits_for_that_ones_copy_only():
     import threading
     be = _cuda_backend_without_gpu()
     unet = [_weight(256) for _ in range(3)]
-    be.device.gate = threading.Event()
+    first, rest = threading.Event(), threading.Event()
+    upload = be.device.upload
+
+    def held_after_the_first(ptr, host_u8, stream="compute", ring=None):
+        if ring == "ahead" and first.is_set():
+            assert rest.wait(10)
+        event = upload(ptr, host_u8, stream, ring)
+        first.set()
+        return event
+
+    be.device.upload = held_after_the_first
     be.upload_ahead(unet, max_bytes=1 << 30)
-    threading.Timer(0.2, be.device.gate.set).start()
-    # the cache may already hold its address while the copy is still to come: weight_ptr waits
-    while not be._ahead.keys:
-        pass
+    assert first.wait(10)
+    # the first copy is done, the second held: reading the first does not wait for the others
     assert np.array_equal(_on_device(be, unet[0]), np.arange(256, dtype=np.float32))
-    assert be._ahead is None and be.last_ahead[0] == 3 * 1024
+    assert be._ahead is not None and not be._ahead.finished
+    # the second is claimed (the cache holds its address) but not copied yet: the read waits for it
+    threading.Timer(0.2, rest.set).start()
+    assert np.array_equal(_on_device(be, unet[1]), np.arange(256, dtype=np.float32))
+    assert be.preload_weights(unet) == 0 and be.last_ahead[0] == 3 * 1024
+    assert [u[0] for u in be.device.uploads] == ["ahead"] * 3        # each weight once, all ahead
+
+
+def test_a_weight_whose_upload_ahead_failed_is_uploaded_by_the_run_reading_it():
+    be = _cuda_backend_without_gpu()
+    unet = [_weight(128) for _ in range(2)]
+    be.device.fail_at = 1
+    be.upload_ahead(unet, max_bytes=1 << 30)
+    be._ahead.thread.join(10)
+    assert np.array_equal(_on_device(be, unet[0]), np.arange(128, dtype=np.float32))
+    assert be.device.uploads[-1][0] is None                          # uploaded here, on first use
 
 
 def test_a_failed_upload_ahead_leaves_no_weight_unuploaded(caplog):
@@ -303,12 +326,14 @@ def test_pipeline_sends_ahead_at_most_what_keeps_the_device_within_the_sampling_
     pipe.models, pipe.one_shot = SimpleNamespace(tensors=tab), True
     pipe.executors = {"diffusion": "cuda9", "te": "cuda9", "vae": "cuda9"}
     pipe.upload_weights_ahead(("diffusion", "controlnet"), beside=("te",))
-    assert sent == [([tab[DM + "a.weight"], tab[DM + "b.weight"]], (700 - 200) * 4)]
+    # the text encoder's weights first (its first run reads them), then the diffusion model's
+    # up to its bytes less the text encoder's
+    assert sent == [([tab[TE + "c.weight"], tab[DM + "a.weight"], tab[DM + "b.weight"]], 200 * 4 + (700 - 200) * 4)]
     pipe.release_device_stage("te")                      # the text encoders' stage ends
-    assert released == [sent[0][0]]                      # ... keeping what went ahead
+    assert released == [[tab[DM + "a.weight"], tab[DM + "b.weight"]]]   # ... keeping the diffusion model's
     with caplog.at_level("INFO", logger="sdrt"):
         pipe.upload_device_weights("diffusion", "controlnet")
-    assert "3.0 MB more uploaded beside the conditioning in 0.25s" in caplog.text
+    assert "3.0 MB uploaded ahead (the text encoders' weights, then these) in 0.25s" in caplog.text
     pipe.release_device_stage("diffusion")
     assert released[-1] == ()                            # nothing ahead any more: all of it goes
     # the text encoders on another device (or the CPU): all of the diffusion model goes ahead
@@ -316,13 +341,14 @@ def test_pipeline_sends_ahead_at_most_what_keeps_the_device_within_the_sampling_
     pipe.executors["te"] = "cpu"
     pipe.upload_weights_ahead(("diffusion",), beside=("te",))
     assert sent[0][1] == 700 * 4
-    # a text encoder as large as the diffusion model (T5-XXL beside a small DiT): nothing ahead
+    # a text encoder as large as the diffusion model (T5-XXL beside a small DiT): its own only
     sent.clear()
     pipe.executors["te"] = "cuda9"
     tab[TE + "e.weight"] = _weight(600)
     pipe.upload_weights_ahead(("diffusion",), beside=("te",))
-    assert sent == []
+    assert sent == [([tab[TE + "c.weight"], tab[TE + "e.weight"]], 800 * 4)]
     del tab[TE + "e.weight"]
+    sent.clear()
     monkeypatch.setenv("SDRT_UPLOAD_AHEAD", "0")
     pipe.upload_weights_ahead(("diffusion",), beside=("te",))
     assert sent == []

@@ -54,7 +54,8 @@ class StageWeights:
                     after = staging()
                     how = f" (host copies {after[0] - before[0]:.2f}s, waits for the DMA {after[1] - before[1]:.2f}s)"
                 if ahead:
-                    how += f"; {ahead[0] / 2**20:.1f} MB more uploaded beside the conditioning in {ahead[1]:.2f}s"
+                    how += (f"; {ahead[0] / 2**20:.1f} MB uploaded ahead (the text encoders' weights, then "
+                            f"these) in {ahead[1]:.2f}s")
                 log.info("%s weights uploaded to %s: %.1f MB in %.2fs%s", "/".join(names[dev]), dev, n / 2**20,
                          time.time() - t0, how)
             total += n
@@ -62,21 +63,24 @@ class StageWeights:
 
     def upload_weights_ahead(self, components, beside) -> None:
         """Before the stage of `beside` (the text encoders) starts, let each GPU keeping its
-        weights start uploading those of `components` (the diffusion model) on a thread of the
-        backend's own (upload_ahead), so that the copies run beside that stage's first run, whose
-        time is mostly the host's. At most the bytes of `components` less those of `beside`
-        on that device are uploaded ahead: the device then never holds more weights than the
-        later stage does, and the process peak stays that stage's. SDRT_UPLOAD_AHEAD=0: none."""
+        weights upload on a thread of the backend's own (upload_ahead) first the weights of
+        `beside`, which their first run then finds on the device instead of uploading them one by
+        one between its launches, then those of `components` (the diffusion model), beside that
+        run, whose time is mostly the host's. Of `components`, at most their bytes less those of
+        `beside` on that device go ahead: the device then never holds more weights than the
+        larger stage does, and the process peak stays that stage's. SDRT_UPLOAD_AHEAD=0: none."""
         if os.environ.get("SDRT_UPLOAD_AHEAD", "1") == "0":
             return
         from ..ops.backend import get_backend
-        sizes = {dev: sum(t.owner.span_bytes() for t in ts)
-                 for dev, ts in self._device_weight_tensors(beside).items()}
-        for dev, ts in self._device_weight_tensors(components).items():
-            room = sum(t.owner.span_bytes() for t in ts) - sizes.get(dev, 0)
-            if room > 0:
-                get_backend(dev).upload_ahead(ts, room)
-                self._sent_ahead()[dev] = ts
+        first, later = self._device_weight_tensors(beside), self._device_weight_tensors(components)
+        for dev in {**first, **later}:
+            mine, theirs = first.get(dev, []), later.get(dev, [])
+            size = sum(t.owner.span_bytes() for t in mine)
+            room = sum(t.owner.span_bytes() for t in theirs) - size
+            ahead = theirs if room > 0 else []
+            if mine or ahead:
+                get_backend(dev).upload_ahead(mine + ahead, size + max(room, 0))
+                self._sent_ahead()[dev] = ahead
 
     def name_device_runs(self, key: str) -> None:
         """Tell each GPU this pipeline computes on what runs next (`key`: the family and image

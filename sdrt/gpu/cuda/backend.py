@@ -171,12 +171,29 @@ class _AheadUpload:
     def __init__(self, leaves: list, max_bytes: int):
         self.leaves, self.max_bytes = leaves, int(max_bytes)
         self.keys: set = set()      # the weight-cache keys it allocated
+        self.landed: dict = {}      # key -> the event of its upload, once enqueued
+        self.changed = threading.Condition()
+        self.finished = False
         self.bytes = 0
         self.event = None           # its last upload's
         self.error: Exception | None = None
         self.seconds = 0.0
         self.stop = False
         self.thread: threading.Thread | None = None
+
+    def event_of(self, key):
+        """The event of `key`'s upload, once the thread has enqueued it; None when it gave the key
+        up (its upload failed: the cache entry is gone)."""
+        with self.changed:
+            self.changed.wait_for(lambda: key in self.landed or key not in self.keys or self.finished)
+            return self.landed.get(key)
+
+    def mark(self, key=None, event=None, finished=False) -> None:
+        with self.changed:
+            if key is not None and event is not None:
+                self.landed[key] = event
+            self.finished = self.finished or finished
+            self.changed.notify_all()
 
 
 class _GraphState:
@@ -357,8 +374,11 @@ class CudaBackend(GraphStates):
         if fresh:
             self._pending_upload = self.memory.upload(ptr, st[off:off + size], "copy")
             self._first_use_bytes += size
-        elif self._ahead is not None and key in self._ahead.keys:   # in flight ahead, maybe not enqueued yet
-            self._join_ahead()
+        elif self._ahead is not None and key in self._ahead.keys:   # claimed ahead, maybe not enqueued yet
+            event = self._ahead.event_of(key)
+            if event is None:                 # the thread gave it up: upload it here
+                return self.weight_ptr(leaf)
+            event.synchronize()               # that copy only (mostly landed long before)
         return ptr
 
     def _cache_slot(self, st, off: int, size: int, claim: set | None = None) -> tuple[tuple, int, bool]:
@@ -379,9 +399,10 @@ class CudaBackend(GraphStates):
     def upload_ahead(self, tensors, max_bytes: int) -> None:
         """Upload the weights among `tensors`, in order and at most `max_bytes` of them, from a
         thread of its own (own staging ring, the copy stream) while the caller goes on computing
-        on this device: the diffusion model's weights beside the text encoder's first run, whose
-        time is mostly the host's. preload_weights, release_weights and a run reading one of
-        them wait for it; a failure there is logged and leaves the rest to the usual upload."""
+        on this device: the text encoders' weights before their first run reads them, then the
+        diffusion model's beside that run, whose time is mostly the host's. A run reading one of
+        them waits for that one's copy; preload_weights and release_weights wait for all; a
+        failure there is logged and leaves the rest to the usual upload."""
         self._join_ahead()
         job = self._ahead = _AheadUpload([t.owner for t in tensors], max_bytes)
         job.thread = threading.Thread(target=self._upload_ahead, args=(job,), name=f"sdrt-{self.name}-ahead",
@@ -412,11 +433,14 @@ class CudaBackend(GraphStates):
                         job.keys.discard(key)
                     self.device.allocator.free(ptr)
                     raise
+                job.mark(key, job.event)
                 job.bytes += size
             if job.event is not None:
                 job.event.synchronize()
         except Exception as e:  # noqa: BLE001  (the weights left are uploaded on first use, as without it)
             job.error = e
+        finally:
+            job.mark(finished=True)
         job.seconds = time.perf_counter() - t0
 
     def _join_ahead(self) -> None:

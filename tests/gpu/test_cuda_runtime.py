@@ -377,6 +377,27 @@ def test_upload_ahead_beside_runs(cuda, rng):
     assert cuda.weight_bytes() == 0
 
 
+def test_a_run_reads_its_own_weights_while_they_upload_ahead(cuda, rng):
+    """The text encoders' weights go ahead first, so a run may read a weight the thread has
+    claimed: it waits for that weight's copy (not the whole job) and matches the CPU."""
+    holder = np.empty((3, 5, 32), np.float32)
+    x = Tensor.from_numpy(holder)
+    w = weight(rng.standard_normal((2560, 32)).astype(np.float16))
+    b = weight(rng.standard_normal(2560).astype(np.float32))
+    g = Graph({"y": F.add(F.mul_mat(w, x), b)})
+    require_kernels(cuda, g)
+    big = [weight(rng.standard_normal((2560, 2048)).astype(np.float16)) for _ in range(4)]      # 10 MB each
+    cuda.upload_ahead([w, b] + big, w.nbytes + b.nbytes + 2 * big[0].nbytes)
+    holder[...] = rng.standard_normal(holder.shape)
+    assert_close_to_cpu(g.run(cuda), g.run("cpu"), rtol=2e-3)
+    cuda.release_weights(keep=big)
+    # (the run may have claimed w or b before the thread: then it uploaded them itself)
+    assert 2 * big[0].nbytes <= cuda.last_ahead[0] <= w.nbytes + b.nbytes + 2 * big[0].nbytes
+    assert cuda.weight_bytes() == 2 * big[0].nbytes
+    cuda.release_weights()
+    assert cuda.weight_bytes() == 0
+
+
 def test_gemm_warm_up_replays_the_shapes_kept_by_earlier_runs(cuda, rng, tmp_path, monkeypatch, caplog):
     """The GEMM shapes a run met go to the cache file; a warm-up thread (as a later process's
     backend starts one unless SDRT_GEMM_WARMUP=0) replays them on its own stream and handles, and

@@ -148,8 +148,8 @@ class _GemmWarmUp:
                         pass          # a shape cuBLASLt refuses (the run took another path for it)
                     done += 1
                 stream.synchronize()
-            log.debug("%s: %d of %d GEMM shapes of earlier runs (%s) replayed ahead in %.2f s (%d cuBLASLt "
-                      "choices kept)", be.name, done, len(shapes), self.key, time.perf_counter() - t0, algos)
+            log.debug("%s: %d of %d GEMM shapes of earlier runs replayed ahead in %.2f s (%s; %d cuBLASLt "
+                      "choices kept)", be.name, done, len(shapes), time.perf_counter() - t0, self.key, algos)
         except Exception as e:  # noqa: BLE001  (an optimisation only)
             log.debug("%s: the GEMM warm-up stopped after %d shapes: %s", be.name, done, e)
         finally:

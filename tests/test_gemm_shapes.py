@@ -173,37 +173,35 @@ def test_the_warm_up_scratch_comes_from_the_stream_ordered_pool_where_the_driver
     assert dev.alloc_on_stream(4096, stream) is None
 
 
-def test_the_pipeline_names_what_runs_and_the_warm_up_takes_the_first_key(monkeypatch):
+def test_the_pipeline_names_what_runs_and_a_warm_up_starts_for_it(monkeypatch):
     """Pipeline.name_device_runs tells each GPU backend it computes on (a device name or a
-    PlacedBackend's) the family and size; CudaBackend.expect_gemm_shapes hands the first key to the
-    waiting warm-up, keeps later keys for the shapes it saves, and starts a new warm-up for a new
-    key once the first is over."""
+    PlacedBackend's) the family and size; CudaBackend.expect_gemm_shapes starts a warm-up for a
+    new key unless one is still running (then only the key its runs' shapes go under changes),
+    and none with SDRT_GEMM_WARMUP=0."""
     from sdrt.engine.stage_weights import StageWeights
     from sdrt.gpu.cuda import backend as B
 
     class Job:
-        def __init__(self, be=None, key=None):
-            self.key, self.begun = key, []
+        def __init__(self, be, key):
+            self.key, self.alive = key, True
             self.thread = SimpleNamespace(is_alive=lambda: self.alive)
-            self.alive = True
-
-        def begin(self, key):
-            self.begun.append(key)
-            self.key = key
 
     monkeypatch.setattr(B, "_GemmWarmUp", Job)
+    monkeypatch.delenv("SDRT_GEMM_WARMUP", raising=False)
     be = B.CudaBackend.__new__(B.CudaBackend)
-    be._gemm_key, be._gemm_warm = None, Job()
+    be._gemm_key, be._gemm_warm = None, None
     pipe = StageWeights()
     pipe.executors = {"te": SimpleNamespace(backend=be), "diffusion": SimpleNamespace(backend=be), "vae": "cpu"}
     pipe.name_device_runs("sdxl 1024x1024")
     first = be._gemm_warm
-    assert first.begun == ["sdxl 1024x1024"] and be._gemm_key == "sdxl 1024x1024"
+    assert first.key == "sdxl 1024x1024" and be._gemm_key == "sdxl 1024x1024"
     be.expect_gemm_shapes("sdxl 832x1216")          # the warm-up still running: only the key changes
-    assert be._gemm_warm is first and first.begun == ["sdxl 1024x1024"] and be._gemm_key == "sdxl 832x1216"
+    assert be._gemm_warm is first and be._gemm_key == "sdxl 832x1216"
     first.alive = False
     be.expect_gemm_shapes("sdxl 1024x1024")         # over: a new warm-up for the new key
     assert be._gemm_warm is not first and be._gemm_warm.key == "sdxl 1024x1024"
-    be._gemm_warm = None                             # SDRT_GEMM_WARMUP=0: the key only
+    be._gemm_warm.alive = False
+    monkeypatch.setenv("SDRT_GEMM_WARMUP", "0")     # off: the key only
+    last = be._gemm_warm
     be.expect_gemm_shapes("sd15 512x512")
-    assert be._gemm_key == "sd15 512x512"
+    assert be._gemm_key == "sd15 512x512" and be._gemm_warm is last

@@ -417,8 +417,7 @@ def test_gemm_warm_up_replays_the_shapes_kept_by_earlier_runs(cuda, rng, tmp_pat
     kept = load_shapes(shapes_file(tmp_path, cuda.device.info.arch, cuda.rt.cublas.version), key)
     assert kept and set(kept) <= set(cuda.rt.cublas.seen)
     with caplog.at_level("DEBUG", logger="sdrt.cuda"):
-        job = B._GemmWarmUp(cuda)          # as a backend makes it: it waits for the key
-        job.begin(key)
+        job = B._GemmWarmUp(cuda, key)     # as expect_gemm_shapes starts it when on
         job.thread.join(60)
     assert "GEMM shapes of earlier runs replayed ahead" in caplog.text and "warm-up stopped" not in caplog.text
     assert_close_to_cpu(g.run(cuda), want, rtol=2e-3)

@@ -87,30 +87,21 @@ class _LiveStorages:
 
 
 class _GemmWarmUp:
-    """A thread replaying the GEMM shapes earlier runs kept on disk under one key (a model family
-    and image size; cublas.replay_shape) on a stream, cuBLAS handles and scratch memory of its own,
-    so that cuBLAS's kernels for them are loaded before the first runs reach them (what those
-    first uses cost: bench/README.md). Made with the backend, it loads cuBLAS and the cuBLASLt
-    choices kept beside the shapes (cublas.ALGOS, which every Cublas of the process then uses
-    instead of asking the heuristic again) and waits for the pipeline to name the key (`begin`).
-    It shares nothing else with the runs but the context and the (locked) allocator; a failure
-    ends it quietly (debug log)."""
+    """A thread replaying the GEMM shapes earlier processes kept on disk under `key` (a model
+    family and image size; cublas.replay_shape) on a stream, cuBLAS handles and scratch memory of
+    its own, so that cuBLAS's kernels for them are loaded before the first runs reach them (what
+    those first uses cost: bench/README.md). Started when the pipeline names the key, at the start
+    of a generation, ahead of the text encoders' first run; it loads cuBLAS (the process's first
+    use) and the cuBLASLt choices kept beside the shapes (cublas.ALGOS, which every Cublas of the
+    process then uses instead of asking the heuristic again). It shares nothing else with the runs
+    but the context and the (locked) allocator; a failure ends it quietly (debug log)."""
 
-    def __init__(self, backend: "CudaBackend", key: str | None = None):
+    def __init__(self, backend: "CudaBackend", key: str):
         self.stop = False
         self.key = key
-        self._named = threading.Event()
-        if key is not None:
-            self._named.set()
         self.thread = threading.Thread(target=self._run, args=(backend,), name=f"sdrt-{backend.name}-gemm-warm-up",
                                        daemon=True)
         self.thread.start()
-
-    def begin(self, key: str) -> None:
-        """Replay the shapes kept under `key` (the first key named; later ones are ignored)."""
-        if self.key is None:
-            self.key = key
-            self._named.set()
 
     def _run(self, be: "CudaBackend") -> None:
         from .cublas import (REPLAY_MAX_BYTES, Cublas, algos_file, load_algos, load_shapes, replay_shape,
@@ -124,9 +115,6 @@ class _GemmWarmUp:
             cb = Cublas(dev, stream)
             where = (_dev_cache_dir(), dev.info.arch, cb.version)
             algos = load_algos(algos_file(*where), dev.index)   # cuBLASLt's choices: no heuristic for them
-            while not self._named.wait(0.1):
-                if self.stop:
-                    return
             sizes = {s: shape_layout(s)[1] for s in load_shapes(shapes_file(*where), self.key)}
             shapes = [s for s, n in sizes.items() if n <= REPLAY_MAX_BYTES]
             if shapes:
@@ -328,7 +316,7 @@ class CudaBackend(GraphStates):
         self._init_states()
         self._init_weight_cache()
         # cuBLAS's kernels for the GEMM shapes of earlier runs, loaded ahead (SDRT_GEMM_WARMUP=0: off)
-        self._gemm_warm = _GemmWarmUp(self) if gemm_warm_up_on() else None
+        self._gemm_warm: _GemmWarmUp | None = None   # the last one expect_gemm_shapes started
         self._gemm_key: str | None = None     # what runs now (expect_gemm_shapes), its shapes kept under it
         self._shapes_saved = 0
         self.fuse = os.environ.get("SDRT_CUDA_FUSE", "1") != "0"
@@ -562,7 +550,7 @@ class CudaBackend(GraphStates):
         else:
             self._run_eager(state, graph, on_segment, residency, debug, timing and state.runs == 1)
             how = "eager"
-            if self._gemm_warm is not None:
+            if gemm_warm_up_on():
                 self._save_gemm_shapes()
         t_sync = time.perf_counter()
         stream.synchronize()
@@ -578,18 +566,14 @@ class CudaBackend(GraphStates):
 
     def expect_gemm_shapes(self, key: str) -> None:
         """The runs that follow are those of `key` (a model family and image size, from the
-        pipeline): the GEMM warm-up replays the shapes earlier processes kept under it, and the
-        shapes these runs meet are kept under it. A new key once the warm-up is over starts
-        another warm-up for it (a server's next size)."""
+        pipeline): a GEMM warm-up starts replaying the shapes earlier processes kept under it
+        (unless SDRT_GEMM_WARMUP=0, or one is still running: a server's next size), and the
+        shapes these runs meet are kept under it."""
         if key == self._gemm_key:
             return
         self._gemm_key = key
         job = self._gemm_warm
-        if job is None:
-            return
-        if job.key is None:
-            job.begin(key)
-        elif not job.thread.is_alive():
+        if gemm_warm_up_on() and (job is None or not job.thread.is_alive()):
             self._gemm_warm = _GemmWarmUp(self, key)
 
     def _save_gemm_shapes(self) -> None:

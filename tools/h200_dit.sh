@@ -6,6 +6,7 @@
 #   PARTS="attn flux" bash tools/h200_dit.sh   # a subset of: attn, flux, fluxfull, dit, cli, tests
 #   PARTS=dit bash tools/h200_dit.sh          # the full-size DiT step of every family (~8 min)
 #   PARTS=cli bash tools/h200_dit.sh          # the whole CLI vs sd-cli CUDA, full-size files (~8 min)
+#   PARTS=ab bash tools/h200_dit.sh           # sdrt's SD1.5/SDXL CLI with each start-up switch off (~3 min)
 # fluxfull: bench_cuda_flux.py on full-size random Flux.1-dev (bf16, written here, ~4 min) against
 # diffusers eager and torch.compile ($FLUX_ENGINES, $FLUX_STEPS timed steps).
 # dit: bench_cuda_dit.py, full-size random bf16 Z-Image-Turbo, SD3.5 Large, Qwen-Image (41 GB) and
@@ -77,6 +78,20 @@ if has cli; then
     timeout $(( left + 30 )) python3 bench/bench_cuda_cli.py --family $F --dir /tmp/cli --sdcli $SDCLI \
         --engines ${CLI_ENGINES:-sdrt,sdcli} --runs ${CLI_RUNS:-1} --jobs 16 --budget $left $KEEP $CLI_ARGS \
         --save-logs "$OUT/cli_logs" --json "$OUT/cli.json" 2>&1 | cut -c1-700 | tail -40
+fi
+if has ab; then
+    # the first-step work one switch at a time (issue 18): sdrt's whole CLI with every default, then
+    # with each of the GEMM warm-up, the upload ahead and the read-ahead off ($AB_FAMILIES, default
+    # sd15,sdxl; $AB_RUNS runs each, the last reported; the files made here when missing)
+    AF=${AB_FAMILIES:-sd15,sdxl}
+    python3 bench/bench_cuda_cli.py --make-only --family $AF --dir /tmp/cli --jobs 16 2>&1 | tail -3
+    for cfg in defaults: no-warmup:SDRT_GEMM_WARMUP=0 no-ahead:SDRT_UPLOAD_AHEAD=0 no-prefetch:SDRT_PREFETCH=0; do
+        name=${cfg%%:*}
+        echo "== $name ${cfg#*:}"
+        env ${cfg#*:} timeout ${AB_TIMEOUT:-120} python3 bench/bench_cuda_cli.py --family $AF --dir /tmp/cli \
+            --engines sdrt --runs ${AB_RUNS:-3} --jobs 16 --keep --sdrt-args=--log-level=debug \
+            --save-logs "$OUT/ab_logs/$name" --json "$OUT/ab_$name.json" 2>&1 | grep -E "^\| sdrt|^[A-Z]" | cut -c1-300
+    done
 fi
 } 2>&1 | tee "$OUT/bench.log"
 if has tests; then

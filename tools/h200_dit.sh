@@ -90,8 +90,10 @@ if has ab; then
         echo "== $name ${cfg#*:}"
         env ${cfg#*:} timeout ${AB_TIMEOUT:-120} python3 bench/bench_cuda_cli.py --family $AF --dir /tmp/cli \
             --engines sdrt --runs ${AB_RUNS:-3} --jobs 16 --keep --sdrt-args=--log-level=debug \
-            --save-logs "$OUT/ab_logs/$name" --json "$OUT/ab_$name.json" 2>&1 | grep -E "^\| sdrt|^[A-Z]" | cut -c1-300
+            --save-logs "$OUT/ab/$name" --json "$OUT/ab/$name.json" 2>&1 | grep -E "^\| sdrt|^[A-Z]" | cut -c1-300
     done
+    # one file back (the device tool returns a few files per command)
+    tar czf "$OUT/ab.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"
 fi
 } 2>&1 | tee "$OUT/bench.log"
 if has tests; then

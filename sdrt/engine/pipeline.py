@@ -292,7 +292,7 @@ class Pipeline(StageWeights):
         size = plan_size(gp, self.family)                                   # 1. size (images read first)
         gp = size.gp
         log.info("generate_image %dx%d", size.width, size.height)
-        self.name_device_runs(f"{self.family.name} {size.width}x{size.height}")
+        self.name_device_runs(f"{self.version} {size.width}x{size.height}")    # e.g. "sdxl 1024x1024"
         from .hires import plan_hires, run_hires
         hires = plan_hires(gp, size.width, size.height, self.family.size_multiple, mp.hires_upscalers_dir)
         guidance = plan_guidance(gp, self.variant)                          # 2. guidance

@@ -83,8 +83,8 @@ class StageWeights:
                 self._sent_ahead()[dev] = ahead
 
     def name_device_runs(self, key: str) -> None:
-        """Tell each GPU this pipeline computes on what runs next (`key`: the family and image
-        size), so that a backend keeping the GEMM shapes of earlier processes per key replays
+        """Tell each GPU this pipeline computes on what runs next (`key`: the model version and
+        image size), so that a backend keeping the GEMM shapes of earlier processes per key replays
         that key's before the first runs reach them (CudaBackend.expect_gemm_shapes)."""
         from ..ops.backend import made_backend
         for e in self.executors.values():

@@ -88,7 +88,7 @@ class _LiveStorages:
 
 class _GemmWarmUp:
     """A thread replaying the GEMM shapes earlier processes kept on disk under `key` (a model
-    family and image size; cublas.replay_shape) on a stream, cuBLAS handles and scratch memory of
+    version and image size; cublas.replay_shape) on a stream, cuBLAS handles and scratch memory of
     its own, so that cuBLAS's kernels for them are loaded before the first runs reach them (what
     those first uses cost: bench/README.md). Started when the pipeline names the key, at the start
     of a generation, ahead of the text encoders' first run; it loads cuBLAS (the process's first
@@ -565,7 +565,7 @@ class CudaBackend(GraphStates):
         return result
 
     def expect_gemm_shapes(self, key: str) -> None:
-        """The runs that follow are those of `key` (a model family and image size, from the
+        """The runs that follow are those of `key` (a model version and image size, from the
         pipeline): a GEMM warm-up starts replaying the shapes earlier processes kept under it
         (unless SDRT_GEMM_WARMUP=0, or one is still running: a server's next size), and the
         shapes these runs meet are kept under it."""

@@ -359,7 +359,7 @@ class Cublas:
 # ---- the GEMM shapes of earlier runs, replayed to load cuBLAS's kernels ahead -------------------
 # A kernel cuBLAS runs is loaded on its first launch in a process (CUDA's lazy loading), which
 # costs milliseconds a shape (bench/README.md). The shapes a run met
-# (Cublas.seen) are kept on disk under the key of what ran (a model family and image size: one
+# (Cublas.seen) are kept on disk under the key of what ran (a model version and image size: one
 # process's SD1.5 shapes are no use to the next one's SDXL, and would delay its own); a later
 # process replays that key's shapes, in their first-use order, on a stream and cuBLAS handles of
 # its own, on scratch memory, as soon as its pipeline names the key.

@@ -176,11 +176,14 @@ class _AheadUpload:
             self.changed.wait_for(lambda: key in self.landed or key not in self.keys or self.finished)
             return self.landed.get(key)
 
-    def mark(self, key=None, event=None, finished=False) -> None:
+    def landed_one(self, key, event) -> None:
         with self.changed:
-            if key is not None and event is not None:
-                self.landed[key] = event
-            self.finished = self.finished or finished
+            self.landed[key] = event
+            self.changed.notify_all()
+
+    def finish(self) -> None:
+        with self.changed:
+            self.finished = True
             self.changed.notify_all()
 
 
@@ -421,14 +424,14 @@ class CudaBackend(GraphStates):
                         job.keys.discard(key)
                     self.device.allocator.free(ptr)
                     raise
-                job.mark(key, job.event)
+                job.landed_one(key, job.event)
                 job.bytes += size
             if job.event is not None:
                 job.event.synchronize()
         except Exception as e:  # noqa: BLE001  (the weights left are uploaded on first use, as without it)
             job.error = e
         finally:
-            job.mark(finished=True)
+            job.finish()
         job.seconds = time.perf_counter() - t0
 
     def _join_ahead(self) -> None:

@@ -424,15 +424,19 @@ def shapes_file(cache_dir: Path, arch: str, version: int) -> Path:
     return Path(cache_dir) / f"gemm-shapes-{arch}-cublas{version}.json"
 
 
-def _kept_shapes(path: Path) -> dict[str, list[tuple]]:
-    """{key: shapes in first-use order} kept at `path`, oldest key first ({} when missing or
-    unreadable, and odd entries skipped: it is only a cache)."""
+def _read_json(path: Path) -> list:
+    """The JSON list at `path`, [] when missing, unreadable or not a list: these files are caches."""
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError):
-        return {}
+        return []
+    return raw if isinstance(raw, list) else []
+
+
+def _kept_shapes(path: Path) -> dict[str, list[tuple]]:
+    """{key: shapes in first-use order} kept at `path`, oldest key first (odd entries skipped)."""
     out = {}
-    for entry in raw if isinstance(raw, list) else ():
+    for entry in _read_json(path):
         if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], list):
             out[entry[0]] = [_tuples(s) for s in entry[1]
                              if isinstance(s, list) and s and s[0] in ("gemm", "bias") and _plain(s)]
@@ -464,12 +468,9 @@ def algos_file(cache_dir: Path, arch: str, version: int) -> Path:
 
 
 def _kept_algos(path: Path) -> dict[tuple, str]:
-    """{plan key: hex choice} kept at `path` ({} when missing or unreadable: it is only a cache)."""
-    try:
-        raw = json.loads(Path(path).read_text())
-        return {_tuples(k): h for k, h in raw if isinstance(k, list) and isinstance(h, str)}
-    except (OSError, ValueError, TypeError):
-        return {}
+    """{plan key: hex choice} kept at `path` (odd entries skipped)."""
+    return {_tuples(e[0]): e[1] for e in _read_json(path)
+            if isinstance(e, list) and len(e) == 2 and isinstance(e[0], list) and _plain(e[0]) and isinstance(e[1], str)}
 
 
 def load_algos(path: Path, index: int) -> int:

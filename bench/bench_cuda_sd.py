@@ -1,7 +1,7 @@
 """SD1.5 512x512 and SDXL 1024x1024 on an NVIDIA GPU (issue 6): sdrt's CUDA backend vs
-diffusers/PyTorch eager fp16 vs stable-diffusion.cpp's sd-cli CUDA build, in one run.
+diffusers/PyTorch eager fp16 vs PyTorch compiled vs stable-diffusion.cpp's sd-cli CUDA build, in one run.
 
-    python bench/bench_cuda_sd.py --arch sd15 [--sdcli PATH] [--engines sdrt,torch,sdcli] [--steps 20]
+    python bench/bench_cuda_sd.py --arch sd15 [--sdcli PATH] [--engines sdrt,torch,compile,sdcli] [--steps 20]
 
 Each engine runs in its own child process (so one's GPU memory pool never slows another) on
 the same machine, one after the other:
@@ -11,6 +11,11 @@ the same machine, one after the other:
   second captures the CUDA graph, the rest replay it); then the VAE decode of one latent.
 * torch: diffusers' UNet2DConditionModel and AutoencoderKL with the same configs, fp16, its own
   random init, the same batch-2 forward, timed the same way with torch.cuda.synchronize().
+* compile: the strongest PyTorch a GPU user would pick (the configuration of the shared
+  torch_compile_peer.py): the same diffusers UNet in fp16, channels_last, fused QKV projections,
+  torch.compile(mode="reduce-overhead", fullgraph=True) = inductor kernels replayed in CUDA graphs;
+  timed the same way (its first call, mostly compilation, reported as first_call_s). Its VAE
+  decode is the eager one (the issue's VAE bar is PyTorch eager).
 * sdcli: `sd-cli --steps N --diffusion-fa` on the same checkpoint; its "sampling completed,
   taking X s" and "decode_first_stage completed, taking Y s" lines (sampling includes its
   per-step overheads, which is what a user sees as it/s).
@@ -75,10 +80,9 @@ def run_sdrt(arch, ckpt, steps):
     return dict(step_s=step, first_call_s=first, decode_s=dec, peak_alloc_mib=peak / 2**20)
 
 
-def run_torch(arch, steps):
-    import torch
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    dev, dt = "cuda", torch.float16
+def torch_unet(arch):
+    """diffusers' UNet2DConditionModel with the arch's config (random init, on the CPU)."""
+    from diffusers import UNet2DConditionModel
     if arch == "sd15":
         unet = UNet2DConditionModel(cross_attention_dim=768)
     else:
@@ -89,21 +93,37 @@ def run_torch(arch, steps):
             attention_head_dim=(5, 10, 20), cross_attention_dim=2048, use_linear_projection=True,
             addition_embed_type="text_time", addition_time_embed_dim=256,
             projection_class_embeddings_input_dim=2816)
-    unet = unet.to(dev, dt).eval()
+    return unet
+
+
+def run_torch(arch, steps, compiled=False):
+    import torch
+    from diffusers import AutoencoderKL
+    dev, dt = "cuda", torch.float16
+    unet = torch_unet(arch).to(dev, dt).eval()
+    if compiled:
+        unet = unet.to(memory_format=torch.channels_last)
+        unet.fuse_qkv_projections()
+        f = torch.compile(unet, mode="reduce-overhead", fullgraph=True)
+    else:
+        f = unet
     vae = AutoencoderKL(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
                         up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4).to(dev, dt).eval()
     x, t, ctx, y, z = (None if v is None else torch.from_numpy(v).to(dev, dt) for v in inputs(arch))
+    if compiled:
+        x = x.to(memory_format=torch.channels_last)
     extra = {} if y is None else {"added_cond_kwargs": {"text_embeds": y[:, :1280], "time_ids": y[:, 1280:1286]}}
 
     @torch.no_grad()
     def step():
-        unet(x, t, encoder_hidden_states=ctx, **extra)
+        f(x, t, encoder_hidden_states=ctx, **extra)
 
     @torch.no_grad()
     def dec():
         vae.decode(z)
 
-    return dict(step_s=time_calls(step, steps, torch.cuda.synchronize)["step_s"],
+    timed = time_calls(step, steps, torch.cuda.synchronize)    # its first call compiles
+    return dict(step_s=timed["step_s"], first_call_s=timed["first_call_s"],
                 decode_s=time_calls(dec, 5, torch.cuda.synchronize)["step_s"], torch=torch.__version__,
                 peak_alloc_mib=torch.cuda.max_memory_allocated() / 2**20)
 
@@ -123,8 +143,8 @@ def run_sdcli(arch, ckpt, steps, sdcli):
 def child(a):
     if a.engine == "sdrt":
         r = run_sdrt(a.arch, a.ckpt, a.steps)
-    elif a.engine == "torch":
-        r = run_torch(a.arch, a.steps)
+    elif a.engine in ("torch", "compile"):
+        r = run_torch(a.arch, a.steps, compiled=a.engine == "compile")
     else:
         r = run_sdcli(a.arch, a.ckpt, a.steps, a.sdcli)
     print("RESULT " + json.dumps(r), flush=True)
@@ -135,7 +155,7 @@ def main():
     ap.add_argument("--arch", choices=tuple(ARCH), default="sd15")
     ap.add_argument("--ckpt", default=None, help="default /tmp/<arch>_rand_f16.safetensors, made when missing")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--engines", default="sdrt,torch,sdcli")
+    ap.add_argument("--engines", default="sdrt,torch,compile,sdcli")
     ap.add_argument("--sdcli", default=None)
     ap.add_argument("--engine", help=argparse.SUPPRESS)
     a = ap.parse_args()

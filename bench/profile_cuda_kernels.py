@@ -1,6 +1,7 @@
 """Every CUDA kernel of one sdrt UNet (or Flux) forward on cuda0, timed by CUPTI (GPU only; needs PyTorch).
 
-    python bench/profile_cuda_kernels.py [--arch sdxl|sd15] [--ckpt FILE] [--rows 45]
+    python bench/profile_cuda_kernels.py [--arch sdxl|sd15] [--ckpt FILE] [--rows 45] [--torch]
+    python bench/profile_cuda_kernels.py --arch vae15|vaexl [--torch]
     python bench/profile_cuda_kernels.py --arch flux --ckpt FLUX_TRANSFORMER_FILE [--torch]
     python bench/profile_cuda_kernels.py --arch esrgan [--torch]
 
@@ -15,6 +16,12 @@ bench_lora.py's kohya LoRA of that rank at run time. Flux: the DiT of a transfor
 profiles diffusers' FluxTransformer2DModel (bf16, same depth) for the kernel-by-kernel comparison.
 ESRGAN: bench_esrgan.py's random RealESRGAN_x4plus-shaped RRDBNet (f16 weights) on a 512x512
 image, whole; --torch also profiles the plain-torch RRDBNet in fp16.
+sd15/sdxl --torch: also the diffusers UNet of bench_cuda_sd.py's "compile" engine (fp16,
+channels_last, fused QKV, torch.compile's inductor kernels: mode "default", the kernels that
+"reduce-overhead" replays in its CUDA graphs) and eager, each one forward.
+vae15/vaexl: the VAE decode of a 64x64 / 128x128 latent (SD1.5 512x512 / SDXL 1024x1024) through
+the random checkpoint's decoder, replayed as bench_cuda_sd.py times it; --torch also diffusers'
+AutoencoderKL decode in fp16, eager.
 """
 from __future__ import annotations
 
@@ -35,8 +42,8 @@ import numpy as np  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", choices=("sdxl", "sd15", "flux", "esrgan"), default="sdxl")
-    ap.add_argument("--torch", action="store_true", help="flux: profile diffusers' transformer too")
+    ap.add_argument("--arch", choices=("sdxl", "sd15", "flux", "esrgan", "vae15", "vaexl"), default="sdxl")
+    ap.add_argument("--torch", action="store_true", help="profile the PyTorch peer's kernels too")
     ap.add_argument("--ckpt", default=None, help="checkpoint to take the UNet from (default: random weights)")
     ap.add_argument("--rows", type=int, default=45)
     ap.add_argument("--lora", type=int, default=0, metavar="RANK",
@@ -49,6 +56,8 @@ def main():
         return profile_flux(a, torch)
     if a.arch == "esrgan":
         return profile_esrgan(a, torch)
+    if a.arch.startswith("vae"):
+        return profile_vae(a, torch)
     cfg = UNetConfig.preset("sdxl" if a.arch == "sdxl" else "sd1")
     if a.ckpt:
         from sdrt.io import open_model
@@ -78,10 +87,66 @@ def main():
     t0 = time.perf_counter()
     model(x, t, ctx, y, backend="cuda0")
     print(f"{a.arch}: replayed forward {1e3 * (time.perf_counter() - t0):.1f} ms (wall, with input/output copies)")
+    _print(a, torch, lambda: model(x, t, ctx, y, backend="cuda0"))
+    if a.torch:
+        del model
+        profile_torch_unet(a, torch, (x, t, ctx, y))
+
+
+def _print(a, torch, fn, title=None):
+    """CUPTI's per-kernel table of one call of fn."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
-        model(x, t, ctx, y, backend="cuda0")
+        fn()
         torch.cuda.synchronize()
+    if title:
+        print(title)
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows, max_name_column_width=80))
+
+
+def profile_torch_unet(a, torch, inputs):
+    from bench_cuda_sd import torch_unet
+    dev, dt = "cuda", torch.float16
+    x, t, ctx, y = (None if v is None else torch.from_numpy(v).to(dev, dt) for v in inputs)
+    extra = {} if y is None else {"added_cond_kwargs": {"text_embeds": y[:, :1280], "time_ids": y[:, 1280:1286]}}
+    unet = torch_unet(a.arch).to(dev, dt).eval().to(memory_format=torch.channels_last)
+    unet.fuse_qkv_projections()
+    x = x.to(memory_format=torch.channels_last)
+    for name, f in (("eager", unet), ("compiled", torch.compile(unet, fullgraph=True))):
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            for _ in range(3):
+                f(x, t, encoder_hidden_states=ctx, **extra)
+            torch.cuda.synchronize()
+            print(f"torch {name}: 3 warm-up forwards {time.perf_counter() - t0:.1f} s")
+            _print(a, torch, lambda: f(x, t, encoder_hidden_states=ctx, **extra), f"torch {name} (channels_last, fused QKV):")
+
+
+def profile_vae(a, torch):
+    from bench_cuda_sd import inputs
+    from sdrt.io import open_model
+    from sdrt.models.vae.autoencoder_kl import AutoencoderKL
+    from sdrt.ops import api as F
+    from sdrt.ops.tensor import Tensor
+    arch = "sd15" if a.arch == "vae15" else "sdxl"
+    z = inputs(arch)[4]
+    vae = AutoencoderKL(open_model(a.ckpt or f"/tmp/{arch}_rand_f16.safetensors").tensors)
+    graph = F.Graph({"img": vae.decode_graph(Tensor.from_numpy(z))})
+    for _ in range(4):
+        graph.run("cuda0")
+    t0 = time.perf_counter()
+    graph.run("cuda0")
+    print(f"{a.arch}: replayed decode {1e3 * (time.perf_counter() - t0):.1f} ms (wall, with the download)")
+    _print(a, torch, lambda: graph.run("cuda0"))
+    if a.torch:
+        from diffusers import AutoencoderKL as TorchVAE
+        tv = TorchVAE(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
+                      up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2,
+                      latent_channels=4).to("cuda", torch.float16).eval()
+        zt = torch.from_numpy(z).to("cuda", torch.float16)
+        with torch.no_grad():
+            for _ in range(3):
+                tv.decode(zt)
+            _print(a, torch, lambda: tv.decode(zt), "torch eager decode:")
 
 
 def profile_flux(a, torch):

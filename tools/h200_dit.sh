@@ -3,10 +3,18 @@
 # eval "$(bash tools/device_setup.sh)" is done here; carry .whl.
 #   bash tools/h200_dit.sh                 # attention tests + bench, Flux 4+8-block kernel profile vs
 #                                          # diffusers, then the GPU tests ($TESTS, default the suite)
-#   PARTS="attn flux" bash tools/h200_dit.sh   # a subset of: attn, flux, fluxfull, dit, cli, tests
+#   PARTS="attn flux" bash tools/h200_dit.sh   # a subset of: attn, flux, fluxfull, dit, cli, ab, conv, unet, wino, tests
 #   PARTS=dit bash tools/h200_dit.sh          # the full-size DiT step of every family (~8 min)
 #   PARTS=cli bash tools/h200_dit.sh          # the whole CLI vs sd-cli CUDA, full-size files (~8 min)
 #   PARTS=ab bash tools/h200_dit.sh           # sdrt's SD1.5/SDXL CLI with each start-up switch off (~3 min)
+#   PARTS="conv unet" bash tools/h200_dit.sh  # issue 18's kernels: conv variants, UNet/VAE vs PyTorch (~9 min)
+#   PARTS=wino bash tools/h200_dit.sh         # SD1.5 step/decode/image with Winograd convs off and on (~2 min)
+# conv: the direct-conv GPU tests, then bench_cuda_conv.py --variants (every conv3x3_mma variant
+# per shape, beside im2col + cuBLAS and cuDNN), log in $OUT/conv.log.
+# unet: bench_cuda_sd.py for $UNET_ARCHS (default sd15) with sdrt, PyTorch eager and compiled
+# (issue 18 done-means 1-3), then CUPTI kernel tables of the UNet step (sdrt, torch eager and
+# compiled) and of the VAE decode (sdrt, torch eager): $OUT/unet_<arch>.log, prof_<arch>.log,
+# prof_vae_<arch>.log (needs the diffusers wheel: `bash tools/device_tree.sh prepare`, not sdcpp).
 # fluxfull: bench_cuda_flux.py on full-size random Flux.1-dev (bf16, written here, ~4 min) against
 # diffusers eager and torch.compile ($FLUX_ENGINES, $FLUX_STEPS timed steps).
 # dit: bench_cuda_dit.py, full-size random bf16 Z-Image-Turbo, SD3.5 Large, Qwen-Image (41 GB) and
@@ -56,6 +64,52 @@ if has dit; then
         --family ${DIT_FAMILIES:-zimage,sd35l,qwen,flux} --compile-for ${DIT_COMPILE:-zimage,sd35l,qwen} \
         --budget ${DIT_BUDGET:-510} --child-timeout 200 --json "$OUT/dit.json" 2>&1 | cut -c1-700 | tail -45
     rm -rf /tmp/dit
+fi
+if has conv; then
+    timeout 150 python3 -m pytest -q --gpu tests/gpu/test_cuda_ops_conv.py -p no:cacheprovider 2>&1 | tail -4
+    timeout ${CONV_TIMEOUT:-100} python3 bench/bench_cuda_conv.py --repeat 20 --variants > "$OUT/conv.log" 2>&1
+    cut -c1-250 "$OUT/conv.log"
+fi
+if has unet; then
+    for arch in ${UNET_ARCHS:-sd15}; do
+        timeout 300 python3 bench/bench_cuda_sd.py --arch $arch --engines sdrt,torch,compile > "$OUT/unet_$arch.log" 2>&1
+        tail -8 "$OUT/unet_$arch.log"
+        timeout 240 python3 bench/profile_cuda_kernels.py --arch $arch --torch --rows 40 > "$OUT/prof_$arch.log" 2>&1
+        grep -E "replayed|warm-up|Self CUDA time total" "$OUT/prof_$arch.log"
+        v=$([ $arch = sd15 ] && echo vae15 || echo vaexl)
+        timeout 90 python3 bench/profile_cuda_kernels.py --arch $v --torch --rows 40 > "$OUT/prof_vae_$arch.log" 2>&1
+        grep -E "replayed|Self CUDA time total" "$OUT/prof_vae_$arch.log"
+    done
+fi
+if has wino; then
+    # Winograd F(2x2, 3x3) for the UNet's and the VAE's deep convs (issue 18): the SD1.5 step and
+    # decode, and the 512x512 4-step image against the default path's and the CPU's (the CPU image
+    # made beforehand with the same command: h200_ref/sd15_cpu_4steps.png, carried untracked)
+    ls /tmp/sd15_rand_f16.safetensors >/dev/null 2>&1 || \
+        python3 tools/make_sd_checkpoint.py --arch sd15 -o /tmp/sd15_rand_f16.safetensors | tail -1
+    for cfg in default: wino:SDRT_CUDA_WINOGRAD=1 wino16:SDRT_CUDA_WINOGRAD=1,SDRT_CUDA_WINOGRAD_M=F16; do
+        name=${cfg%%:*}; vars=${cfg#*:}
+        echo "== $name $vars"
+        env ${vars//,/ } timeout 120 python3 bench/bench_cuda_sd.py --arch ${WINO_ARCH:-sd15} --engines sdrt 2>&1 | tail -2
+        env ${vars//,/ } timeout 120 python3 -m sdrt -m /tmp/sd15_rand_f16.safetensors -p "a photo of a cat" -W 512 \
+            -H 512 --steps 4 -s 42 --sampling-method euler --backend cuda0 -o /tmp/wino_$name.png 2>&1 | grep -E "rror" 
+    done
+    python3 - <<'PY'
+import os
+import numpy as np
+from PIL import Image
+def load(p):
+    return np.asarray(Image.open(p), np.float64) if os.path.exists(p) else None
+def psnr(a, b):
+    if a is None or b is None:
+        return float("nan")
+    m = ((a - b) ** 2).mean()
+    return float("inf") if m == 0 else 10 * np.log10(255 ** 2 / m)
+cpu, base = load("h200_ref/sd15_cpu_4steps.png"), load("/tmp/wino_default.png")
+for n in ("default", "wino", "wino16"):
+    im = load(f"/tmp/wino_{n}.png")
+    print(f"SD1.5 512x512 4 steps, {n}: vs CPU {psnr(im, cpu):.2f} dB, vs default GPU {psnr(im, base):.2f} dB")
+PY
 fi
 if has cli; then
     t0=$SECONDS; CB=${CLI_BUDGET:-500}; SDCLI=/tmp/sdcli/sd-cli; SRC=${SDCLI_SRC:-.whl/sdcpp/sdcpp_src.tar.xz}

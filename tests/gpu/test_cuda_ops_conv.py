@@ -186,6 +186,21 @@ def test_conv3x3_direct(cuda, rng, direct, case, xdtype, bias):
     check(cuda, F.conv2d(x, w, b, padding=1))
 
 
+@pytest.mark.parametrize("case", ["tile_exact", "ragged_map", "oc96_two_blocks", "c200_many_chunks"])
+@pytest.mark.parametrize("xdtype", ["F32", "F16"])
+@pytest.mark.parametrize("variant", ["mma32", "mma64", "mma64k32", "mma128", "mma128t"])
+def test_conv3x3_direct_variants(cuda, rng, direct, monkeypatch, case, xdtype, variant):
+    """Every conv3x3_mma variant (block shapes) on ragged maps and channel counts."""
+    import sdrt.gpu.cuda.ops.conv as G
+    if G.C3_VARIANTS[variant][4] != G.MODULE and tuple(cuda.rt.device.capability) != (9, 0):
+        pytest.skip(f"{variant} is built for sm_90 only")
+    direct(1)
+    monkeypatch.setattr(G, "DIRECT_3X3_VARIANT", variant)
+    N, C, H, W, OC = DIRECT_CASES[case]
+    w = leaf(randn(rng, OC, C, 3, 3) / np.sqrt(9 * C), "F16")
+    check(cuda, F.conv2d(leaf(randn(rng, N, C, H, W), xdtype), w, leaf(randn(rng, OC)), padding=1))
+
+
 @pytest.mark.parametrize("wdtype", ["F16", "BF16", "F8_E4M3"])
 def test_conv3x3_direct_matches_im2col(cuda, rng, direct, wdtype):
     """The direct conv and im2col + cuBLAS see the same F16 operands: they differ only by the
@@ -237,6 +252,24 @@ def test_conv2d_sd_shapes(cuda, rng, name, N, C, HW, OC, k, s, p):
     w = leaf(randn(rng, OC, C, k, k) * (1.0 / np.sqrt(C * k * k)), "F16")
     b = leaf(randn(rng, OC) * 0.1, "F16")
     check(cuda, F.conv2d(x, w, b, stride=s, padding=p))
+
+
+WINOGRAD_SHAPES = [c for c in SD_CONVS if c[5:] == (3, 1, 1) and c[2] >= 64 and c[4] >= 64]
+
+
+@pytest.mark.parametrize("m_dtype", ["F32", "F16"])
+@pytest.mark.parametrize("name,N,C,HW,OC,k,s,p", WINOGRAD_SHAPES, ids=[c[0] for c in WINOGRAD_SHAPES])
+def test_conv2d_sd_shapes_winograd(cuda, rng, monkeypatch, name, N, C, HW, OC, k, s, p, m_dtype):
+    """Winograd F(2x2, 3x3) on cuBLAS (tests/test_cuda_conv_host.py runs its kernels on the host)."""
+    import sdrt.gpu.cuda.ops.conv as G
+    monkeypatch.setattr(G, "WINOGRAD", True)
+    monkeypatch.setattr(G, "WINOGRAD_M", m_dtype)
+    monkeypatch.setattr(G, "DIRECT_3X3_PIXELS", 0)
+    x = leaf(randn(rng, N, C, HW, HW) * 0.5)
+    node = F.conv2d(x, leaf(randn(rng, OC, C, 3, 3) * (1.0 / np.sqrt(C * 9)), "F16"), leaf(randn(rng, OC) * 0.1, "F16"),
+                    padding=1)
+    assert G.takes_winograd(node)
+    check(cuda, node, 3e-3)
 
 
 @pytest.mark.parametrize("name,N,C,HW,OC", [("vae_mid_512_f32", 1, 512, 64, 512), ("unet_32_640_f32", 2, 640, 32, 640)])

@@ -45,8 +45,9 @@ KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 MANIFEST = KERNELS_DIR / "manifest.json"
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")   # SASS shipped in every fatbin
 PTX_ARCH = "compute_90"                         # plus PTX the driver JITs on newer GPUs
-# families built for one arch's own features only (SASS, no PTX): Hopper's wgmma is sm_90a's
-FAMILY_ARCHS = {"attention_sm90": (("sm_90a",), None)}
+# families built for one arch only (SASS, no PTX): Hopper's wgmma is sm_90a's; the direct conv's
+# candidate block shapes are timed on Hopper GPUs
+FAMILY_ARCHS = {"attention_sm90": (("sm_90a",), None), "conv3x3_sm90": (("sm_90",), None)}
 NVCC_FLAGS = ("-O3", "-std=c++17")
 
 

@@ -87,7 +87,7 @@ from __future__ import annotations
 from ...ops.registry import FLOATS, ops_of_kind
 from .ops.attention import attention_into_cont, wants_f32
 from .ops.attention import plan as attention_plan
-from .ops.conv import Epilogue, bias_axis, conv2d, conv3x3_direct, takes_direct
+from .ops.conv import Epilogue, bias_axis, conv2d, conv3x3_direct, takes_direct, takes_winograd
 from .ops.conv import gemm_dtype as conv_gemm_dtype
 from .ops.elementwise import binary, gated_add, silu_mul, unary
 from .ops.layout import concat
@@ -530,9 +530,10 @@ def _writable(node, fn, srcs) -> tuple[str, ...]:
         return HALF
     if getattr(fn, "writes", None):                  # fused slots marked so (the norms' chains, silu_mul)
         return fn.writes
-    if fn is conv2d or getattr(fn, "direct_conv", None) is not None:   # conv3x3_mma writes F16
+    if fn is conv2d or getattr(fn, "direct_conv", None) is not None:   # conv3x3_mma, wino_output write F16
         cv = getattr(fn, "direct_conv", node)
-        ok = takes_direct(cv) and (len(cv.src) < 3 or bias_axis(cv.src[2], cv.ne[2]) is not None)
+        ok = (takes_direct(cv) or takes_winograd(cv)) \
+            and (len(cv.src) < 3 or bias_axis(cv.src[2], cv.ne[2]) is not None)
         return ("F16",) if ok else ()
     if node.op in ("rope", "rope_ext"):              # (positions are I32) for the attention: F16
         return ("F16",) if node.src[0].dtype.name == "F32" else ()

@@ -13,12 +13,14 @@
 //   is added after the GEMM (the CPU kernel's order) or stored before col2im accumulates.
 // - conv3x3_mma: the 3x3 / stride-1 / pad-1 conv of large maps as a direct implicit GEMM on
 //   tensor cores (no column matrix); conv3x3_pack_w lays its weights out per call.
+// - wino_*: the 3x3 / stride-1 / pad-1 conv by Winograd F(2x2, 3x3): transforms around 16
+//   cuBLAS GEMMs.
 // - pool2d: ggml_pool_2d (avg divides by the full kernel area, max starts at -FLT_MAX);
 //   pool1d is pool2d with a 1-row kernel.
 //
 // Every kernel but im2col is a 1-D grid-stride loop over its outputs (int64 indices).
 #include "common.cuh"
-#include "mma.cuh"
+#include "conv3x3.cuh"
 #include <float.h>
 
 #define GRID_STRIDE_LOOP(i, n) \
@@ -200,218 +202,151 @@ extern "C" __global__ void col2im_add_f32(
     }
 }
 
-// ---- 3x3 convolution as a direct implicit GEMM on tensor cores (sm_80+) ---------------------------
-// stride 1, padding 1, no dilation, one group, F16 weights, any input view (F32/F16/BF16). A block
-// computes a C3_TH x C3_TW tile of output pixels (M = 128) by BN output channels of one batch item.
-// Per chunk of C3_KC input channels, shared memory holds the input patch with its one-pixel halo,
-// channel-contiguous per pixel ([pixel][C3_KC + 8] halves, narrowed to F16 while staged, as
-// im2col narrows it), and the chunk's weights [tap][C3_KC][BN + 8] (conv3x3_pack_w's layout).
-// A tap's A operand is the patch shifted by (ky, kx): ldmatrix takes one row address per lane, so
-// the shift is only a different row, and the input is read from global memory once per block
-// and chunk. Two buffers: the next chunk's weights come by cp.async and its patch through
-// registers while the 9 taps of the current one run as mma.sync m16n8k16 (f16 in, f32 sums).
-// Row strides of 48 / 2*(BN+8) bytes keep every ldmatrix conflict-free. Output: F32
-// [N][OC][H][W] = epilogue(sum + bias) (bdt 0: no bias, 1 F32, 2 F16, 3 BF16; element oc at
-// oc*bs bytes); the epilogue is the ops fuse.py folds in, in graph order: leaky_relu(slope) when
-// act, then * scale + shift, then + res (F32, the output's layout) when res is not null.
-constexpr int C3_TH = 8, C3_TW = 16, C3_BM = C3_TH * C3_TW, C3_KC = 16, C3_NT = 128;
-constexpr int C3_PW = C3_TW + 2, C3_PIX = (C3_TH + 2) * C3_PW;
-constexpr int C3_XS = C3_KC + 8;  // patch pixel stride in halves
-constexpr int C3_XH = C3_PIX * C3_XS;
-constexpr int C3_PAIRS = C3_KC / 2 * C3_PIX;  // half2 items of a patch
-constexpr int C3_PER_THREAD = (C3_PAIRS + C3_NT - 1) / C3_NT;
-
-// packed[ob][ch][tap][k][n] = w[ob*bn + n][(ch*C3_KC + k)*9 + tap], zero past OC and C
+// ---- 3x3 convolution as a direct implicit GEMM on tensor cores (sm_80+): conv3x3.cuh ------------
+// packed[ob][ch][tap][k][n] = w[ob*bn + n][(ch*kc + k)*9 + tap], zero past OC and C
 extern "C" __global__ void conv3x3_pack_w(__half* __restrict__ out, const __half* __restrict__ w, int C,
-                                          int OC, int bn, int nch, int64_t total) {
+                                          int OC, int bn, int kc, int nch, int64_t total) {
     GRID_STRIDE_LOOP(i, total) {
         const int n = (int)(i % bn);
         int64_t r = i / bn;
-        const int k = (int)(r % C3_KC);
-        r /= C3_KC;
+        const int k = (int)(r % kc);
+        r /= kc;
         const int t = (int)(r % 9);
         r /= 9;
         const int ch = (int)(r % nch), ob = (int)(r / nch);
-        const int oc = ob * bn + n, c = ch * C3_KC + k;
+        const int oc = ob * bn + n, c = ch * kc + k;
         out[i] = (oc < OC && c < C) ? w[((int64_t)oc * C + c) * 9 + t] : __float2half(0.0f);
     }
 }
 
-__device__ __forceinline__ float c3_bias(const char* b, int bdt, int64_t off) {
-    return bdt == 1 ? load_f<float>(b, off) : bdt == 2 ? load_f<__half>(b, off)
-         : bdt == 3 ? load_f<__nv_bfloat16>(b, off) : 0.0f;
+CONV3X3_MMA_KERNELS(conv3x3_mma32, 32, 4, 1, 8, 16)
+CONV3X3_MMA_KERNELS(conv3x3_mma64, 64, 2, 2, 8, 16)
+
+// ---- 3x3 convolution by Winograd F(2x2, 3x3) ----------------------------------------------------
+// stride 1, padding 1, no dilation, one group. Per 2x2 block of output pixels (a tile t of N * TH
+// * TW, tiles (n, ty, tx) in row-major order) and 16 transform points p:
+//   U[p][oc][c] = (G g G^T)[p]      g = the 3x3 weight of (oc, c)           (wino_weights)
+//   V[p][c][t]  = (B^T d B)[p]      d = the 4x4 input patch at (2ty-1, 2tx-1) (wino_input)
+//   M[p][oc][t] = sum_c U[p][oc][c] V[p][c][t]   16 GEMMs (cuBLAS, strided batched)
+//   out[n][oc][2ty + i][2tx + j] = (A^T m A)[i][j] + bias[oc]                   (wino_output)
+// with G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1], B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],
+// A^T = [1 1 1 0; 0 1 -1 -1]: 2.25x fewer multiplications than the direct conv, the GEMMs at
+// cuBLAS's rate. The input is narrowed to F16 before its transform (as im2col narrows it), the
+// transforms run in F32, U and V are stored F16, M as the GEMM writes it (F32 or F16), the output
+// F32 or F16. A call
+// covers tiles t0 .. t0 + nt (chunks bound the scratch); V and M hold just those.
+extern "C" __global__ void wino_weights(__half* __restrict__ U, const __half* __restrict__ w, int C, int OC) {
+    const int64_t total = (int64_t)OC * C;
+    GRID_STRIDE_LOOP(i, total) {  // i = oc * C + c; w[oc][c][3][3]
+        float g[3][3], gg[4][3];
+#pragma unroll
+        for (int k = 0; k < 9; ++k) g[k / 3][k % 3] = __half2float(w[i * 9 + k]);
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {  // G g
+            gg[0][j] = g[0][j];
+            gg[1][j] = 0.5f * (g[0][j] + g[1][j] + g[2][j]);
+            gg[2][j] = 0.5f * (g[0][j] - g[1][j] + g[2][j]);
+            gg[3][j] = g[2][j];
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // (G g) G^T
+            const float u[4] = {gg[r][0], 0.5f * (gg[r][0] + gg[r][1] + gg[r][2]),
+                                0.5f * (gg[r][0] - gg[r][1] + gg[r][2]), gg[r][2]};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) U[(int64_t)(r * 4 + q) * total + i] = __float2half_rn(u[q]);
+        }
+    }
 }
 
-template <typename TI, typename TO, int BN, int WM, int WN>
-__device__ void conv3x3_mma(TO* __restrict__ out, const char* __restrict__ x,
-                            const __half* __restrict__ wp, const char* __restrict__ bias, int bdt,
-                            int64_t bs, int64_t sn, int64_t sc, int64_t sy, int64_t sx, int C,
-                            int H, int W, int OC, int nch, int act, float slope, float scale,
-                            float shift, const float* __restrict__ res) {
-#ifdef SDRT_HAVE_MMA
-    constexpr int MW = C3_BM / WM, NW = BN / WN;  // a warp's tile
-    constexpr int FM = MW / 16, FN = NW / 8;
-    constexpr int WS = BN + 8, WH = 9 * C3_KC * WS;  // weight row stride, one buffer (halves)
-    constexpr int WV = 9 * C3_KC * BN / 8;             // 16-byte vectors of one chunk's weights
-    extern __shared__ __align__(16) unsigned char c3_smem[];
-    __half* sX = reinterpret_cast<__half*>(c3_smem);  // [2][C3_XH]
-    __half* sW = sX + 2 * C3_XH;                       // [2][WH]
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp % WM, wn = warp / WM;
-    const int tiles_x = (W + C3_TW - 1) / C3_TW;
-    const int x0 = (blockIdx.x % tiles_x) * C3_TW, y0 = (blockIdx.x / tiles_x) * C3_TH;
-    const char* xn = x + (int64_t)blockIdx.z * sn;
-    const __half* wb = wp + (int64_t)blockIdx.y * nch * 9 * C3_KC * BN;
-
-    // the next chunk's patch, as stored: converted only when written to shared memory, so that
-    // no conversion waits on a load while the current chunk's MMAs could run
-    TI pre_a[C3_PER_THREAD], pre_b[C3_PER_THREAD];
-    auto load_patch = [&](int c0) {
-        const TI zero = from_f32<TI>(0.0f);
+template <typename TI>
+__device__ void wino_input(__half* __restrict__ V, const char* __restrict__ x, int64_t sn, int64_t sc,
+                           int64_t sy, int64_t sx, int C, int H, int W, int TH, int TW, int64_t t0,
+                           int64_t nt) {
+    const int64_t total = (int64_t)C * nt;
+    GRID_STRIDE_LOOP(i, total) {  // i = c * nt + (t - t0): consecutive threads, consecutive tiles
+        const int c = (int)(i / nt);
+        const int64_t t = t0 + i % nt;
+        const int tx = (int)(t % TW), ty = (int)(t / TW % TH), n = (int)(t / ((int64_t)TW * TH));
+        const char* xc = x + n * sn + c * sc;
+        float d[4][4];
 #pragma unroll
-        for (int j = 0; j < C3_PER_THREAD; ++j) {
-            const int i = tid + j * C3_NT;
-            TI a = zero, b = zero;
-            if (i < C3_PAIRS) {
-                const int cp = i / C3_PIX, p = i - cp * C3_PIX, r = p / C3_PW, col = p - r * C3_PW;
-                const int iy = y0 + r - 1, ix = x0 + col - 1, c = c0 + 2 * cp;
-                if (iy >= 0 && iy < H && ix >= 0 && ix < W) {
-                    const int64_t off = (int64_t)c * sc + (int64_t)iy * sy + (int64_t)ix * sx;
-                    if (c < C) a = load<TI>(xn, off);
-                    if (c + 1 < C) b = load<TI>(xn, off + sc);
-                }
-            }
-            pre_a[j] = a;
-            pre_b[j] = b;
-        }
-    };
-    auto store_patch = [&](__half* dst) {
+        for (int r = 0; r < 4; ++r) {
+            const int iy = 2 * ty - 1 + r;
 #pragma unroll
-        for (int j = 0; j < C3_PER_THREAD; ++j) {
-            const int i = tid + j * C3_NT;
-            if (i < C3_PAIRS) {
-                const int cp = i / C3_PIX, p = i - cp * C3_PIX;
-                *reinterpret_cast<__half2*>(dst + p * C3_XS + 2 * cp) =
-                    __floats2half2_rn(to_f32(pre_a[j]), to_f32(pre_b[j]));
+            for (int q = 0; q < 4; ++q) {
+                const int ix = 2 * tx - 1 + q;
+                d[r][q] = (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                        ? __half2float(__float2half_rn(load_f<TI>(xc, iy * sy + ix * sx))) : 0.0f;
             }
         }
-    };
-    auto load_w = [&](int ch, __half* dst) {
-        const __half* src = wb + (int64_t)ch * 9 * C3_KC * BN;
-        for (int i = tid; i < WV; i += C3_NT) {
-            const int row = i / (BN / 8), v = i - row * (BN / 8);
-            cp_async16(dst + row * WS + v * 8, src + (int64_t)i * 8, true);
+        float bd[4][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // B^T d
+            bd[0][q] = d[0][q] - d[2][q];
+            bd[1][q] = d[1][q] + d[2][q];
+            bd[2][q] = d[2][q] - d[1][q];
+            bd[3][q] = d[1][q] - d[3][q];
         }
-        cp_async_commit();
-    };
-
-    float acc[FM][FN][4];
 #pragma unroll
-    for (int f = 0; f < FM; ++f)
+        for (int r = 0; r < 4; ++r) {  // (B^T d) B
+            const float v[4] = {bd[r][0] - bd[r][2], bd[r][1] + bd[r][2], bd[r][2] - bd[r][1], bd[r][1] - bd[r][3]};
 #pragma unroll
-        for (int j = 0; j < FN; ++j) acc[f][j][0] = acc[f][j][1] = acc[f][j][2] = acc[f][j][3] = 0.0f;
-
-    load_w(0, sW);
-    load_patch(0);
-    store_patch(sX);
-    cp_async_wait<0>();
-    __syncthreads();
-    for (int ch = 0; ch < nch; ++ch) {
-        const int cur = ch & 1;
-        const bool more = ch + 1 < nch;
-        if (more) {
-            load_w(ch + 1, sW + (cur ^ 1) * WH);
-            load_patch((ch + 1) * C3_KC);
+            for (int q = 0; q < 4; ++q) V[(int64_t)(r * 4 + q) * total + i] = __float2half_rn(v[q]);
         }
-        const __half* X = sX + cur * C3_XH;
-        const __half* Wt = sW + cur * WH;
-#pragma unroll
-        for (int t = 0; t < 9; ++t) {
-            const int ky = t / 3, kx = t - ky * 3;
-            unsigned a[FM][4], b[FN][2];
-#pragma unroll
-            for (int f = 0; f < FM; ++f) {  // m16 tile f: output row (wm*MW + f*16) / C3_TW
-                const int ty = (wm * MW + f * 16) / C3_TW, tx = lane & 15;
-                ldsm_x4(a[f], X + ((ty + ky) * C3_PW + tx + kx) * C3_XS + (lane >> 4) * 8);
-            }
-#pragma unroll
-            for (int g = 0; g < FN / 2; ++g) {
-                unsigned r[4];
-                ldsm_x4_t(r, Wt + (t * C3_KC + (lane & 7) + ((lane >> 3) & 1) * 8) * WS + wn * NW + g * 16 +
-                                 (lane >> 4) * 8);
-                b[2 * g][0] = r[0];
-                b[2 * g][1] = r[1];
-                b[2 * g + 1][0] = r[2];
-                b[2 * g + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int f = 0; f < FM; ++f)
-#pragma unroll
-                for (int j = 0; j < FN; ++j) mma16816(acc[f][j], a[f], b[j][0], b[j][1]);
-        }
-        if (more) {
-            store_patch(sX + (cur ^ 1) * C3_XH);
-            cp_async_wait<0>();
-        }
-        __syncthreads();
     }
-
-    const int64_t item = (int64_t)blockIdx.z * OC * H * W;
-    TO* on = out + item;
-    const float* rn = res ? res + item : nullptr;
-    const int oc0 = blockIdx.y * BN + wn * NW + 2 * (lane & 3);
-    float bv[FN][2];  // this thread's bias values, read once (per use, they cost a stack frame)
-#pragma unroll
-    for (int j = 0; j < FN; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int oc = oc0 + j * 8 + e;
-            bv[j][e] = oc < OC ? c3_bias(bias, bdt, (int64_t)oc * bs) : 0.0f;
-        }
-#pragma unroll
-    for (int f = 0; f < FM; ++f)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int m = wm * MW + f * 16 + (lane >> 2) + h * 8;
-            const int oy = y0 + m / C3_TW, ox = x0 + m % C3_TW;
-            if (oy >= H || ox >= W) continue;
-#pragma unroll
-            for (int j = 0; j < FN; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int oc = oc0 + j * 8 + e;
-                    if (oc >= OC) continue;
-                    const int64_t o = ((int64_t)oc * H + oy) * W + ox;
-                    float v = acc[f][j][2 * h + e] + bv[j][e];
-                    if (act) v = v > 0.0f ? v : v * slope;  // elementwise.cu's leaky_relu
-                    v = v * scale + shift;
-                    store_f(on + o, rn ? v + rn[o] : v);
-                }
-        }
-#endif
 }
 
-// conv3x3_mma<BN>_<in>_<out>: BN output channels a block (32: four warps of 32 pixels x 32
-// channels; 64: 2 x 2 warps of 64 x 32), input F32/F16/BF16, output F32 or F16 (fuse.py's F16
-// storage)
-#define CONV3X3_MMA_KERNEL(name, suffix, TI, TO, BN, WM, WN)                                      \
-    extern "C" __global__ void __launch_bounds__(C3_NT) name##_##suffix(                          \
-        TO* out, const char* x, const __half* wp, const char* bias, int bdt, int64_t bs,          \
-        int64_t sn, int64_t sc, int64_t sy, int64_t sx, int C, int H, int W, int OC, int nch,     \
-        int act, float slope, float scale, float shift, const float* res) {                       \
-        conv3x3_mma<TI, TO, BN, WM, WN>(out, x, wp, bias, bdt, bs, sn, sc, sy, sx, C, H, W, OC,   \
-                                        nch, act, slope, scale, shift, res);                      \
+template <typename TM, typename TO>
+__device__ void wino_output(TO* __restrict__ out, const TM* __restrict__ M, const char* __restrict__ bias,
+                            int bdt, int64_t bs, int OC, int H, int W, int TH, int TW, int64_t t0, int64_t nt) {
+    const int64_t total = (int64_t)OC * nt;
+    GRID_STRIDE_LOOP(i, total) {  // i = oc * nt + (t - t0)
+        const int oc = (int)(i / nt);
+        const int64_t t = t0 + i % nt;
+        const int tx = (int)(t % TW), ty = (int)(t / TW % TH), n = (int)(t / ((int64_t)TW * TH));
+        float m[4][4];
+#pragma unroll
+        for (int p = 0; p < 16; ++p) m[p / 4][p % 4] = to_f32(M[(int64_t)p * total + i]);
+        float am[2][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // A^T m
+            am[0][q] = m[0][q] + m[1][q] + m[2][q];
+            am[1][q] = m[1][q] - m[2][q] - m[3][q];
+        }
+        const float b = c3_bias(bias, bdt, (int64_t)oc * bs);
+        TO* o = out + ((int64_t)n * OC + oc) * H * W;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {  // (A^T m) A
+            const int oy = 2 * ty + r;
+            if (oy >= H) continue;
+            const float y0 = am[r][0] + am[r][1] + am[r][2], y1 = am[r][1] - am[r][2] - am[r][3];
+            const int ox = 2 * tx;
+            store_f(o + (int64_t)oy * W + ox, y0 + b);
+            if (ox + 1 < W) store_f(o + (int64_t)oy * W + ox + 1, y1 + b);
+        }
     }
-#define CONV3X3_MMA_KERNELS(name, BN, WM, WN)                                                     \
-    CONV3X3_MMA_KERNEL(name, f32_f32, float, float, BN, WM, WN)                             \
-    CONV3X3_MMA_KERNEL(name, f16_f32, __half, float, BN, WM, WN)                            \
-    CONV3X3_MMA_KERNEL(name, bf16_f32, __nv_bfloat16, float, BN, WM, WN)                    \
-    CONV3X3_MMA_KERNEL(name, f32_f16, float, __half, BN, WM, WN)                            \
-    CONV3X3_MMA_KERNEL(name, f16_f16, __half, __half, BN, WM, WN)                           \
-    CONV3X3_MMA_KERNEL(name, bf16_f16, __nv_bfloat16, __half, BN, WM, WN)
-CONV3X3_MMA_KERNELS(conv3x3_mma32, 32, 4, 1)
-CONV3X3_MMA_KERNELS(conv3x3_mma64, 64, 2, 2)
+}
+
+#define WINO_INPUT_KERNEL(suffix, TI)                                                                 \
+    extern "C" __global__ void wino_input_##suffix(__half* V, const char* x, int64_t sn, int64_t sc,  \
+                                                   int64_t sy, int64_t sx, int C, int H, int W,       \
+                                                   int TH, int TW, int64_t t0, int64_t nt) {          \
+        wino_input<TI>(V, x, sn, sc, sy, sx, C, H, W, TH, TW, t0, nt);                               \
+    }
+WINO_INPUT_KERNEL(f32, float)
+WINO_INPUT_KERNEL(f16, __half)
+WINO_INPUT_KERNEL(bf16, __nv_bfloat16)
+// wino_output_<M>_<out>: M as the GEMM wrote it, the output F32 or F16 (fuse.py's F16 storage)
+#define WINO_OUTPUT_KERNEL(suffix, TM, TO)                                                            \
+    extern "C" __global__ void wino_output_##suffix(TO* out, const TM* M, const char* bias, int bdt,  \
+                                                    int64_t bs, int OC, int H, int W, int TH, int TW,  \
+                                                    int64_t t0, int64_t nt) {                          \
+        wino_output<TM, TO>(out, M, bias, bdt, bs, OC, H, W, TH, TW, t0, nt);                         \
+    }
+WINO_OUTPUT_KERNEL(f32_f32, float, float)
+WINO_OUTPUT_KERNEL(f16_f32, __half, float)
+WINO_OUTPUT_KERNEL(f32_f16, float, __half)
+WINO_OUTPUT_KERNEL(f16_f16, __half, __half)
 
 // ---- bias ------------------------------------------------------------------------------------
 // out[n][oc][p] (F32, total = N*OC*P elements) = (add ? out : 0) + bias[oc]; bias element oc

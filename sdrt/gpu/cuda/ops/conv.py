@@ -17,6 +17,10 @@ output rows, so the scratch stays under COL_BYTES (the VAE's 512x512x128ch 3x3 c
 3x3 / stride-1 / pad-1 convs of large maps (ESRGAN, the VAE decoders) skip the column matrix:
 conv3x3_direct runs conv.cu's conv3x3_mma, an implicit GEMM reading a haloed input patch per
 block from shared memory (its own bias epilogue).
+With WINOGRAD on, the other 3x3 / stride-1 / pad-1 convs (the UNets', the VAE decoders' deep
+ones) run Winograd F(2x2, 3x3) (conv3x3_winograd: conv.cu's wino_* transforms around 16 batched
+cuBLAS GEMMs, 2.25x fewer multiplications than im2col + GEMM). Off by default until a GPU run
+has timed it against im2col + cuBLAS (bench_cuda_conv.py) and compared the images.
 The bias (OC elements, any view) is added by a small epilogue kernel after the GEMM, the CPU
 kernel's order, rather than by beta=1 over a pre-broadcast output: both cost one extra pass
 over the output, and the epilogue keeps the GEMM a plain overwrite.
@@ -29,6 +33,8 @@ Pooling is one direct kernel (pool1d = pool2d with a 1-row kernel). Inputs of ev
 any view (read through byte strides) in F32/F16/BF16; outputs are F32.
 """
 from __future__ import annotations
+
+import os
 
 from ....ops.conv import conv2d_weight_ne
 from ..devtensor import SUFFIX as _SUFFIX
@@ -50,8 +56,21 @@ COL_BYTES = 64 << 20
 # (bench/README.md). DIRECT_3X3_PIXELS = 0 turns it off (tests compare the two).
 DIRECT_3X3_PIXELS = 128 * 128
 DIRECT_3X3_MAX_OC = 128
-_C3_KC, _C3_THREADS, _C3_TILE = 16, 128, (8, 16)   # conv.cu C3_KC, C3_NT, (C3_TH, C3_TW)
-_C3_PATCH_HALVES = (_C3_TILE[0] + 2) * (_C3_TILE[1] + 2) * (_C3_KC + 8)
+_C3_TW = 16   # conv.cu C3_TW
+# conv3x3_mma variants: name -> (output channels a block, tile rows, threads, input channels a
+# chunk, kernel family): conv.cu's defaults, and conv3x3_sm90.cu's candidates for the deep convs
+# (sm_90 only; F32/F16 in with F32 out, F16 in and out) that no choice takes before a GPU run has
+# timed them (bench_cuda_conv.py --variants)
+C3_VARIANTS = {"mma32": (32, 8, 128, 16, MODULE), "mma64": (64, 8, 128, 16, MODULE),
+               "mma64k32": (64, 8, 128, 32, "conv3x3_sm90"), "mma128": (128, 8, 256, 16, "conv3x3_sm90"),
+               "mma128t": (128, 16, 256, 16, "conv3x3_sm90")}
+# a variant every direct conv runs (benchmarks and tests); None: c3_variant's choice
+DIRECT_3X3_VARIANT = None
+# Winograd F(2x2, 3x3) for the 3x3 / stride-1 / pad-1 convs the direct path does not take, with
+# F16 GEMMs writing WINOGRAD_M (the transformed outputs: F32, or F16 for half the traffic); the
+# transformed input and output of one chunk of tiles stay under COL_BYTES
+WINOGRAD = os.environ.get("SDRT_CUDA_WINOGRAD", "0") == "1"
+WINOGRAD_M = os.environ.get("SDRT_CUDA_WINOGRAD_M", "F32")
 
 
 _ESIZE = {"F32": 4, "F16": 2}
@@ -197,13 +216,58 @@ def takes_direct(node) -> bool:
     """Whether conv2d `node` runs conv3x3_direct: a 3x3 / stride-1 / pad-1, undilated, ungrouped,
     zero-padded conv with F16 GEMMs and at most DIRECT_3X3_MAX_OC output channels, of a map of at
     least DIRECT_3X3_PIXELS pixels."""
+    x = node.src[0]
+    OC = conv2d_weight_ne(node.src[1])[3]
+    return bool(DIRECT_3X3_PIXELS) and OC <= DIRECT_3X3_MAX_OC and x.ne[0] * x.ne[1] >= DIRECT_3X3_PIXELS \
+        and _is_3x3_same(node)
+
+
+def _is_3x3_same(node) -> bool:
+    """A 3x3 / stride-1 / pad-1, undilated, ungrouped, zero-padded conv2d with F16 GEMMs."""
     p = node.params
-    x, w = node.src[0], node.src[1]
-    KW, KH, _, OC = conv2d_weight_ne(w)
-    return bool(DIRECT_3X3_PIXELS) and gemm_dtype(w) == "F16" and (KW, KH) == (3, 3) and p["groups"] == 1 \
-        and OC <= DIRECT_3X3_MAX_OC \
+    KW, KH, _, _ = conv2d_weight_ne(node.src[1])
+    return gemm_dtype(node.src[1]) == "F16" and (KW, KH) == (3, 3) and p["groups"] == 1 \
         and tuple(p["stride"]) == (1, 1) and tuple(p["padding"]) == (1, 1) and tuple(p["dilation"]) == (1, 1) \
-        and not any(p["circular"]) and x.ne[0] * x.ne[1] >= DIRECT_3X3_PIXELS
+        and not any(p["circular"])
+
+
+def takes_winograd(node) -> bool:
+    """Whether conv2d `node` runs conv3x3_winograd (WINOGRAD on, a 3x3-same conv the direct path
+    does not take)."""
+    return WINOGRAD and _is_3x3_same(node) and not takes_direct(node)
+
+
+def conv3x3_winograd(rt, x, w, bias, out) -> None:
+    """out (F32 or F16 [N][OC][H][W]) = the 3x3 / stride-1 / pad-1 conv of x (ne [W, H, C, N], any
+    view) with F16-decodable weight w, plus bias, by Winograd F(2x2, 3x3) (conv.cu's wino_*): per
+    chunk of 2x2 output tiles, the input transform, 16 batched GEMMs M_p[OC][t] = U_p[OC][C] V_p[C][t],
+    the output transform with the bias."""
+    W, H, C, N = x.ne
+    OC = out.ne[2]
+    TH, TW = -(-H // 2), -(-W // 2)
+    tiles = N * TH * TW
+    U = rt.scratch(16 * OC * C * 2)
+    _launch(rt, "wino_weights", "PPii", OC * C, U, weight_ptr(rt, w, "F16"), C, OC)
+    msize = _ESIZE[WINOGRAD_M]
+    nt = _balanced(tiles, COL_BYTES // (16 * (2 * C + msize * OC)))
+    V, M = rt.scratch(16 * C * nt * 2), rt.scratch(16 * OC * nt * msize)
+    axis = bias_axis(bias, OC)
+    bias_args = (bias.ptr, _BIAS_CODE[bias.dtype.name], bias.nb[axis]) if axis is not None else (0, 0, 0)
+    for t0 in range(0, tiles, nt):
+        n = min(nt, tiles - t0)
+        _launch(rt, f"wino_input_{_SUFFIX[x.dtype.name]}", "PP" + "q" * 4 + "i" * 5 + "qq", C * n, V, x.ptr,
+                x.nb[3], x.nb[2], x.nb[1], x.nb[0], C, H, W, TH, TW, t0, n)
+        rt.gemm(False, False, n, OC, C, V, "F16", n, U, "F16", C, M, n, c_dtype=WINOGRAD_M, batch=16,
+                stride_a=C * n, stride_b=OC * C, stride_c=OC * n)
+        _launch(rt, f"wino_output_{_SUFFIX[WINOGRAD_M]}_{_SUFFIX[out.dtype.name]}", "PPPiq" + "i" * 5 + "qq",
+                OC * n, out.ptr, M, *bias_args, OC, H, W, TH, TW, t0, n)
+    if bias is not None and axis is None:
+        add_bias(rt, out.ptr, bias, OC, H * W, N * OC * H * W)
+
+
+def c3_variant(OC: int) -> str:
+    """The conv3x3_mma variant for OC output channels."""
+    return DIRECT_3X3_VARIANT or ("mma32" if OC <= 32 else "mma64")
 
 
 def conv3x3_direct(rt, x, w, bias, out, epilogue: Epilogue | None = None) -> None:
@@ -212,19 +276,21 @@ def conv3x3_direct(rt, x, w, bias, out, epilogue: Epilogue | None = None) -> Non
     weights first packed into rt.scratch."""
     W, H, C, N = x.ne
     OC = out.ne[2]
-    bn = 32 if OC <= 32 else 64            # output channels per block (conv3x3_mma32 / 64)
-    nch, nob = -(-C // _C3_KC), -(-OC // bn)
-    total = nob * nch * 9 * _C3_KC * bn
+    variant = c3_variant(OC)
+    bn, th, threads, kc, module = C3_VARIANTS[variant]
+    nch, nob = -(-C // kc), -(-OC // bn)
+    total = nob * nch * 9 * kc * bn
     packed = rt.scratch(total * 2)
-    _launch(rt, "conv3x3_pack_w", "PPiiiiq", total, packed, weight_ptr(rt, w, "F16"), C, OC, bn, nch, total)
+    _launch(rt, "conv3x3_pack_w", "PPiiiiiq", total, packed, weight_ptr(rt, w, "F16"), C, OC, bn, kc, nch, total)
     # a bias of OC elements along one axis (any stride) is added by the kernel's epilogue
     axis = bias_axis(bias, OC)
     e = epilogue or Epilogue()
-    tiles = -(-H // _C3_TILE[0]) * -(-W // _C3_TILE[1])
-    smem = 2 * (_C3_PATCH_HALVES + 9 * _C3_KC * (bn + 8)) * 2
-    name = f"conv3x3_mma{bn}_{_SUFFIX[x.dtype.name]}_{_SUFFIX[out.dtype.name]}"
-    rt.fn(MODULE, name, "PPPPiq" + "q" * 4 + "i" * 5 + "ifffP")(
-        (tiles, nob, N), (_C3_THREADS, 1, 1), out.ptr, x.ptr, packed, bias.ptr if axis is not None else 0,
+    tiles = -(-H // th) * -(-W // _C3_TW)
+    patch_halves = (th + 2) * (_C3_TW + 2) * (kc + 8)
+    smem = 2 * (patch_halves + 9 * kc * (bn + 8)) * 2      # two buffers of patch and weights
+    name = f"conv3x3_{variant}_{_SUFFIX[x.dtype.name]}_{_SUFFIX[out.dtype.name]}"
+    rt.fn(module, name, "PPPPiq" + "q" * 4 + "i" * 5 + "ifffP")(
+        (tiles, nob, N), (threads, 1, 1), out.ptr, x.ptr, packed, bias.ptr if axis is not None else 0,
         _BIAS_CODE[bias.dtype.name] if axis is not None else 0, bias.nb[axis] if axis is not None else 0,
         x.nb[3], x.nb[2], x.nb[1], x.nb[0], C, H, W, OC, nch,
         int(e.slope is not None), e.slope or 0.0, e.scale, e.shift, e.residual.ptr if e.residual is not None else 0,
@@ -252,6 +318,9 @@ def conv2d(node, xs, out, rt):
     cx, cy = p["circular"]
     if takes_direct(node):
         conv3x3_direct(rt, x, w, xs[2] if len(xs) > 2 else None, out)
+        return
+    if takes_winograd(node):
+        conv3x3_winograd(rt, x, w, xs[2] if len(xs) > 2 else None, out)
         return
     conv_forward(rt, x, w, xs[2] if len(xs) > 2 else None, out, N=N,
                  strides=(x.nb[3], x.nb[2], 0, x.nb[1], x.nb[0]), dims=(C, 1, H, W), OC=OC,

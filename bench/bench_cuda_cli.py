@@ -39,7 +39,8 @@ its peak memory above the idle baseline ('-' without nvidia-smi):
              --vae-tiling / --offload-to-cpu trade speed for memory)
 Reported per engine (--runs N: the last of N runs of its command, the first's wall time beside it):
 sampling s/step (each log's "sampling completed, taking Xs" / steps), the whole command's wall
-time, the time from the command's start to its first step's progress line, the stage times both log (loading tensors, get_learned_condition,
+time (to the process's end), the time to its "N/N images saved" line (the PNGs written: issue 18's
+"process start to PNG written", without the process's teardown), the time from the command's start to its first step's progress line, the stage times both log (loading tensors, get_learned_condition,
 decode_first_stage, generate_image), the peak GPU MiB and the PSNR of each sdrt image against
 sd-cli's. A markdown table per family; ratio = sd-cli s/step / engine s/step (> 1: faster than sd-cli).
 """
@@ -77,6 +78,7 @@ FAMILIES = {   # title, steps, cfg args
     "sdxl": ("SDXL", 20, ["--cfg-scale", "7"]),
 }
 FIRST_STEP_RE = re.compile(r"\|\s*1/\d+ - ")   # the progress bar's first step (sd.cpp's and sdrt's)
+SAVED_RE = re.compile(r"\d+/\d+ images saved")  # both log it (and flush) once the last image is written
 ENGINES = ("sdrt", "sdrt-vram", "sdcli")
 
 
@@ -199,16 +201,17 @@ def parse_log(text, steps):
 
 def run_child(cmd, env, timeout):
     """(output, return code or a reason, wall s, s from start to the first sampling step's progress
-    line or None): the child's output is read as it comes, so the first step is timed."""
+    line or None, s from start to the "images saved" line or None): the child's output is read as it
+    comes, so the first step and the moment the images are written are timed."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-    chunks, first = [], None
+    chunks, first, saved = [], None, None
     while True:
         if time.perf_counter() - t0 > timeout:
             p.kill()
             p.wait()
             return b"".join(chunks).decode(errors="replace"), "timeout (--budget / --child-timeout)", \
-                time.perf_counter() - t0, first
+                time.perf_counter() - t0, first, saved
         ready, _, _ = select.select([p.stdout], [], [], 0.5)
         if not ready:
             continue
@@ -216,10 +219,13 @@ def run_child(cmd, env, timeout):
         if not b:
             break
         chunks.append(b)
-        if first is None and FIRST_STEP_RE.search(b"".join(chunks[-2:]).decode(errors="replace")):
+        tail = b"".join(chunks[-2:]).decode(errors="replace")
+        if first is None and FIRST_STEP_RE.search(tail):
             first = time.perf_counter() - t0
+        if saved is None and SAVED_RE.search(tail):
+            saved = time.perf_counter() - t0
     rc = p.wait()
-    return b"".join(chunks).decode(errors="replace"), rc, time.perf_counter() - t0, first
+    return b"".join(chunks).decode(errors="replace"), rc, time.perf_counter() - t0, first, saved
 
 
 def run_engine(name, a, eng, paths):
@@ -248,7 +254,7 @@ def run_engine(name, a, eng, paths):
         mon = GpuPeak()
         if gpu:
             mon.start()
-        text, rc, wall, first = run_child(cmd, env, min(a.child_timeout, left))
+        text, rc, wall, first, saved = run_child(cmd, env, min(a.child_timeout, left))
         if a.save_logs:
             os.makedirs(a.save_logs, exist_ok=True)
             # one file per family and engine, the runs in turn (the device tool returns few files)
@@ -261,7 +267,8 @@ def run_engine(name, a, eng, paths):
         if rc or "step_s" not in r or not os.path.exists(out):
             print(f"{name} {eng} failed ({rc}) after {wall:.0f} s:\n{text[-3000:]}", flush=True)
             break
-        r.update(wall_s=wall, first_step_s=first, png=out, peak_mib=(mon.peak - base) if gpu else None)
+        r.update(wall_s=wall, first_step_s=first, saved_s=saved, png=out,
+                 peak_mib=(mon.peak - base) if gpu else None)
         print(f"{name} {eng} run {k + 1}: {json.dumps(r)}", flush=True)
         runs.append(r)
     if not runs:
@@ -310,20 +317,23 @@ def table(name, a, res):
     lines = [f"\n{title}{' (reduced: depth %d)' % a.depth if a.depth else ''}, {size_of(name, a)}px, {steps} steps, "
              f"{' '.join(cfg)}, euler/discrete, seed {SEED}, backend {a.backend}; peak = nvidia-smi memory.used "
              "above idle; ratio = sd-cli s/step / engine s/step\n",
-             "| engine | s/step | whole command s (first run) | first step at s | load s | conditioning s "
-             "| sampling s | decode s | peak GPU MiB | PSNR vs sd-cli dB | sd-cli s/step / engine s/step "
-             "| sd-cli wall / engine wall |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| engine | s/step | whole command s (first run) | images saved at s | first step at s | load s "
+             "| conditioning s | sampling s | decode s | peak GPU MiB | PSNR vs sd-cli dB "
+             "| sd-cli s/step / engine s/step | sd-cli wall / engine wall | sd-cli saved / engine saved |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ref_wall = res.get("sdcli", {}).get("wall_s")
+    ref_saved = res.get("sdcli", {}).get("saved_s")
     for eng, r in res.items():
         st = r["stages"]
         ratio = ref / r["step_s"] if ref and r["step_s"] else None
         wall = f"{r['wall_s']:.1f}" + (f" ({r['first_wall_s']:.1f})" if r["runs"] > 1 else "")
-        lines.append(f"| {eng} | {r['step_s']:.3f} | {wall} | {fmt(r['first_step_s'])} | "
+        saved = r.get("saved_s")
+        lines.append(f"| {eng} | {r['step_s']:.3f} | {wall} | {fmt(saved)} | {fmt(r['first_step_s'])} | "
                      f"{fmt(st.get('loading tensors'))} | {fmt(st.get('get_learned_condition'))} | "
                      f"{fmt(st.get('sampling'))} | {fmt(st.get('decode_first_stage'))} | {fmt(r['peak_mib'], 'd')} | "
                      f"{fmt(r.get('psnr_vs_sdcli'))} | {fmt(ratio)} | "
-                     f"{fmt(ref_wall / r['wall_s'] if ref_wall else None)} |")
+                     f"{fmt(ref_wall / r['wall_s'] if ref_wall else None)} | "
+                     f"{fmt(ref_saved / saved if ref_saved and saved else None)} |")
     if "psnr_vs_sdrt" in res.get("sdrt-vram", {}):
         lines.append(f"\nsdrt-vram image vs sdrt's: {fmt(res['sdrt-vram']['psnr_vs_sdrt'])} dB (inf: identical)")
     return "\n".join(lines)

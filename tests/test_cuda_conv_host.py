@@ -1,8 +1,9 @@
 """The CUDA Winograd F(2x2, 3x3) conv (ops/conv.conv3x3_winograd, conv.cu's wino_* kernels) run on
 the host (tests/cuda_emu.py: the .cu compiled by g++, numpy's GEMMs in cuBLAS's arguments)
 against the CPU backend: the transforms, tile and chunk indexing, the GEMM's layout and the bias
-epilogue, without a GPU. The GPU tests (tests/gpu/test_cuda_ops_conv.py) run the same path on
-cuBLAS. Skips where g++ or CUDA's headers are missing."""
+epilogue, without a GPU; and the direct conv's weight packing (conv3x3_pack_w). The GPU tests
+(tests/gpu/test_cuda_ops_conv.py) run the same paths on a GPU. Skips where g++ or CUDA's headers
+are missing."""
 import numpy as np
 import pytest
 from cuda_emu import HostRuntime, build
@@ -133,3 +134,21 @@ def test_winograd_only_where_asked(monkeypatch):
     assert not G.takes_winograd(F.conv2d(x, w16, None, padding=1, stride=2))
     assert not G.takes_winograd(F.conv2d(x, w16, None, padding=2, dilation=2))
     assert not G.takes_winograd(F.conv2d(x, w16, None, padding=0))
+
+
+@pytest.mark.parametrize("kc", [16, 32])
+def test_direct_conv_weight_packing(kc):
+    """conv3x3_pack_w's layout packed[ob][ch][tap][k][n] = w[ob*bn + n][(ch*kc + k)*9 + tap],
+    zeros past OC and C (what conv3x3_mma reads: ragged channel counts here)."""
+    rng = np.random.default_rng(4)
+    C, OC, bn = 21, 70, 32
+    nch, nob = -(-C // kc), -(-OC // bn)
+    w = rng.standard_normal((OC, C, 3, 3)).astype(np.float16)
+    total = nob * nch * 9 * kc * bn
+    out = np.full(total, np.nan, np.float16)
+    HostRuntime(LIB).fn("conv", "conv3x3_pack_w", "PPiiiiiq")((1,), (1,), out.ctypes.data, w.ctypes.data,
+                                                            C, OC, bn, kc, nch, total)
+    want = np.zeros((nob * bn, nch * kc, 9), np.float16)
+    want[:OC, :C] = w.reshape(OC, C, 9)
+    want = want.reshape(nob, bn, nch, kc, 9).transpose(0, 2, 4, 3, 1)     # [ob][ch][tap][k][n]
+    np.testing.assert_array_equal(out, want.reshape(-1))

@@ -62,7 +62,7 @@ def main():
     from sdrt.gpu.cuda.table import CUDA
     d = CudaDev("bench_cuda_conv")
     rng = np.random.default_rng(0)
-    pixels0, max_oc0, wino0 = G.DIRECT_3X3_PIXELS, G.DIRECT_3X3_MAX_OC, (G.WINOGRAD, G.WINOGRAD_M)
+    pixels0, max_oc0, wino0 = G.DIRECT_3X3_PIXELS, G.DIRECT_3X3_MAX_OC, (G.WINOGRAD, G.WINOGRAD_M, G.WINOGRAD_MIN_TILES)
     print(f"{'shape':36s} {'direct ms':>9s} {'f16 io ms':>9s} {'im2col ms':>9s} {'wino ms':>9s} {'wino16 ms':>9s} "
           f"{'torch ms':>9s} {'direct TFLOP/s':>14s} {'direct/torch':>12s} {'im2col/torch':>12s} {'wino/torch':>10s}")
     for name, N, C, HW, OC in SHAPES:
@@ -82,11 +82,11 @@ def main():
         for key, pixels in (("direct", 1), ("im2col", 0)):
             G.DIRECT_3X3_PIXELS, G.DIRECT_3X3_MAX_OC = pixels, 1 << 30
             ts[key] = d.time_ms(call, args.repeat)
-        G.WINOGRAD, G.DIRECT_3X3_PIXELS = True, 0      # Winograd F(2x2, 3x3), M in F32 and F16
+        G.WINOGRAD, G.DIRECT_3X3_PIXELS, G.WINOGRAD_MIN_TILES = True, 0, 0   # Winograd, M in F32 and F16
         for m in ("F32", "F16"):
             G.WINOGRAD_M = m
             ts["wino" + m] = d.time_ms(call, args.repeat)
-        G.WINOGRAD, G.WINOGRAD_M = wino0
+        G.WINOGRAD, G.WINOGRAD_M, G.WINOGRAD_MIN_TILES = wino0
         # the direct conv on an F16-stored input writing F16 (fuse.py's half storage)
         G.DIRECT_3X3_PIXELS = 1
         xs16 = [d.put(Tensor.from_numpy(x.numpy().astype(np.float16))), *xs[1:]]

@@ -29,6 +29,7 @@ def run_host(node, monkeypatch, m_dtype="F32", col_bytes=None, out_dtype="F32"):
     import sdrt.gpu.cuda.ops.conv as G
     monkeypatch.setattr(G, "WINOGRAD", True)
     monkeypatch.setattr(G, "WINOGRAD_M", m_dtype)
+    monkeypatch.setattr(G, "WINOGRAD_MIN_TILES", 0)
     if col_bytes:
         monkeypatch.setattr(G, "COL_BYTES", col_bytes)
     assert G.takes_winograd(node)
@@ -129,7 +130,11 @@ def test_winograd_only_where_asked(monkeypatch):
     same = F.conv2d(x, w16, None, padding=1)
     assert not G.takes_winograd(same) or G.WINOGRAD
     monkeypatch.setattr(G, "WINOGRAD", True)
-    assert G.takes_winograd(same)
+    monkeypatch.setattr(G, "WINOGRAD_MIN_TILES", 16)
+    assert G.takes_winograd(same)                       # 8x8: 16 tiles
+    monkeypatch.setattr(G, "WINOGRAD_MIN_TILES", 17)
+    assert not G.takes_winograd(same)
+    monkeypatch.setattr(G, "WINOGRAD_MIN_TILES", 0)
     assert not G.takes_winograd(F.conv2d(x, w32, None, padding=1))
     assert not G.takes_winograd(F.conv2d(x, w16, None, padding=1, stride=2))
     assert not G.takes_winograd(F.conv2d(x, w16, None, padding=2, dilation=2))

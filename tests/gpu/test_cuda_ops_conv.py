@@ -264,6 +264,7 @@ def test_conv2d_sd_shapes_winograd(cuda, rng, monkeypatch, name, N, C, HW, OC, k
     import sdrt.gpu.cuda.ops.conv as G
     monkeypatch.setattr(G, "WINOGRAD", True)
     monkeypatch.setattr(G, "WINOGRAD_M", m_dtype)
+    monkeypatch.setattr(G, "WINOGRAD_MIN_TILES", 0)
     monkeypatch.setattr(G, "DIRECT_3X3_PIXELS", 0)
     x = leaf(randn(rng, N, C, HW, HW) * 0.5)
     node = F.conv2d(x, leaf(randn(rng, OC, C, 3, 3) * (1.0 / np.sqrt(C * 9)), "F16"), leaf(randn(rng, OC) * 0.1, "F16"),

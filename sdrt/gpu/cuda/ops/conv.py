@@ -71,6 +71,9 @@ DIRECT_3X3_VARIANT = None
 # transformed input and output of one chunk of tiles stay under COL_BYTES
 WINOGRAD = os.environ.get("SDRT_CUDA_WINOGRAD", "0") == "1"
 WINOGRAD_M = os.environ.get("SDRT_CUDA_WINOGRAD_M", "F32")
+# ... on maps of at least this many 2x2 tiles (batch included): the weights' transform (16/9 of
+# their bytes written per call) outweighs the GEMMs' saving on small maps of deep weights
+WINOGRAD_MIN_TILES = 1024
 
 
 _ESIZE = {"F32": 4, "F16": 2}
@@ -233,8 +236,10 @@ def _is_3x3_same(node) -> bool:
 
 def takes_winograd(node) -> bool:
     """Whether conv2d `node` runs conv3x3_winograd (WINOGRAD on, a 3x3-same conv the direct path
-    does not take)."""
-    return WINOGRAD and _is_3x3_same(node) and not takes_direct(node)
+    does not take, of at least WINOGRAD_MIN_TILES output tiles)."""
+    W, H, _, N = node.src[0].ne4
+    return WINOGRAD and N * -(-H // 2) * -(-W // 2) >= WINOGRAD_MIN_TILES and _is_3x3_same(node) \
+        and not takes_direct(node)
 
 
 def conv3x3_winograd(rt, x, w, bias, out) -> None:

@@ -1,20 +1,20 @@
 """The CUDA Winograd F(2x2, 3x3) conv (ops/conv.conv3x3_winograd, conv.cu's wino_* kernels) run on
-the host (tests/cuda_emu.py: the .cu compiled by g++, numpy's GEMMs in cuBLAS's arguments)
+the host (tests/cuda_emu.py: the .cu compiled by g++, every thread of a launch in turn, numpy's
+GEMMs in cuBLAS's arguments)
 against the CPU backend: the transforms, tile and chunk indexing, the GEMM's layout and the bias
 epilogue, without a GPU; and the direct conv's weight packing (conv3x3_pack_w). The GPU tests
 (tests/gpu/test_cuda_ops_conv.py) run the same paths on a GPU. Skips where g++ or CUDA's headers
 are missing."""
 import numpy as np
 import pytest
-from cuda_emu import HostRuntime, build
+from cuda_emu import HostRuntime, available
 from opcheck import leaf
 
 from sdrt.ops import api as F
 from sdrt.ops.graph import Graph
 from sdrt.ops.tensor import Tensor
 
-LIB = build("conv")
-pytestmark = pytest.mark.skipif(LIB is None, reason="no g++ or CUDA headers (cuda_fp16.h) here")
+pytestmark = pytest.mark.skipif(not available(), reason="no g++ or CUDA headers (cuda_fp16.h) here")
 
 
 def dev(t: Tensor):
@@ -35,7 +35,7 @@ def run_host(node, monkeypatch, m_dtype="F32", col_bytes=None, out_dtype="F32"):
     assert G.takes_winograd(node)
     out = np.zeros(node.nelements, np.float32 if out_dtype == "F32" else np.float16)
     from sdrt.gpu.cuda.devtensor import DevTensor
-    rt = HostRuntime(LIB)
+    rt = HostRuntime()
     o = DevTensor.of(node, out.ctypes.data)
     if out_dtype != "F32":
         o = DevTensor.half_of(node, out.ctypes.data, out_dtype)
@@ -151,8 +151,8 @@ def test_direct_conv_weight_packing(kc):
     w = rng.standard_normal((OC, C, 3, 3)).astype(np.float16)
     total = nob * nch * 9 * kc * bn
     out = np.full(total, np.nan, np.float16)
-    HostRuntime(LIB).fn("conv", "conv3x3_pack_w", "PPiiiiiq")((1,), (1,), out.ctypes.data, w.ctypes.data,
-                                                            C, OC, bn, kc, nch, total)
+    HostRuntime().fn("conv", "conv3x3_pack_w", "PPiiiiiq")((2,), (32,), out.ctypes.data, w.ctypes.data,
+                                                         C, OC, bn, kc, nch, total)
     want = np.zeros((nob * bn, nch * kc, 9), np.float16)
     want[:OC, :C] = w.reshape(OC, C, 9)
     want = want.reshape(nob, bn, nch, kc, 9).transpose(0, 2, 4, 3, 1)     # [ob][ch][tap][k][n]

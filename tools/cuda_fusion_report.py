@@ -3,9 +3,10 @@
 without a GPU: fuse.layout (launch_lists and half_nodes, and the re-plan with the half-stored nodes
 in half their bytes) over the planned graph of the tiny golden models in tests/fixtures, with the
 CUDA kernel table (the same pass the backend runs). `sd15` and `sdxl` are the full-size UNets (a
-CFG step: batch 2 at 64x64 / 128x128 latents) on stand-in F16 weights that hold no data.
+CFG step: batch 2 at 64x64 / 128x128 latents) on stand-in F16 weights that hold no data; `vae15`
+and `vaexl` the SD VAE's decoder of a 64x64 / 128x128 latent (512 / 1024 pixels) alike.
 
-    python tools/cuda_fusion_report.py [--family flux,sd3m,sd35l,zimage,qwen,sd15,sdxl] [--dtype BF16]
+    python tools/cuda_fusion_report.py [--family flux,sd3m,sd35l,zimage,qwen,sd15,sdxl,vae15,vaexl] [--dtype BF16]
 
 Per family: the activation bytes (arena + cross-segment) planned in F32 and as stored, the fused
 kernels and how often they fire, the element-wise kernels left unfused, and the nodes stored as
@@ -82,6 +83,17 @@ def unet_graph(preset, side, ctx):
     return Graph(m.forward(x, t, c, y=y[0]))
 
 
+def vae_graph(side):
+    """The SD VAE decoder (SD1.5's and SDXL's shapes) of a side x side latent on zero F16 weights
+    (84 M parameters: small enough to hold), for the CUDA backend (its upsample form)."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from make_sd_checkpoint import layout
+    from sdrt.models.vae.autoencoder_kl import AutoencoderKL
+    table = {k: Tensor.from_numpy(np.zeros(s, np.float16)) for k, s in layout("sd15", "vae").items()}
+    vae = AutoencoderKL(table, prefix="")
+    return Graph(vae.decode_graph(_leaves(np.zeros((1, 4, side, side)))[0], backend="cuda0"))
+
+
 FAMILIES = {
     "flux": flux_graph,
     "sd3m": lambda dt: mmdit_graph("sd3m", dt),
@@ -90,6 +102,8 @@ FAMILIES = {
     "qwen": qwen_image_graph,
     "sd15": lambda dt: unet_graph("sd1", 64, 768),
     "sdxl": lambda dt: unet_graph("sdxl", 128, 2048),
+    "vae15": lambda dt: vae_graph(64),
+    "vaexl": lambda dt: vae_graph(128),
 }
 
 

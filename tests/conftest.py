@@ -35,6 +35,18 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny graphs on one CPU thread (`pytestmark = pytest.mark.usefixtures("one_thread")`): Numba's
+    parallel regions cost more than they save on tiny tensors, and far more on a loaded 2-core
+    machine (one tiny SD1 forward: 4 s on 2 threads, 0.05 s on 1; a tiny VAE decode 1.5 s vs 20 ms)."""
+    from sdrt.ops.threads import get_threads, set_threads
+    before = get_threads()
+    set_threads(1)
+    yield
+    set_threads(before)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

@@ -27,7 +27,6 @@ from sdrt.models import families as FM
 from sdrt.models.families import get_family
 from sdrt.models.prompt import parse_prompt_attention
 from sdrt.models.te.t5_tokenizer import EOS_ID, PAD_ID, T5Tokenizer
-from sdrt.ops.threads import get_threads, set_threads
 
 F32 = np.float32
 DM = "model.diffusion_model."
@@ -44,12 +43,7 @@ def files(tmp_path_factory):
             "dir": str(d)}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = get_threads()
-    set_threads(1)
-    yield
-    set_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def mp_of(args) -> ModelParams:

@@ -20,14 +20,7 @@ CASES = ("sd3m", "sd35l", "sd35m")
 _cache: dict = {}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny graphs: one thread (see tests/test_unet.py)."""
-    from sdrt.ops.threads import get_threads, set_threads
-    before = get_threads()
-    set_threads(1)
-    yield
-    set_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def fixture():

@@ -17,13 +17,7 @@ AXES = (4, 6, 6)
 _cache: dict = {}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    from sdrt.ops.threads import get_threads, set_threads
-    before = get_threads()
-    set_threads(1)
-    yield
-    set_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def fixture():

@@ -19,13 +19,7 @@ FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 ARCHS = ("qwen3", "qwen2")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    from sdrt.ops.threads import get_threads, set_threads
-    before = get_threads()
-    set_threads(1)
-    yield
-    set_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -26,13 +26,7 @@ U = 64 * 1024            # one weight unit: 64 KiB (16384 float32)
 N = U // 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    from sdrt.ops.threads import get_threads, set_threads
-    before = get_threads()
-    set_threads(1)
-    yield
-    set_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def weight(units: float, seed: int, name: str = "") -> Tensor:

@@ -26,7 +26,6 @@ from sdrt.io import open_model
 from sdrt.io.detect import detect_version
 from sdrt.models import families as FM
 from sdrt.models.families import get_family
-from sdrt.ops.threads import get_threads, set_threads
 
 F32 = np.float32
 DM = "model.diffusion_model."
@@ -41,12 +40,7 @@ def files(tmp_path_factory):
     return st.write(str(tmp_path_factory.mktemp("sd3")))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = get_threads()
-    set_threads(1)
-    yield
-    set_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---- registry, detection, flags ------------------------------------------------------------------

@@ -11,7 +11,6 @@ from sdrt.errors import ModelFileError, UsageError
 from sdrt.models.vae.tae import TinyAutoencoder, patchify, unpatchify
 from sdrt.ops import api as F
 from sdrt.ops.tensor import Tensor
-from sdrt.ops.threads import get_threads, set_threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "tests", "fixtures")
@@ -19,16 +18,6 @@ _spec = importlib.util.spec_from_file_location("make_vae_goldens", os.path.join(
 goldens = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(goldens)
 PSNR_TORCH = 37.29   # DESIGN.md point 4 / issue 4: PyTorch's score
-
-
-@pytest.fixture
-def one_thread():
-    """Tiny models: one thread. Numba's parallel kernels on tiny tensors cost ~100x more when
-    the 2 cores are oversubscribed (measured: 1.5 s vs 20 ms per tiny decode)."""
-    prev = get_threads()
-    set_threads(1)
-    yield
-    set_threads(prev)
 
 
 @pytest.fixture(scope="module")

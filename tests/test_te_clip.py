@@ -46,15 +46,7 @@ def spec_table(d, key: str) -> dict[str, Tensor]:
     return {k: Tensor.from_numpy(v, name=k) for k, v in spec_arrays(d, key).items()}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny graphs: Numba's parallel regions cost more than they save here (and far more on a
-    loaded machine), so these tests run single-threaded."""
-    from sdrt.ops.threads import get_threads, set_threads
-    before = get_threads()
-    set_threads(1)
-    yield
-    set_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,7 @@ FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 CASES = ("len1", "len7", "len77", "len300", "batch_mask")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny graphs: Numba's parallel regions cost more than they save here."""
-    from sdrt.ops.threads import get_threads, set_threads
-    before = get_threads()
-    set_threads(1)
-    yield
-    set_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

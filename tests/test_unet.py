@@ -19,16 +19,7 @@ CASES = ("sd1", "sd2", "sdxl", "ssd1b", "inpaint")
 _cache: dict = {}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny graphs: hundreds of small kernels. With 2 threads on a loaded 2-core machine each
-    Numba parallel region waits ~5-10 ms for its second thread (measured: one tiny SD1 forward
-    4 s on 2 threads, 0.05 s on 1), so these correctness tests run on one thread."""
-    from sdrt.ops.threads import get_threads, set_threads
-    before = get_threads()
-    set_threads(1)
-    yield
-    set_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def load(case):

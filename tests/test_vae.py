@@ -25,14 +25,7 @@ _spec.loader.exec_module(goldens)
 GROUPS = {"g32": 32, "g8": 8, "noquant": 8}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread. Numba's parallel kernels on tiny tensors cost ~100x more when
-    the 2 cores are oversubscribed (measured: 1.5 s vs 20 ms per tiny decode)."""
-    prev = get_threads()
-    set_threads(1)
-    yield
-    set_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

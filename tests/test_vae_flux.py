@@ -15,12 +15,7 @@ from sdrt.ops.threads import get_threads, set_threads
 FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "flux_vae.npz")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    prev = get_threads()
-    set_threads(1)
-    yield
-    set_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

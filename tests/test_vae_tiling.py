@@ -22,14 +22,7 @@ f32 = np.float32
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread. Numba's parallel kernels on tiny tensors cost ~100x more when
-    the 2 cores are oversubscribed (measured: 1.5 s vs 20 ms per tiny decode)."""
-    prev = get_threads()
-    set_threads(1)
-    yield
-    set_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---- an independent transcription of ggml_extend.hpp (loops kept as in C) --------------------

@@ -16,13 +16,7 @@ FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "qwen
 _cache: dict = {}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    from sdrt.ops.threads import get_threads, set_threads
-    before = get_threads()
-    set_threads(1)
-    yield
-    set_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def fixture():

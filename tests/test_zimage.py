@@ -28,12 +28,7 @@ FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 DM = "model.diffusion_model."
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = get_threads()
-    set_threads(1)
-    yield
-    set_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from test_te_clip import one_thread, spec_arrays, spec_table  # noqa: F401 (autouse fixture)
+from test_te_clip import spec_arrays, spec_table
 
 from sdrt import ModelFileError, UnsupportedError, UsageError
 from sdrt.engine.conditioning import build_conditioner
@@ -20,6 +20,8 @@ from sdrt.models.prompt import (
 )
 from sdrt.io import write_safetensors
 from sdrt.models.te.tokenizer import CLIPTokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 TOL = 1e-4

@@ -10,7 +10,9 @@ from sdrt.engine.simulated_device import SimulatedDevice
 from sdrt.errors import DeviceOutOfMemoryError
 from sdrt.ops.registry import Kernel
 from sdrt.ops.tensor import Tensor
-from test_residency import GiB, U, chain, one_thread  # noqa: F401  (fixture)
+from test_residency import GiB, U, chain
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_split_plan_fills_devices_in_order():

@@ -1,17 +1,19 @@
 """CUDA kernel functions of the families without block-wide cooperation (conv's im2col, transposed
-and pooling paths, element-wise, layout), run on the host (tests/cuda_emu.py: the .cu compiled by
+and pooling paths, element-wise, layout, every block type's decoder), run on the host (tests/cuda_emu.py: the .cu compiled by
 g++, every thread of each launch in turn, numpy for cuBLAS) against the CPU backend: the kernels'
 index arithmetic, views, dtypes and the kernel functions' launches and GEMM arguments are checked
 without a GPU. The same cases run on a GPU in tests/gpu/. Skips where g++ or CUDA's headers are
 missing."""
 import numpy as np
 import pytest
-from cuda_emu import HostRuntime, available
+from cuda_emu import HostRuntime, available, host_view
 from opcheck import leaf
 from test_ops_conv import CONV2D_CASES, CONVT_CASES
 
 from sdrt.ops import api as F
+from sdrt.ops import quant
 from sdrt.ops.convert import raw_to_f32
+from sdrt.ops.dtypes import QUANT_TYPES
 from sdrt.ops.graph import Graph
 from sdrt.ops.tensor import Tensor
 
@@ -117,3 +119,45 @@ def test_layout_cont_permute_concat():
     assert_close(F.cont(x.permute(1, 2, 0, 3)), 0.0)
     assert_close(F.concat(leaf(randn(rng, 2, 3, 4)), leaf(randn(rng, 2, 5, 4)), 1), 0.0)
 
+
+
+@pytest.mark.parametrize("dt", QUANT_TYPES, ids=[t.name for t in QUANT_TYPES])
+def test_dequantize_every_block_type(dt):
+    """quant.cu's decoders (quant_blocks.cuh, a port of the CPU's): F32 bit for bit as
+    sdrt.ops.quant.dequantize, F16 that rounded to nearest even; two rows of two blocks."""
+    from sdrt.gpu.cuda.devtensor import DevTensor
+    from sdrt.gpu.cuda.quant import dense_copy
+    raw = quant.random_raw(dt.name, 2, 2 * dt.block_size, seed=7)
+    t = Tensor.from_numpy(raw, dtype=dt.name)
+    want = quant.dequantize(raw, dt)
+    dev = DevTensor.of(t, t.owner.storage.ctypes.data + t.offset)
+    rt = HostRuntime()          # holds the scratch the copies land in
+    for out, expect in (("F32", want), ("F16", want.astype(np.float16))):
+        got = host_view(dense_copy(rt, dev, out), expect.dtype, expect.shape, (expect.shape[1], 1))
+        np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), expect.view(f"u{got.itemsize}"),
+                                      err_msg=f"{dt.name} -> {out}")
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rope_pe_table(interleaved):
+    """rope with a per-position 2x2 table (Flux-style; any 2x2, not only rotations), on a
+    permuted view."""
+    rng = np.random.default_rng(8)
+    N, L, H, D, R = 2, 5, 3, 12, 6
+    x = leaf(np.ascontiguousarray(np.swapaxes(randn(rng, N, L, H, D), 1, 2))).permute(0, 2, 1, 3)
+    pe = rng.uniform(-1, 1, (L, R, 2, 2)).astype(np.float32)
+    assert_close(F.rope(x, leaf(pe), interleaved), 1e-6)
+
+
+@pytest.mark.parametrize("mode", ["normal", "neox"])
+@pytest.mark.parametrize("n_dims,n_offs", [(16, 0), (6, 4)])
+def test_rope_ext(mode, n_dims, n_offs):
+    rng = np.random.default_rng(9)
+    pos = np.array([0, 1, 2, 5, 9, 17], np.int32)
+    assert_close(F.rope_ext(leaf(randn(rng, 2, 6, 3, 16), "F16"), pos, n_dims, mode=mode, n_offs=n_offs), 2e-3)
+
+
+def test_timestep_embedding():
+    """Within the float32 rounding of t * freq (t up to 1000: tests/gpu's tolerance)."""
+    rng = np.random.default_rng(10)
+    assert_close(F.timestep_embedding(leaf(rng.uniform(0, 1000, 3).astype(np.float32)), 64, 10000), 1e-6 + 6e-7 * 1000)

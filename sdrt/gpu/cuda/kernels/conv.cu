@@ -233,8 +233,7 @@ CONV3X3_MMA_KERNELS(conv3x3_mma64, 64, 2, 2, 8, 16)
 // A^T = [1 1 1 0; 0 1 -1 -1]: 2.25x fewer multiplications than the direct conv, the GEMMs at
 // cuBLAS's rate. The input is narrowed to F16 before its transform (as im2col narrows it), the
 // transforms run in F32, U and V are stored F16, M as the GEMM writes it (F32 or F16), the output
-// F32 or F16. A call
-// covers tiles t0 .. t0 + nt (chunks bound the scratch); V and M hold just those.
+// F32 or F16. A call covers tiles t0 .. t0 + nt (chunks bound the scratch); V and M hold those.
 extern "C" __global__ void wino_weights(__half* __restrict__ U, const __half* __restrict__ w, int C, int OC) {
     const int64_t total = (int64_t)OC * C;
     GRID_STRIDE_LOOP(i, total) {  // i = oc * C + c; w[oc][c][3][3]

@@ -104,12 +104,12 @@ def _print(a, torch, fn, title=None):
 
 
 def profile_torch_unet(a, torch, inputs):
-    from bench_cuda_sd import torch_unet
+    from bench_cuda_sd import fuse_qkv, torch_unet
     dev, dt = "cuda", torch.float16
     x, t, ctx, y = (None if v is None else torch.from_numpy(v).to(dev, dt) for v in inputs)
     extra = {} if y is None else {"added_cond_kwargs": {"text_embeds": y[:, :1280], "time_ids": y[:, 1280:1286]}}
     unet = torch_unet(a.arch).to(dev, dt).eval().to(memory_format=torch.channels_last)
-    unet.fuse_qkv_projections()
+    fuse_qkv(unet)
     x = x.to(memory_format=torch.channels_last)
     for name, f in (("eager", unet), ("compiled", torch.compile(unet, fullgraph=True))):
         with torch.no_grad():

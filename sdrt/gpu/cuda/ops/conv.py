@@ -70,7 +70,7 @@ DIRECT_3X3_VARIANT = None
 # F16 GEMMs writing WINOGRAD_M (the transformed outputs: F32, or F16 for half the traffic); the
 # transformed input and output of one chunk of tiles stay under COL_BYTES
 WINOGRAD = os.environ.get("SDRT_CUDA_WINOGRAD", "0") == "1"
-WINOGRAD_M = os.environ.get("SDRT_CUDA_WINOGRAD_M", "F32")
+WINOGRAD_M = "F16" if os.environ.get("SDRT_CUDA_WINOGRAD_M", "").upper() == "F16" else "F32"
 # ... on maps of at least this many 2x2 tiles (batch included): the weights' transform (16/9 of
 # their bytes written per call) outweighs the GEMMs' saving on small maps of deep weights
 WINOGRAD_MIN_TILES = 1024

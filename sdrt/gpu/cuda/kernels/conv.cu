@@ -226,9 +226,9 @@ CONV3X3_MMA_KERNELS(conv3x3_mma64, 64, 2, 2, 8, 16)
 // stride 1, padding 1, no dilation, one group. Per 2x2 block of output pixels (a tile t of N * TH
 // * TW, tiles (n, ty, tx) in row-major order) and 16 transform points p:
 //   U[p][oc][c] = (G g G^T)[p]      g = the 3x3 weight of (oc, c)           (wino_weights)
-//   V[p][c][t]  = (B^T d B)[p]      d = the 4x4 input patch at (2ty-1, 2tx-1) (wino_input)
+//   V[p][c][t]  = (B^T d B)[p] / 4  d = the 4x4 input patch at (2ty-1, 2tx-1) (wino_input)
 //   M[p][oc][t] = sum_c U[p][oc][c] V[p][c][t]   16 GEMMs (cuBLAS, strided batched)
-//   out[n][oc][2ty + i][2tx + j] = (A^T m A)[i][j] + bias[oc]                   (wino_output)
+//   out[n][oc][2ty + i][2tx + j] = 4 (A^T m A)[i][j] + bias[oc]                 (wino_output)
 // with G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1], B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],
 // A^T = [1 1 1 0; 0 1 -1 -1]: 2.25x fewer multiplications than the direct conv, the GEMMs at
 // cuBLAS's rate. The input is narrowed to F16 before its transform (as im2col narrows it), the
@@ -289,8 +289,10 @@ __device__ void wino_input(__half* __restrict__ V, const char* __restrict__ x, i
 #pragma unroll
         for (int r = 0; r < 4; ++r) {  // (B^T d) B
             const float v[4] = {bd[r][0] - bd[r][2], bd[r][1] + bd[r][2], bd[r][2] - bd[r][1], bd[r][1] - bd[r][3]};
+            // stored / 4 (exact): a sum of up to four inputs then stays within the F16 range of
+            // the input itself, as im2col's narrowing; wino_output multiplies the 4 back
 #pragma unroll
-            for (int q = 0; q < 4; ++q) V[(int64_t)(r * 4 + q) * total + i] = __float2half_rn(v[q]);
+            for (int q = 0; q < 4; ++q) V[(int64_t)(r * 4 + q) * total + i] = __float2half_rn(0.25f * v[q]);
         }
     }
 }
@@ -305,7 +307,7 @@ __device__ void wino_output(TO* __restrict__ out, const TM* __restrict__ M, cons
         const int tx = (int)(t % TW), ty = (int)(t / TW % TH), n = (int)(t / ((int64_t)TW * TH));
         float m[4][4];
 #pragma unroll
-        for (int p = 0; p < 16; ++p) m[p / 4][p % 4] = to_f32(M[(int64_t)p * total + i]);
+        for (int p = 0; p < 16; ++p) m[p / 4][p % 4] = 4.0f * to_f32(M[(int64_t)p * total + i]);  // V was / 4
         float am[2][4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // A^T m

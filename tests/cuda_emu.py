@@ -173,7 +173,11 @@ class HostRuntime:
 
     def gemm(self, transa, transb, m, n, k, a, a_dtype, lda, b, b_dtype, ldb, c, ldc, *, alpha=1.0, beta=0.0,
              c_dtype="F32", batch=1, stride_a=0, stride_b=0, stride_c=0, allow_tf32=False):
-        """cuBLAS's column-major C[m, n] = alpha op(A)[m, k] op(B)[k, n] + beta C, in float32."""
+        """cuBLAS's column-major C[m, n] = alpha op(A)[m, k] op(B)[k, n] + beta C, in float32 (with the
+        leading-dimension checks cuBLAS makes)."""
+        assert min(m, n, k) >= 0 and batch >= 1, (m, n, k, batch)
+        assert lda >= max(1, k if transa else m) and ldb >= max(1, n if transb else k) and ldc >= max(1, m), \
+            f"cuBLAS would refuse: m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc} transa={transa} transb={transb}"
         ea, eb, ec = (np.dtype(_NP[d]).itemsize for d in (a_dtype, b_dtype, c_dtype))
         for i in range(batch):
             # column-major X[r, c] with leading dimension ld is the row-major [c][r] array X^T

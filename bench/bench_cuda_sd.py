@@ -191,14 +191,15 @@ def main():
     tf = ARCH[a.arch]["tflop"]
     print(f"\n{a.arch} {ARCH[a.arch]['size']}x{ARCH[a.arch]['size']}, CFG step = batch-2 UNet forward "
           f"({tf} TFLOP), {a.steps} timed steps\n")
-    print("| engine | it/s | ms per step | TFLOP/s | VAE decode ms | peak allocated MiB | sdrt it/s / engine it/s |\n"
-          "|---|---:|---:|---:|---:|---:|---:|")
+    print("| engine | it/s | ms per step | TFLOP/s | VAE decode ms | peak allocated MiB | first call s "
+          "| sdrt it/s / engine it/s |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     s = res.get("sdrt", {}).get("step_s")
     for eng, r in res.items():
         ratio = f"{r['step_s'] / s:.2f}" if s else "-"
         peak = f"{r['peak_alloc_mib']:.0f}" if "peak_alloc_mib" in r else "-"     # sd-cli: not reported
+        first = f"{r['first_call_s']:.2f}" if "first_call_s" in r else "-"       # compile: compilation
         print(f"| {eng} | {1 / r['step_s']:.2f} | {r['step_s'] * 1e3:.1f} | {tf / r['step_s']:.0f} | "
-              f"{r['decode_s'] * 1e3:.0f} | {peak} | {ratio} |")
+              f"{r['decode_s'] * 1e3:.0f} | {peak} | {first} | {ratio} |")
 
 
 if __name__ == "__main__":

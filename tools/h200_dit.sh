@@ -7,7 +7,9 @@
 #   PARTS=dit bash tools/h200_dit.sh          # the full-size DiT step of every family (~8 min)
 #   PARTS=cli bash tools/h200_dit.sh          # the whole CLI vs sd-cli CUDA, full-size files (~8 min)
 #   PARTS=ab bash tools/h200_dit.sh           # sdrt's SD1.5/SDXL CLI with each start-up switch off (~3 min)
-#   PARTS="conv unet" bash tools/h200_dit.sh  # issue 18's kernels: conv variants, UNet/VAE vs PyTorch (~9 min)
+#   PARTS=conv bash tools/h200_dit.sh         # issue 18's conv kernels per shape vs cuDNN (~3 min)
+#   PARTS=unet bash tools/h200_dit.sh         # SD1.5 UNet/VAE vs PyTorch eager and compiled (~8 min; SDXL
+#                                              # alone: UNET_ARCHS=sdxl, its compile takes ~2.5 min)
 #   PARTS=wino bash tools/h200_dit.sh         # SD1.5 step/decode/image with Winograd convs off and on (~2 min)
 # conv: the direct-conv GPU tests, then bench_cuda_conv.py --variants (every conv3x3_mma variant
 # per shape, beside im2col + cuBLAS and cuDNN), log in $OUT/conv.log.
@@ -72,9 +74,11 @@ if has conv; then
 fi
 if has unet; then
     for arch in ${UNET_ARCHS:-sd15}; do
-        timeout 300 python3 bench/bench_cuda_sd.py --arch $arch --engines sdrt,torch,compile > "$OUT/unet_$arch.log" 2>&1
-        tail -8 "$OUT/unet_$arch.log"
-        timeout 240 python3 bench/profile_cuda_kernels.py --arch $arch --torch --rows 40 > "$OUT/prof_$arch.log" 2>&1
+        timeout ${UNET_TIMEOUT:-300} python3 bench/bench_cuda_sd.py --arch $arch --engines sdrt,torch,compile \
+            > "$OUT/unet_$arch.log" 2>&1
+        grep -E "^(sdrt|torch|compile)( failed|:)|^\|" "$OUT/unet_$arch.log" | cut -c1-400
+        timeout ${PROFILE_TIMEOUT:-240} python3 bench/profile_cuda_kernels.py --arch $arch --torch --rows 40 \
+            > "$OUT/prof_$arch.log" 2>&1
         grep -E "replayed|warm-up|Self CUDA time total" "$OUT/prof_$arch.log"
         v=$([ $arch = sd15 ] && echo vae15 || echo vaexl)
         timeout 90 python3 bench/profile_cuda_kernels.py --arch $v --torch --rows 40 > "$OUT/prof_vae_$arch.log" 2>&1
@@ -84,7 +88,8 @@ fi
 if has wino; then
     # Winograd F(2x2, 3x3) for the UNet's and the VAE's deep convs (issue 18): the SD1.5 step and
     # decode, and the 512x512 4-step image against the default path's and the CPU's (the CPU image
-    # made beforehand with the same command: h200_ref/sd15_cpu_4steps.png, carried untracked)
+    # made beforehand with the same command: h200_ref/sd15_cpu_4steps.png, ignored by git, so name
+    # h200_ref in the device call's carry)
     ls /tmp/sd15_rand_f16.safetensors >/dev/null 2>&1 || \
         python3 tools/make_sd_checkpoint.py --arch sd15 -o /tmp/sd15_rand_f16.safetensors | tail -1
     for cfg in default: wino:SDRT_CUDA_WINOGRAD=1 wino16:SDRT_CUDA_WINOGRAD=1,SDRT_CUDA_WINOGRAD_M=F16; do

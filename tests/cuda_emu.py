@@ -107,6 +107,12 @@ def host_view(ptr: int, dtype, shape, strides) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(flat, shape, [s * dt.itemsize for s in strides])
 
 
+def on_host(t):
+    """The DevTensor of tensor `t` (a leaf or a view of one) at its host storage."""
+    from sdrt.gpu.cuda.devtensor import DevTensor
+    return DevTensor.of(t, t.owner.storage.ctypes.data + t.offset)
+
+
 class NotEmulable(RuntimeError):
     """The kernel needs its block's threads at once (__syncthreads)."""
 

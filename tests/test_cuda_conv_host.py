@@ -7,20 +7,15 @@ epilogue, without a GPU; and the direct conv's weight packing (conv3x3_pack_w). 
 are missing."""
 import numpy as np
 import pytest
-from cuda_emu import HostRuntime, available
+from cuda_emu import HostRuntime, available, on_host
+from gpu._helpers import assert_within_scale as assert_close
+from gpu._helpers import randn
 from opcheck import leaf
+from opcheck import run as cpu
 
 from sdrt.ops import api as F
-from sdrt.ops.graph import Graph
-from sdrt.ops.tensor import Tensor
 
 pytestmark = pytest.mark.skipif(not available(), reason="no g++ or CUDA headers (cuda_fp16.h) here")
-
-
-def dev(t: Tensor):
-    """t's DevTensor at its host storage."""
-    from sdrt.gpu.cuda.devtensor import DevTensor
-    return DevTensor.of(t, t.owner.storage.ctypes.data + t.offset)
 
 
 def run_host(node, monkeypatch, m_dtype="F32", col_bytes=None, out_dtype="F32"):
@@ -39,24 +34,8 @@ def run_host(node, monkeypatch, m_dtype="F32", col_bytes=None, out_dtype="F32"):
     o = DevTensor.of(node, out.ctypes.data)
     if out_dtype != "F32":
         o = DevTensor.half_of(node, out.ctypes.data, out_dtype)
-    G.conv2d(node, [dev(s) for s in node.src], o, rt)
+    G.conv2d(node, [on_host(s) for s in node.src], o, rt)
     return out.astype(np.float32).reshape(node.ne[::-1]), rt.launches
-
-
-def cpu(node):
-    from sdrt.ops.convert import raw_to_f32
-    t = Graph(node).run("cpu")["out"]
-    return raw_to_f32(np.array(t.numpy(), copy=True), t.dtype)
-
-
-def assert_close(got, want, tol, what):
-    err = float(np.max(np.abs(got - want)))
-    scale = float(np.max(np.abs(want)))
-    assert err <= tol * scale, f"{what}: max |err| {err:.3g} > {tol} x {scale:.3g}"
-
-
-def randn(rng, *shape):
-    return rng.standard_normal(shape).astype(np.float32)
 
 
 # (N, C, H, W, OC): ragged maps (odd sizes: half-empty output tiles), one-pixel rows, batches

@@ -6,15 +6,15 @@ without a GPU. The same cases run on a GPU in tests/gpu/. Skips where g++ or CUD
 missing."""
 import numpy as np
 import pytest
-from cuda_emu import HostRuntime, available, host_view
-from opcheck import leaf
+from cuda_emu import HostRuntime, available, host_view, on_host
+from gpu._helpers import assert_within_scale, randn
+from opcheck import leaf, run
 from test_ops_conv import CONV2D_CASES, CONVT_CASES
 
 from sdrt.ops import api as F
 from sdrt.ops import quant
 from sdrt.ops.convert import raw_to_f32
 from sdrt.ops.dtypes import QUANT_TYPES
-from sdrt.ops.graph import Graph
 from sdrt.ops.tensor import Tensor
 
 pytestmark = pytest.mark.skipif(not available(), reason="no g++ or CUDA headers (cuda_fp16.h) here")
@@ -30,27 +30,15 @@ def host_run(node) -> np.ndarray:
     import_families(cuda_ops)
     k = CUDA.find(node)
     assert k is not None, f"no CUDA kernel for {node.op}"
-    xs = [DevTensor.of(s, s.owner.storage.ctypes.data + s.offset) for s in node.src]
     out = np.zeros(max(node.nbytes, 1), np.uint8)
-    k.fn(node, xs, DevTensor.of(node, out.ctypes.data), HostRuntime())
+    k.fn(node, [on_host(s) for s in node.src], DevTensor.of(node, out.ctypes.data), HostRuntime())
     raw = out[:node.nbytes].view({"F32": np.float32, "F16": np.float16}.get(node.dtype.name, np.uint16))
     return raw_to_f32(raw, node.dtype).reshape(node.ne[::-1])
 
 
-def cpu_run(node) -> np.ndarray:
-    t = Graph(node).run("cpu")["out"]
-    return raw_to_f32(np.array(t.numpy(), copy=True), t.dtype).reshape(node.ne[::-1])
-
-
 def assert_close(node, tol):
-    got, want = host_run(node), cpu_run(node)
-    scale = max(float(np.max(np.abs(want))), 1e-30)
-    err = float(np.max(np.abs(got - want)))
-    assert err <= tol * scale, f"{node.op} {node.params}: max |err| {err:.3g} > {tol} x {scale:.3g}"
-
-
-def randn(rng, *shape):
-    return rng.standard_normal(shape).astype(np.float32)
+    """The host run within tol of the output's largest magnitude of the CPU backend's."""
+    assert_within_scale(host_run(node), run(node), tol, f"{node.op} {node.params}")
 
 
 @pytest.fixture(autouse=True)
@@ -125,12 +113,10 @@ def test_layout_cont_permute_concat():
 def test_dequantize_every_block_type(dt):
     """quant.cu's decoders (quant_blocks.cuh, a port of the CPU's): F32 bit for bit as
     sdrt.ops.quant.dequantize, F16 that rounded to nearest even; two rows of two blocks."""
-    from sdrt.gpu.cuda.devtensor import DevTensor
     from sdrt.gpu.cuda.quant import dense_copy
     raw = quant.random_raw(dt.name, 2, 2 * dt.block_size, seed=7)
-    t = Tensor.from_numpy(raw, dtype=dt.name)
     want = quant.dequantize(raw, dt)
-    dev = DevTensor.of(t, t.owner.storage.ctypes.data + t.offset)
+    dev = on_host(Tensor.from_numpy(raw, dtype=dt.name))
     rt = HostRuntime()          # holds the scratch the copies land in
     for out, expect in (("F32", want), ("F16", want.astype(np.float16))):
         got = host_view(dense_copy(rt, dev, out), expect.dtype, expect.shape, (expect.shape[1], 1))

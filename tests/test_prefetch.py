@@ -1,5 +1,6 @@
 """Read-ahead of mapped weights (sdrt.engine.prefetch): the ranges it hands the kernel are the
 tensors' bytes in the file, and it never reads ahead more than the memory budget allows."""
+import mmap
 import os
 import threading
 
@@ -72,7 +73,7 @@ def test_token_tables_are_left_to_page_faults():
 def _resident_pages(lo, hi):
     """How many pages of [lo, hi) are in this process's page tables (mincore of the mapping is the
     page cache's view; /proc/self/pagemap's present bit is the page tables')."""
-    page = prefetch.mmap_page()
+    page = mmap.PAGESIZE
     with open("/proc/self/pagemap", "rb") as f:
         f.seek(lo // page * 8)
         entries = np.frombuffer(f.read((hi - lo) // page * 8), np.uint64)
@@ -90,7 +91,7 @@ def test_populate_enters_a_gpu_components_pages_into_the_page_tables(tmp_path):
     mf = open_model(p)
     ts = list(mf.tensors.values())
     ranges = prefetch.address_ranges(ts)
-    page = prefetch.mmap_page()
+    page = mmap.PAGESIZE
     assert ranges and all(lo % page == 0 and hi % page == 0 and lo < hi for lo, hi in ranges)
     for t in ts:
         a = t.owner.storage.ctypes.data + t.owner.offset

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import os
 import threading
 
@@ -102,12 +103,8 @@ def file_ranges(tensors) -> list[tuple[str, int, int]]:
 def address_ranges(tensors) -> list[tuple[int, int]]:
     """(start, end) page-aligned address ranges of the read-only mapped owners of `tensors`, in
     address order, adjacent ranges merged."""
-    page = mmap_page()
+    page = mmap.PAGESIZE
     return _merged((addr // page * page, -(-(addr + size) // page) * page) for addr, size in _mapped_spans(tensors))
-
-
-def mmap_page() -> int:
-    return os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _populate(ranges: list[tuple[int, int]], stop: threading.Event) -> bool:
@@ -125,9 +122,9 @@ def _populate(ranges: list[tuple[int, int]], stop: threading.Event) -> bool:
     return True
 
 
-def _read_ahead(groups: list[tuple[str, list]], budget: int, stop: threading.Event) -> None:
-    """Each group's file ranges (path, lo, hi) into the page cache, or its address ranges (lo, hi)
-    into the page tables, in order, within `budget` bytes."""
+def _read_ahead(groups: list[tuple[str, list]], budget: int, stop: threading.Event, populate=()) -> None:
+    """Each group's file ranges (path, lo, hi) into the page cache, or, for the components named in
+    `populate`, its address ranges (lo, hi) into the page tables, in order, within `budget` bytes."""
     asked, can_populate = 0, True
     for name, ranges in groups:
         size = sum(r[-1] - r[-2] for r in ranges)
@@ -136,7 +133,7 @@ def _read_ahead(groups: list[tuple[str, list]], budget: int, stop: threading.Eve
                       budget / 2**30)
             return
         asked += size
-        if len(ranges[0]) == 2:                   # address ranges: a component uploaded to a GPU
+        if name in populate:                      # address ranges: a component uploaded to a GPU
             can_populate = can_populate and _populate(ranges, stop)
             continue
         for path, lo, hi in ranges:
@@ -169,6 +166,6 @@ def start_read_ahead(groups: list[tuple[str, list]], populate=()) -> threading.E
     if not ranged:
         return None
     stop = threading.Event()
-    threading.Thread(target=_read_ahead, args=(ranged, avail - MARGIN, stop), name="sdrt-read-ahead",
+    threading.Thread(target=_read_ahead, args=(ranged, avail - MARGIN, stop, populate), name="sdrt-read-ahead",
                      daemon=True).start()
     return stop

@@ -96,6 +96,20 @@ def torch_unet(arch):
     return unet
 
 
+def torch_vae():
+    """diffusers' AutoencoderKL with the SD VAE's config (random init, on the CPU)."""
+    from diffusers import AutoencoderKL
+    return AutoencoderKL(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
+                         up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4)
+
+
+def torch_inputs(arch, torch, dev="cuda", dt=None):
+    """inputs(arch) as torch tensors: (x, t, ctx, the UNet's added kwargs, z)."""
+    x, t, ctx, y, z = (None if v is None else torch.from_numpy(v).to(dev, dt or torch.float16) for v in inputs(arch))
+    extra = {} if y is None else {"added_cond_kwargs": {"text_embeds": y[:, :1280], "time_ids": y[:, 1280:1286]}}
+    return x, t, ctx, extra, z
+
+
 def fuse_qkv(unet) -> None:
     """diffusers' fused QKV projections, as the compiled peer uses them (where this diffusers has them)."""
     try:
@@ -106,7 +120,6 @@ def fuse_qkv(unet) -> None:
 
 def run_torch(arch, steps, compiled=False):
     import torch
-    from diffusers import AutoencoderKL
     dev, dt = "cuda", torch.float16
     unet = torch_unet(arch).to(dev, dt).eval()
     if compiled:
@@ -115,12 +128,10 @@ def run_torch(arch, steps, compiled=False):
         f = torch.compile(unet, mode="reduce-overhead", fullgraph=True)
     else:
         f = unet
-    vae = AutoencoderKL(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
-                        up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4).to(dev, dt).eval()
-    x, t, ctx, y, z = (None if v is None else torch.from_numpy(v).to(dev, dt) for v in inputs(arch))
+    vae = torch_vae().to(dev, dt).eval()
+    x, t, ctx, extra, z = torch_inputs(arch, torch, dev, dt)
     if compiled:
         x = x.to(memory_format=torch.channels_last)
-    extra = {} if y is None else {"added_cond_kwargs": {"text_embeds": y[:, :1280], "time_ids": y[:, 1280:1286]}}
 
     @torch.no_grad()
     def step():

@@ -90,7 +90,7 @@ def main():
     _print(a, torch, lambda: model(x, t, ctx, y, backend="cuda0"))
     if a.torch:
         del model
-        profile_torch_unet(a, torch, (x, t, ctx, y))
+        profile_torch_unet(a, torch)
 
 
 def _print(a, torch, fn, title=None):
@@ -103,12 +103,10 @@ def _print(a, torch, fn, title=None):
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows, max_name_column_width=80))
 
 
-def profile_torch_unet(a, torch, inputs):
-    from bench_cuda_sd import fuse_qkv, torch_unet
-    dev, dt = "cuda", torch.float16
-    x, t, ctx, y = (None if v is None else torch.from_numpy(v).to(dev, dt) for v in inputs)
-    extra = {} if y is None else {"added_cond_kwargs": {"text_embeds": y[:, :1280], "time_ids": y[:, 1280:1286]}}
-    unet = torch_unet(a.arch).to(dev, dt).eval().to(memory_format=torch.channels_last)
+def profile_torch_unet(a, torch):
+    from bench_cuda_sd import fuse_qkv, torch_inputs, torch_unet
+    x, t, ctx, extra, _ = torch_inputs(a.arch, torch)
+    unet = torch_unet(a.arch).to("cuda", torch.float16).eval().to(memory_format=torch.channels_last)
     fuse_qkv(unet)
     x = x.to(memory_format=torch.channels_last)
     for name, f in (("eager", unet), ("compiled", torch.compile(unet, fullgraph=True))):
@@ -138,10 +136,8 @@ def profile_vae(a, torch):
     print(f"{a.arch}: replayed decode {1e3 * (time.perf_counter() - t0):.1f} ms (wall, with the download)")
     _print(a, torch, lambda: graph.run("cuda0"))
     if a.torch:
-        from diffusers import AutoencoderKL as TorchVAE
-        tv = TorchVAE(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
-                      up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2,
-                      latent_channels=4).to("cuda", torch.float16).eval()
+        from bench_cuda_sd import torch_vae
+        tv = torch_vae().to("cuda", torch.float16).eval()
         zt = torch.from_numpy(z).to("cuda", torch.float16)
         with torch.no_grad():
             for _ in range(3):

@@ -26,6 +26,7 @@ import numpy as np
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))    # make_sd_checkpoint's layouts (also when imported)
 
 from sdrt.gpu.cuda import fuse  # noqa: E402
 from sdrt.gpu.cuda import ops as cuda_ops  # noqa: E402
@@ -86,7 +87,6 @@ def unet_graph(preset, side, ctx):
 def vae_graph(side):
     """The SD VAE decoder (SD1.5's and SDXL's shapes) of a side x side latent on zero F16 weights
     (84 M parameters: small enough to hold), for the CUDA backend (its upsample form)."""
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
     from make_sd_checkpoint import layout
     from sdrt.models.vae.autoencoder_kl import AutoencoderKL
     table = {k: Tensor.from_numpy(np.zeros(s, np.float16)) for k, s in layout("sd15", "vae").items()}
